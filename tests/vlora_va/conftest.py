@@ -1,0 +1,51 @@
+"""Fixtures for daemon-side tests: a tiny random-weight DINOv2 and adapters that fit it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Dinov2Config, Dinov2Model
+
+from vlora_va.adapters import init_untrained, load_adapter_dir, save_adapter_dir
+
+TINY_IMAGE = 56  # 4x4 patches of 14 px
+
+
+@pytest.fixture(scope="session")
+def tiny_backbone_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=4,
+                       patch_size=14, image_size=TINY_IMAGE)
+    path = tmp_path_factory.mktemp("tiny-dinov2")
+    Dinov2Model(cfg).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def _shapes(targets):
+    return {f"encoder.layer.{i}.{t}": ((128, 32) if t.endswith("fc1") else (32, 128) if t.endswith("fc2") else (32, 32))
+            for i in range(2) for t in targets}
+
+
+def make_adapter(path, task, names, targets=("attention.q_proj", "attention.v_proj"), rank=4, seed=0, nonzero=True):
+    """An adapter for the tiny backbone; nonzero=True gives B random weights so the LoRA changes outputs."""
+    init_untrained(path, task=task, names=list(names), base_model="tiny", hidden=32,
+                   target_modules=[t.rsplit(".", 1)[-1] for t in targets], module_shapes=_shapes(targets),
+                   rank=rank, alpha=rank, image_size=TINY_IMAGE, clip_len=2, seed=seed)
+    if nonzero:
+        a = load_adapter_dir("x", path, 32)
+        g = torch.Generator().manual_seed(seed + 1)
+        lora = {m: (A, torch.randn(B.shape, generator=g) * 0.1) for m, (A, B) in a.lora.items()}
+        save_adapter_dir(path, lora=lora, rank=rank, alpha=rank, target_modules=[m.rsplit(".", 1)[-1] for m in lora],
+                         base_model="tiny", head=a.head, head_config={k: v for k, v in a.head_config.items()
+                                                                        if k not in ("format", "version")})
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        "detect": make_adapter(root / "detect", "detection", ["person", "car"], seed=1),
+        "actions": make_adapter(root / "actions", "action", ["standing", "walking"],
+                                targets=("attention.q_proj", "mlp.fc1", "mlp.fc2"), rank=8, seed=2),
+    }

@@ -1,0 +1,106 @@
+"""The engine against plain references: per-adapter merged weights, and peft itself."""
+
+import copy
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import save_file
+
+from vlora_va.adapters import load_adapter_dir
+from vlora_va.engine import Engine
+from vlora_va.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, DetectionHead
+from vlora_va.models import load_backbone
+from vlora_va.requests import Request
+from vlora_va.wire import Letterbox
+
+from .conftest import TINY_IMAGE
+
+
+def frames(n, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 255, (TINY_IMAGE, TINY_IMAGE, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def request(adapter, n, seed, seq=0):
+    now = time.time()
+    return Request("cam", seq, adapter, adapter, frames(n, seed), [0.1 * i for i in range(n)],
+                   Letterbox(1.0, 0.0, 0.0), (TINY_IMAGE, TINY_IMAGE), now, now, now + 5)
+
+
+def merged_reference(backbone, adapter):
+    """The backbone with scale·B·A added to each targeted weight: what one adapter alone must compute."""
+    model = copy.deepcopy(backbone)
+    with torch.no_grad():
+        for name, (a, b) in adapter.lora.items():
+            model.get_submodule(name).weight += adapter.scale * b @ a
+    return model
+
+
+def test_mixed_adapter_batch_matches_each_adapter_merged(tiny_backbone_dir, tiny_adapters):
+    base = load_backbone(str(tiny_backbone_dir))
+    adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+    refs = {n: merged_reference(base, a) for n, a in adapters.items()}
+    engine = Engine(copy.deepcopy(base), adapters, TINY_IMAGE)
+    # Interleaved adapters: the engine must group rows by slot and restore the original order.
+    batch = [request("detect", 2, 1), request("actions", 2, 2), request("detect", 1, 3, seq=1)]
+    all_frames = [f for r in batch for f in r.frames]
+    feats = engine.features(all_frames, [engine.slots[r.adapter] for r in batch for _ in r.frames])
+    k = 0
+    for r in batch:
+        px = engine.pixels(r.frames)
+        with torch.no_grad():
+            want = refs[r.adapter](pixel_values=px).last_hidden_state
+        got_cls = feats.cls[k:k + r.num_images]
+        assert torch.allclose(got_cls, want[:, 0], atol=1e-4), r.adapter
+        k += r.num_images
+    # And the LoRA really changes something (otherwise the test above could not fail).
+    with torch.no_grad():
+        plain = base(pixel_values=engine.pixels(batch[0].frames)).last_hidden_state[:, 0]
+    assert not torch.allclose(plain, feats.cls[:2], atol=1e-3)
+
+
+def test_run_returns_one_well_formed_output_per_request(tiny_backbone_dir, tiny_adapters):
+    adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+    engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
+    batch = [request("actions", 2, 5), request("detect", 2, 6), request("actions", 1, 7, seq=1)]
+    outs = engine.run(batch)
+    assert [o.request for o in outs] == batch
+    assert all(o.batch_images == 5 for o in outs)
+    assert outs[0].result["label"] in ("standing", "walking") and 0 <= outs[0].result["score"] <= 1
+    assert abs(sum(outs[0].result["scores"].values()) - 1) < 1e-3
+    assert [f["ts"] for f in outs[1].result["frames"]] == [0.0, 0.1]
+    assert outs[2].result["label"] in ("standing", "walking")
+
+
+def test_adapter_saved_by_plain_peft_loads_and_matches_peft(tiny_backbone_dir, tmp_path):
+    """DESIGN: PEFT-format adapters from plain peft training load unchanged."""
+    base = load_backbone(str(tiny_backbone_dir))
+    peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "fc2"]))
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    peft_model.save_pretrained(tmp_path)
+    head = DetectionHead(32, ["person"], image_size=TINY_IMAGE)
+    (tmp_path / "head_config.json").write_text(json.dumps({
+        "format": HEAD_FORMAT, "version": HEAD_FORMAT_VERSION, "task": "detection", "classes": ["person"],
+        "params": {"image_size": TINY_IMAGE}, "trained": False}))
+    save_file(head.state_dict(), str(tmp_path / "head.safetensors"))
+    adapter = load_adapter_dir("p", tmp_path, 32)
+    assert adapter.rank == 4 and adapter.scale == 2.0 and len(adapter.lora) == 4
+    engine = Engine(copy.deepcopy(base), {"p": adapter}, TINY_IMAGE)
+    fs = frames(3, 9)
+    feats = engine.features(fs, [0, 0, 0])
+    with torch.no_grad():
+        want = peft_model(pixel_values=engine.pixels(fs)).last_hidden_state
+    assert torch.allclose(feats.cls, want[:, 0], atol=1e-4)
+
+
+def test_too_many_adapters_for_the_slots_is_a_clear_error(tiny_backbone_dir, tiny_adapters):
+    adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+    with pytest.raises(ValueError, match="2 adapters configured but daemon.max_slots is 1"):
+        Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, max_slots=1)

@@ -1,0 +1,53 @@
+import math
+
+import pytest
+import torch
+
+from vlora_va.heads import ActionHead, DetectionHead, Features, batched_nms, box_iou
+from vlora_va.wire import Letterbox
+
+
+def nms_reference(boxes, scores, classes, thr):
+    """Plain greedy NMS loop, one class at a time."""
+    keep = []
+    for i in sorted(range(len(scores)), key=lambda i: -float(scores[i])):
+        if all(classes[i] != classes[j] or box_iou(boxes[i:i + 1], boxes[j:j + 1]).item() <= thr for j in keep):
+            keep.append(i)
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_batched_nms_matches_the_plain_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(40, 2, generator=g) * 100
+    boxes = torch.cat([xy, xy + 10 + torch.rand(40, 2, generator=g) * 30], 1)
+    scores = torch.rand(40, generator=g)
+    classes = torch.randint(0, 3, (40,), generator=g)
+    assert batched_nms(boxes, scores, classes, 0.5).tolist() == nms_reference(boxes, scores, classes, 0.5)
+
+
+def test_untrained_detection_head_detects_nothing():
+    head = DetectionHead(16, ["person"], image_size=56)
+    feats = Features(torch.zeros(2, 16), torch.randn(2, 16, 4, 4))
+    assert head.decode(head(feats), [Letterbox(1, 0, 0)] * 2, [(56, 56)] * 2) == [[], []]
+
+
+def test_decode_maps_a_peak_through_the_letterbox_to_original_pixels():
+    head = DetectionHead(8, ["person", "car"], image_size=56)
+    logits = torch.full((1, 2, 8, 8), -10.0)
+    logits[0, 1, 3, 5] = 3.0  # one car at cell (y=3, x=5); cells are 7 px: centre (38.5, 24.5)
+    dist = torch.zeros(1, 4, 8, 8)
+    dist[0, :, 3, 5] = torch.tensor([10.0, 4.0, 6.0, 8.0])  # left, top, right, bottom
+    lb = Letterbox(scale=0.5, pad_x=0.0, pad_y=7.0)  # original 112x84 → 56x42 + 7 px pad top/bottom
+    (dets,) = head.decode((logits, dist), [lb], [(112, 84)])
+    assert len(dets) == 1 and dets[0]["class"] == "car"
+    assert dets[0]["score"] == pytest.approx(1 / (1 + math.exp(-3)), abs=1e-4)
+    x1, y1, x2, y2 = (38.5 - 10) / 0.5, (24.5 - 4 - 7) / 0.5, (38.5 + 6) / 0.5, (24.5 + 8 - 7) / 0.5
+    assert dets[0]["box"] == pytest.approx([x1, y1, x2, y2], abs=0.1)
+
+
+def test_action_head_scores_each_clip():
+    head = ActionHead(16, ["a", "b", "c"])
+    feats = Features(torch.zeros(6, 16), torch.randn(6, 16, 4, 4))
+    out = head.decode(head(feats, clip_len=3))
+    assert len(out) == 2 and all(o["label"] in "abc" and abs(sum(o["scores"].values()) - 1) < 1e-3 for o in out)

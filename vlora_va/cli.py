@@ -1,0 +1,169 @@
+"""The `vlora-va` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from .logs import setup_logging
+
+log = logging.getLogger("vlora_va")
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: stop.set())
+    return stop
+
+
+def cmd_validate(args) -> int:
+    from .config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"invalid: {e}", file=sys.stderr)
+        return 2
+    tasks = sum(len(s.tasks) for s in cfg.streams)
+    print(f"{args.config}: OK ({len(cfg.streams)} streams, {tasks} tasks, {len(cfg.adapters)} adapters, "
+          f"{len(cfg.sinks)} sinks)")
+    return 0
+
+
+def _load(path: str):
+    from .config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        log.error("%s", e)
+        raise SystemExit(2) from None
+
+
+def cmd_run(args) -> int:
+    from .runner import run_pipeline
+
+    _load(args.config)  # fail fast, before any process starts
+    return run_pipeline(args.config, args.log_level)
+
+
+def cmd_daemon(args) -> int:
+    from .daemon import Daemon
+
+    cfg = _load(args.config)
+    stop = _stop_on_signals()
+    Daemon(cfg).run(stop)
+    return 0
+
+
+def cmd_ingest(args) -> int:
+    from streams.worker import run_ingest
+
+    cfg = _load(args.config)
+    ids = args.streams.split(",") if args.streams else None
+    unknown = [i for i in ids or [] if i not in {s.id for s in cfg.streams}]
+    if unknown:
+        log.error("unknown stream id(s) %s (known: %s)", ", ".join(unknown), ", ".join(s.id for s in cfg.streams))
+        return 2
+    stop = _stop_on_signals()
+    stats = run_ingest(cfg, ids, stop)
+    failed = [sid for sid, st in stats.items() if st.get("errors")]
+    return 1 if failed and len(failed) == len(stats) else 0
+
+
+def cmd_models_fetch(args) -> int:
+    from .models import ModelError, fetch
+
+    try:
+        path = fetch(args.name, force=args.force)
+    except ModelError as e:
+        log.error("%s", e)
+        return 1
+    print(path)
+    return 0
+
+
+def cmd_adapters_init(args) -> int:
+    """Create an untrained adapter (B = 0 LoRA + random head): for trying a pipeline before training."""
+    from .adapters import init_untrained
+    from .models import load_backbone
+
+    backbone = load_backbone(args.backbone)
+    targets = args.targets.split(",")
+    shapes = {n: tuple(m.weight.shape) for n, m in backbone.named_modules()
+              if isinstance(m, __import__("torch").nn.Linear) and n.rsplit(".", 1)[-1] in targets}
+    names = args.names.split(",")
+    path = init_untrained(args.dir, task=args.task, names=names, base_model=args.backbone,
+                          hidden=backbone.config.hidden_size, target_modules=targets, module_shapes=shapes,
+                          rank=args.rank, alpha=2 * args.rank, image_size=args.image_size)
+    print(f"{path}: untrained {args.task} adapter, rank {args.rank} on {len(shapes)} layers")
+    return 0
+
+
+def _delegate(module: str, func: str):
+    def run(args) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), func)(args.rest) or 0)
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vlora-va", description="Real-time video analytics: one backbone, many LoRA adapters.")
+    ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a pipeline: daemon + ingest workers, until the sources end or Ctrl-C")
+    p.add_argument("config", nargs="?", default="pipelines.yaml")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("daemon", help="run only the inference daemon of a pipeline")
+    p.add_argument("config", nargs="?", default="pipelines.yaml")
+    p.set_defaults(func=cmd_daemon)
+    p = sub.add_parser("ingest", help="run only the ingest workers of a pipeline")
+    p.add_argument("config", nargs="?", default="pipelines.yaml")
+    p.add_argument("--streams", help="comma-separated stream ids (default: all)")
+    p.set_defaults(func=cmd_ingest)
+    p = sub.add_parser("validate", help="check a pipeline file without running it")
+    p.add_argument("config")
+    p.set_defaults(func=cmd_validate)
+
+    models = sub.add_parser("models", help="backbones in the local model cache").add_subparsers(dest="what", required=True)
+    p = models.add_parser("fetch", help="build the default backbone into the cache (idempotent)")
+    p.add_argument("name", nargs="?", default="dinov2-small")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(func=cmd_models_fetch)
+
+    adapters = sub.add_parser("adapters", help="adapter utilities").add_subparsers(dest="what", required=True)
+    p = adapters.add_parser("init", help="create an UNTRAINED adapter directory (B=0 LoRA, random head)")
+    p.add_argument("dir")
+    p.add_argument("--task", choices=["detection", "action"], required=True)
+    p.add_argument("--names", required=True, help="comma-separated classes (detection) or labels (action)")
+    p.add_argument("--backbone", default="dinov2-small")
+    p.add_argument("--targets", default="q_proj,v_proj")
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=224)
+    p.set_defaults(func=cmd_adapters_init)
+
+    for name, module, func, text in [
+        ("tune", "kernels.tuning", "main", "profile ATMM strategies/tiles on this device and write the table"),
+        ("train", "vlora_va.training.cli", "main_train", "train adapters from a spec (knowledge fusion)"),
+        ("eval", "vlora_va.training.cli", "main_eval", "evaluate an adapter on videos"),
+    ]:
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_delegate(module, func))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, args.command)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

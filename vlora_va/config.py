@@ -1,0 +1,318 @@
+"""The pipeline configuration: one typed schema for `pipelines.yaml`.
+
+`load_config(path)` parses the YAML, validates every field and returns a `PipelineConfig`.
+Any problem raises `ConfigError` whose message names the key path and the line, e.g.
+`pipelines.yaml:14: streams[1].tasks[0].adapter: unknown adapter 'detekt' (known: detect, actions)`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DROP_POLICIES = ("drop_oldest", "drop_newest", "block")
+DEVICES = ("cpu", "cuda", "auto")
+SINK_TYPES = ("jsonl",)
+_STREAM_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, located by key path (and line where known)."""
+
+    def __init__(self, path: str, message: str, line: int | None = None, file: str | None = None):
+        self.key_path, self.line, self.file = path, line, file
+        where = f"{file}:{line}: " if file and line else (f"{file}: " if file else (f"line {line}: " if line else ""))
+        super().__init__(f"{where}{path}: {message}" if path else f"{where}{message}")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    endpoint: str = "tcp://127.0.0.1:5555"  # ingest workers PUSH here, the daemon binds PULL
+    results_endpoint: str | None = None  # optional ZeroMQ PUB of results
+    backbone: str = "dinov2-small"  # model cache name, local path or Hugging Face id
+    allow_download: bool = False  # only then may a Hugging Face id be fetched from the hub
+    image_size: int = 224  # model input side in pixels, a multiple of the patch size
+    device: str = "cpu"
+    threads: int = 0  # torch intra-op threads; 0 = all cores minus one per local ingest worker
+    max_batch_images: int = 16
+    max_wait_ms: float = 20.0  # how long to wait for more requests before running a partial batch
+    max_slots: int = 8  # adapters resident at once
+    max_rank: int = 64
+    metrics_port: int = 0  # Prometheus /metrics; 0 = off
+    log_every_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    send_hwm: int = 4  # chunks in flight per worker before the drop policy applies
+    drop_policy: str = "drop_oldest"
+    streams_per_worker: int = 2
+    reconnect_initial_s: float = 0.5
+    reconnect_max_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str
+    adapter: str
+    frames_per_chunk: int
+    deadline_ms: float
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    id: str
+    source: str  # a file path or an rtsp:// URL
+    fps: float = 30.0
+    chunk_seconds: float = 1.0
+    loop: bool = False
+    realtime: bool = True  # files are paced like a live camera; False = as fast as possible
+    max_chunks: int = 0  # stop after this many chunks; 0 = until the source ends
+    tasks: tuple[TaskConfig, ...] = ()
+
+    @property
+    def is_rtsp(self) -> bool:
+        return self.source.startswith(("rtsp://", "rtsps://"))
+
+    @property
+    def frames_per_chunk(self) -> int:
+        return max(1, round(self.fps * self.chunk_seconds))
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    type: str
+    path: str
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    daemon: DaemonConfig
+    ingest: IngestConfig
+    adapters: dict[str, str]  # adapter name -> directory
+    streams: tuple[StreamConfig, ...]
+    sinks: tuple[SinkConfig, ...]
+    source_file: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def stream(self, stream_id: str) -> StreamConfig:
+        for s in self.streams:
+            if s.id == stream_id:
+                return s
+        raise KeyError(stream_id)
+
+
+# ---------------------------------------------------------------- YAML with line numbers
+
+
+def _line_index(node: yaml.Node, path: str, out: dict[str, int]) -> None:
+    """Record the 1-based line of every key path in a composed YAML node tree."""
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = f"{path}.{key.value}" if path else str(key.value)
+            out[child] = key.start_mark.line + 1
+            _line_index(value, child, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_index(item, f"{path}[{i}]", out)
+
+
+def _parse_yaml(text: str, file: str | None) -> tuple[Any, dict[str, int]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError("", f"invalid YAML: {problem}", line, file) from None
+    lines: dict[str, int] = {}
+    if node is not None:
+        _line_index(node, "", lines)
+    return data, lines
+
+
+class _Checker:
+    """Reads typed values out of plain dicts, raising ConfigError with key path + line."""
+
+    def __init__(self, lines: dict[str, int], file: str | None):
+        self.lines, self.file = lines, file
+
+    def error(self, path: str, message: str) -> None:
+        """Raise ConfigError for path, with the line of the nearest key that has one."""
+        line, probe = None, path
+        while line is None and probe:
+            line = self.lines.get(probe)
+            probe = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe) if line is None else probe
+        raise ConfigError(path, message, line, self.file)
+
+    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.error(path, f"expected a mapping, got {type(value).__name__}")
+        for key in value:
+            if key not in allowed:
+                self.error(f"{path}.{key}" if path else str(key),
+                           f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        return value
+
+    def get(self, d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., *,
+            minimum: float | None = None, choices: tuple | None = None) -> Any:
+        p = f"{path}.{key}" if path else key
+        if key not in d or d[key] is None:
+            if default is ...:
+                self.error(p, "required key is missing")
+            return default
+        v = d[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+            names = "/".join(k.__name__ for k in kinds)
+            self.error(p, f"expected {names}, got {type(v).__name__} {v!r}")
+        if minimum is not None and v < minimum:
+            self.error(p, f"must be >= {minimum}, got {v}")
+        if choices is not None and v not in choices:
+            self.error(p, f"must be one of {', '.join(choices)}, got {v!r}")
+        return v
+
+
+def _daemon(c: _Checker, raw: Any) -> DaemonConfig:
+    fields = DaemonConfig.__dataclass_fields__
+    d = c.mapping(raw, "daemon", set(fields))
+    kw: dict[str, Any] = {}
+    for name, f in fields.items():
+        default = f.default
+        kind = {bool: bool, int: int, float: float, str: str}.get(type(default), str)
+        choices = DEVICES if name == "device" else None
+        minimum = 1 if name in ("image_size", "max_batch_images", "max_slots", "max_rank") else (
+            0 if kind in (int, float) else None)
+        kw[name] = c.get(d, name, "daemon", kind, default, minimum=minimum, choices=choices)
+    if kw["image_size"] % 14:
+        c.error("daemon.image_size", f"must be a multiple of the patch size 14, got {kw['image_size']}")
+    if not re.match(r"^(tcp|ipc|inproc)://", kw["endpoint"]):
+        c.error("daemon.endpoint", f"expected a ZeroMQ endpoint like tcp://host:port or ipc:///path, got {kw['endpoint']!r}")
+    return DaemonConfig(**kw)
+
+
+def _ingest(c: _Checker, raw: Any) -> IngestConfig:
+    fields = IngestConfig.__dataclass_fields__
+    d = c.mapping(raw, "ingest", set(fields))
+    kw = {
+        "send_hwm": c.get(d, "send_hwm", "ingest", int, IngestConfig.send_hwm, minimum=1),
+        "drop_policy": c.get(d, "drop_policy", "ingest", str, IngestConfig.drop_policy, choices=DROP_POLICIES),
+        "streams_per_worker": c.get(d, "streams_per_worker", "ingest", int, IngestConfig.streams_per_worker, minimum=1),
+        "reconnect_initial_s": c.get(d, "reconnect_initial_s", "ingest", float, IngestConfig.reconnect_initial_s, minimum=0.01),
+        "reconnect_max_s": c.get(d, "reconnect_max_s", "ingest", float, IngestConfig.reconnect_max_s, minimum=0.01),
+    }
+    return IngestConfig(**kw)
+
+
+def _adapters(c: _Checker, raw: Any, base_dir: Path) -> dict[str, str]:
+    if raw is None:
+        c.error("adapters", "required key is missing (map adapter name -> directory)")
+    if not isinstance(raw, dict) or not raw:
+        c.error("adapters", "expected a non-empty mapping of adapter name -> directory")
+    out = {}
+    for name, directory in raw.items():
+        if not isinstance(directory, str) or not directory:
+            c.error(f"adapters.{name}", f"expected a directory path, got {directory!r}")
+        p = Path(directory)
+        out[str(name)] = str(p if p.is_absolute() else base_dir / p)
+    return out
+
+
+def _task(c: _Checker, raw: Any, path: str, adapters: dict[str, str], stream_frames: int) -> TaskConfig:
+    d = c.mapping(raw, path, {"name", "adapter", "frames_per_chunk", "deadline_ms"})
+    adapter = c.get(d, "adapter", path, str)
+    if adapter not in adapters:
+        c.error(f"{path}.adapter", f"unknown adapter {adapter!r} (known: {', '.join(adapters)})")
+    n = c.get(d, "frames_per_chunk", path, int, 1, minimum=1)
+    if n > stream_frames:
+        c.error(f"{path}.frames_per_chunk", f"{n} frames asked but a chunk holds only {stream_frames}")
+    return TaskConfig(
+        name=c.get(d, "name", path, str, adapter),
+        adapter=adapter,
+        frames_per_chunk=n,
+        deadline_ms=c.get(d, "deadline_ms", path, float, 1000.0, minimum=1),
+    )
+
+
+def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str], base_dir: Path) -> StreamConfig:
+    allowed = {"id", "source", "fps", "chunk_seconds", "loop", "realtime", "max_chunks", "tasks"}
+    d = c.mapping(raw, path, allowed)
+    sid = c.get(d, "id", path, str)
+    if not _STREAM_ID.match(sid):
+        c.error(f"{path}.id", f"must be 1-64 characters of letters, digits, '_', '.', '-', got {sid!r}")
+    source = c.get(d, "source", path, str)
+    if "://" not in source and not Path(source).is_absolute():
+        source = str(base_dir / source)
+    fps = c.get(d, "fps", path, float, 30.0, minimum=0.1)
+    chunk_seconds = c.get(d, "chunk_seconds", path, float, 1.0, minimum=0.05)
+    tasks_raw = d.get("tasks")
+    if not isinstance(tasks_raw, list) or not tasks_raw:
+        c.error(f"{path}.tasks", "expected a non-empty list of tasks")
+    frames = max(1, round(fps * chunk_seconds))
+    tasks = tuple(_task(c, t, f"{path}.tasks[{i}]", adapters, frames) for i, t in enumerate(tasks_raw))
+    names = [t.name for t in tasks]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            c.error(f"{path}.tasks[{i}].name", f"duplicate task name {name!r} in this stream")
+    return StreamConfig(
+        id=sid, source=source, fps=fps, chunk_seconds=chunk_seconds,
+        loop=c.get(d, "loop", path, bool, False),
+        realtime=c.get(d, "realtime", path, bool, True),
+        max_chunks=c.get(d, "max_chunks", path, int, 0, minimum=0),
+        tasks=tasks,
+    )
+
+
+def _sink(c: _Checker, raw: Any, path: str, base_dir: Path) -> SinkConfig:
+    d = c.mapping(raw, path, {"type", "path"})
+    kind = c.get(d, "type", path, str, choices=SINK_TYPES)
+    p = Path(c.get(d, "path", path, str))
+    return SinkConfig(type=kind, path=str(p if p.is_absolute() else base_dir / p))
+
+
+def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike = ".") -> PipelineConfig:
+    """Validate YAML text; relative paths are resolved against base_dir."""
+    data, lines = _parse_yaml(text, file)
+    c = _Checker(lines, file)
+    top = c.mapping(data, "", {"version", "daemon", "ingest", "adapters", "streams", "sinks"})
+    if top.get("version", 1) != 1:
+        c.error("version", f"unsupported config version {top.get('version')!r} (this build reads version 1)")
+    base = Path(base_dir)
+    adapters = _adapters(c, top.get("adapters"), base)
+    streams_raw = top.get("streams")
+    if not isinstance(streams_raw, list) or not streams_raw:
+        c.error("streams", "expected a non-empty list of streams")
+    streams = tuple(_stream(c, s, f"streams[{i}]", adapters, base) for i, s in enumerate(streams_raw))
+    ids = [s.id for s in streams]
+    for i, sid in enumerate(ids):
+        if ids.index(sid) != i:
+            c.error(f"streams[{i}].id", f"duplicate stream id {sid!r}")
+    sinks_raw = top.get("sinks") or [{"type": "jsonl", "path": "results/results.jsonl"}]
+    if not isinstance(sinks_raw, list):
+        c.error("sinks", "expected a list of sinks")
+    sinks = tuple(_sink(c, s, f"sinks[{i}]", base) for i, s in enumerate(sinks_raw))
+    return PipelineConfig(
+        daemon=_daemon(c, top.get("daemon")),
+        ingest=_ingest(c, top.get("ingest")),
+        adapters=adapters, streams=streams, sinks=sinks, source_file=file,
+    )
+
+
+def load_config(path: str | os.PathLike) -> PipelineConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror}", file=str(p)) from None
+    return parse_config(text, file=str(p), base_dir=p.resolve().parent)
