@@ -159,3 +159,25 @@ def test_select_batch_is_earliest_deadline_first_within_the_image_limit():
     assert [r.seq for r in select_batch(queue, 8)] == [3]
     assert [r.seq for r in select_batch(queue, 8)] == [2, 0]
     assert select_batch([req(9, 1.0, 20)], 8)[0].seq == 9  # an oversized request still runs alone
+
+
+def test_prometheus_metrics_count_what_happened(tmp_path, tiny_backbone_dir, tiny_adapters):
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = RunningDaemon(config(tmp_path, tiny_backbone_dir, tiny_adapters, metrics_port=port))
+    d.send(chunk_parts("cam", 0, [("det", "detect")]))
+    d.send([b"garbage"])
+    d.send(chunk_parts("cam", 1, [("det", "detect")], deadline_s=-1.0))
+    deadline = time.monotonic() + 30
+    while d.daemon.stats.results < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    d.finish()
+    assert 'vlora_chunks_received_total{stream="cam"} 2.0' in text
+    assert "vlora_messages_malformed_total 1.0" in text
+    assert 'vlora_results_total{status="ok",stream="cam",task="det"} 2.0' in text
+    assert 'vlora_deadline_missed_total{stream="cam",task="det"} 1.0' in text
