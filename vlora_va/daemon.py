@@ -218,6 +218,7 @@ class Daemon:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.RCVHWM, 4)  # small: backpressure reaches ingest, whose drop policy decides
+        sock.setsockopt(zmq.RCVBUF, 1 << 20)  # the kernel buffer too: chunks hidden there are only latency
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(d.endpoint)
         if d.metrics_port:

@@ -1,0 +1,119 @@
+"""Chunks: groups of `frames_per_chunk` frames, with each task's frames selected and letterboxed.
+
+Only the union of the frames some task needs is converted, resized and sent; each task's
+`TaskRequest.frames` indexes into that union. Frames are letterboxed as they arrive (not all at
+the chunk's end), so the CPU work is spread over the chunk and no decoded frame is held longer
+than needed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from vlora_va.config import StreamConfig, TaskConfig
+from vlora_va.wire import ChunkHeader, Letterbox, TaskRequest
+
+from .source import Frame
+
+log = logging.getLogger(__name__)
+
+PAD_VALUE = 114  # the grey YOLO-style letterbox padding: neutral for ImageNet-normalised models
+
+
+def spread(n: int, k: int) -> tuple[int, ...]:
+    """k indices evenly spread over range(n): the middle of each of k equal parts.
+    spread(30, 3) == (5, 15, 25); spread(n, n) == range(n); spread(n, 1) == (n // 2,)."""
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot pick {k} of {n} frames")
+    return tuple(int((2 * i + 1) * n // (2 * k)) for i in range(k))
+
+
+def plan_chunk(n: int, tasks: tuple[TaskConfig, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(chunk indices to send, per task the positions of its frames among those sent)."""
+    picks = [spread(n, t.frames_per_chunk) for t in tasks]
+    union = tuple(sorted(set().union(*picks)))
+    where = {idx: pos for pos, idx in enumerate(union)}
+    return union, tuple(tuple(where[i] for i in p) for p in picks)
+
+
+def letterbox_geometry(width: int, height: int, size: int) -> tuple[int, int, Letterbox]:
+    """Resized width and height and the mapping model = orig * scale + pad for a size x size square."""
+    scale = min(size / width, size / height)
+    new_w = max(1, min(size, round(width * scale)))
+    new_h = max(1, min(size, round(height * scale)))
+    return new_w, new_h, Letterbox(scale=scale, pad_x=float((size - new_w) // 2), pad_y=float((size - new_h) // 2))
+
+
+def letterbox(image: np.ndarray, size: int, pad_value: int = PAD_VALUE) -> tuple[np.ndarray, Letterbox]:
+    """Aspect-preserving resize of an H x W x 3 uint8 image into a new C-contiguous size x size square."""
+    h, w = image.shape[:2]
+    new_w, new_h, lb = letterbox_geometry(w, h, size)
+    out = np.full((size, size, 3), pad_value, dtype=np.uint8)
+    x, y = int(lb.pad_x), int(lb.pad_y)
+    out[y:y + new_h, x:x + new_w] = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_AREA)
+    return out, lb
+
+
+@dataclass
+class ReadyChunk:
+    """A built chunk waiting to be sent. `frames` are fresh arrays owned by this chunk alone (they are
+    handed to zmq without copying, so nothing may write to them afterwards)."""
+
+    header: ChunkHeader
+    frames: list[np.ndarray]
+
+
+class Chunker:
+    """Feed it a stream's frames with `add`; every frames_per_chunk frames it returns a ReadyChunk."""
+
+    def __init__(self, stream: StreamConfig, image_size: int, pad_value: int = PAD_VALUE):
+        if not stream.tasks:
+            raise ValueError(f"stream {stream.id}: no tasks, nothing to send")
+        self.stream, self.image_size, self.pad_value = stream, image_size, pad_value
+        self.n = stream.frames_per_chunk
+        self.send_idx, self.task_frames = plan_chunk(self.n, stream.tasks)
+        self._wanted = set(self.send_idx)
+        self.seq = 0  # the next chunk's sequence number
+        self._reset()
+
+    def _reset(self) -> None:
+        self._count = 0  # frames of the current chunk seen so far
+        self._size: tuple[int, int] | None = None
+        self._images: list[np.ndarray] = []
+        self._ts: list[float] = []
+        self._letterbox: Letterbox | None = None
+
+    def add(self, frame: Frame) -> ReadyChunk | None:
+        size = (frame.width, frame.height)
+        if self._size is not None and size != self._size:
+            # A camera changed resolution: one chunk must share one letterbox, so start afresh.
+            log.warning("stream %s: frame size changed %dx%d -> %dx%d; dropping a partial chunk of %d frames",
+                        self.stream.id, *self._size, *size, self._count)
+            self._reset()
+        self._size = size
+        if self._count in self._wanted:
+            image, self._letterbox = letterbox(frame.to_rgb(), self.image_size, self.pad_value)
+            self._images.append(image)
+            self._ts.append(frame.ts)
+        self._count += 1
+        if self._count < self.n:
+            return None
+        chunk = self._build(ready_wall=frame.wall)
+        self.seq += 1
+        self._reset()
+        return chunk
+
+    def _build(self, ready_wall: float) -> ReadyChunk:
+        tasks = tuple(
+            TaskRequest(name=t.name, adapter=t.adapter, frames=idx, deadline_wall=ready_wall + t.deadline_ms / 1000.0)
+            for t, idx in zip(self.stream.tasks, self.task_frames))
+        s = self.image_size
+        header = ChunkHeader(
+            stream=self.stream.id, seq=self.seq, fps=self.stream.fps, frame_ts=tuple(self._ts),
+            frame_shape=(s, s, 3), orig_size=self._size, letterbox=self._letterbox, tasks=tasks,
+            ready_wall=ready_wall)
+        return ReadyChunk(header, self._images)

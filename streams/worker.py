@@ -1,0 +1,271 @@
+"""The ingest worker: a few streams in one process, one ZeroMQ PUSH socket to the daemon.
+
+    stream thread (one per stream)          main thread
+    FrameSource -> Chunker -> ChunkQueue -> sender -> PUSH socket -> daemon's PULL
+
+Decoding runs in the stream threads (PyAV and OpenCV release the GIL). The queue is bounded
+(IngestConfig.send_hwm) and its drop policy decides what a slow daemon costs: `drop_oldest` keeps
+the newest chunks (bounded latency), `drop_newest` keeps the oldest, `block` stalls the sources.
+The socket's own high-water mark is tiny so chunks wait in our queue, where they can be dropped,
+not inside zmq, where they cannot. A stream that fails is logged and the others keep running.
+This process never imports torch: its two cores belong to decoding and to the daemon.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Union
+
+import cv2
+import zmq
+
+from vlora_va.config import PipelineConfig, StreamConfig
+from vlora_va.wire import encode_chunk
+
+from .chunker import Chunker, ReadyChunk, plan_chunk
+from .source import FrameSource, SourceError
+
+if TYPE_CHECKING:
+    import multiprocessing.synchronize
+
+    StopEvent = Union[threading.Event, multiprocessing.synchronize.Event]
+
+log = logging.getLogger(__name__)
+
+ZMQ_SNDHWM = 2  # messages zmq may hold; more waiting happens in ChunkQueue where drops are possible
+FLUSH_TIMEOUT_S = 5.0  # once finishing (stop set or all streams ended): time left for queued chunks
+POLL_S = 0.1  # how often blocked loops look at the stop event
+LOG_EVERY_S = 5.0
+MIN_SNDBUF = 64 * 1024
+
+
+@dataclass
+class StreamStats:
+    chunks_made: int = 0
+    chunks_sent: int = 0
+    chunks_dropped: int = 0
+    errors: int = 0
+    reconnects: int = 0
+    last_error: str | None = None
+
+
+class ChunkQueue:
+    """A bounded FIFO of ReadyChunks shared by a worker's streams, with a named drop policy."""
+
+    def __init__(self, maxsize: int, policy: str, stats: dict[str, StreamStats]):
+        if policy not in ("drop_oldest", "drop_newest", "block"):
+            raise ValueError(f"unknown drop policy {policy!r}")
+        self.maxsize, self.policy, self.stats = maxsize, policy, stats
+        self._items: collections.deque[ReadyChunk] = collections.deque()
+        self._cond = threading.Condition()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, chunk: ReadyChunk, stop: threading.Event) -> bool:
+        """Queue a chunk; False when it was dropped (drop_newest) or the wait was stopped (block)."""
+        with self._cond:
+            if len(self._items) >= self.maxsize:
+                if self.policy == "drop_newest":
+                    self._dropped(chunk)
+                    return False
+                if self.policy == "drop_oldest":
+                    self._dropped(self._items.popleft())
+                else:  # block: wait for room, looking at the stop event now and then
+                    while len(self._items) >= self.maxsize:
+                        if stop.is_set():
+                            self._dropped(chunk)
+                            return False
+                        self._cond.wait(POLL_S)
+            self._items.append(chunk)
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float) -> ReadyChunk | None:
+        with self._cond:
+            if not self._items:
+                self._cond.wait(timeout)
+            if not self._items:
+                return None
+            chunk = self._items.popleft()
+            self._cond.notify_all()
+            return chunk
+
+    def _dropped(self, chunk: ReadyChunk) -> None:
+        self.stats[chunk.header.stream].chunks_dropped += 1
+        log.debug("stream %s: dropped chunk %d (%s)", chunk.header.stream, chunk.header.seq, self.policy)
+
+
+def plan_workers(config: PipelineConfig) -> list[list[str]]:
+    """Stream ids grouped IngestConfig.streams_per_worker at a time, in config order: one list per worker."""
+    ids = [s.id for s in config.streams]
+    n = config.ingest.streams_per_worker
+    return [ids[i:i + n] for i in range(0, len(ids), n)]
+
+
+def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop: StopEvent | None = None) -> dict:
+    """Run one ingest worker for `stream_ids` (default: all streams) until every stream has ended or
+    `stop` (a threading or multiprocessing Event) is set; then flush the queue for up to FLUSH_TIMEOUT_S.
+    Returns per stream: chunks_sent, chunks_dropped, errors, reconnects (and chunks_made, last_error)."""
+    streams = [config.stream(sid) for sid in stream_ids] if stream_ids is not None else list(config.streams)
+    cv2.setNumThreads(1)  # one OpenCV thread per stream thread; the cores are shared with decode and inference
+    stats = {s.id: StreamStats() for s in streams}
+    queue = ChunkQueue(config.ingest.send_hwm, config.ingest.drop_policy, stats)
+    halt = threading.Event()  # tells stream threads to finish; set from the caller's stop or on our exit
+    ctx = zmq.Context(io_threads=1)
+    sock = _push_socket(ctx, config, streams)
+    log.info("ingest worker: %d stream(s) %s -> %s (queue %d chunks, %s)", len(streams),
+             ", ".join(s.id for s in streams), config.daemon.endpoint, queue.maxsize, queue.policy)
+    threads = [threading.Thread(target=_stream_main, name=f"ingest-{s.id}", daemon=True,
+                                args=(s, config, queue, stats[s.id], halt)) for s in streams]
+    for t in threads:
+        t.start()
+    clock = _FlushClock(stop, halt, threads)
+    try:
+        _send_loop(sock, queue, stats, clock)
+    finally:
+        halt.set()
+        sock.close(linger=int(clock.left() * 1000))
+        ctx.term()
+        for t in threads:
+            t.join(timeout=1.0)
+    unsent = 0
+    while (chunk := queue.get(0)) is not None:
+        stats[chunk.header.stream].chunks_dropped += 1
+        unsent += 1
+    if unsent:
+        log.warning("ingest worker: %d queued chunk(s) could not be sent before the flush deadline", unsent)
+    for sid, st in stats.items():
+        log.info("stream %s: finished: %d chunks sent, %d dropped, %d errors, %d reconnects",
+                 sid, st.chunks_sent, st.chunks_dropped, st.errors, st.reconnects)
+    return {sid: asdict(st) for sid, st in stats.items()}
+
+
+def _push_socket(ctx: zmq.Context, config: PipelineConfig, streams: list[StreamConfig]) -> zmq.Socket:
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, ZMQ_SNDHWM)
+    sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing in zmq until the daemon is really connected
+    # Kernel socket buffers autotune to megabytes: dozens of small chunks could hide there, out of reach
+    # of the drop policy, as latency. One chunk's worth keeps the waiting in ChunkQueue.
+    largest = max((_chunk_bytes(s, config.daemon.image_size) for s in streams), default=0)
+    sock.setsockopt(zmq.SNDBUF, max(MIN_SNDBUF, largest))
+    sock.connect(config.daemon.endpoint)
+    return sock
+
+
+def _chunk_bytes(stream: StreamConfig, image_size: int) -> int:
+    """Bytes of frame data in one of this stream's chunks."""
+    return len(plan_chunk(stream.frames_per_chunk, stream.tasks)[0]) * image_size * image_size * 3
+
+
+def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue, stats: StreamStats,
+                 halt: threading.Event) -> None:
+    """Decode, chunk and queue one stream until it ends, fails, reaches max_chunks or halt is set."""
+    source = FrameSource(stream.source, stream.fps, loop=stream.loop, realtime=stream.realtime,
+                         name=stream.id, stop=halt, reconnect_initial_s=config.ingest.reconnect_initial_s,
+                         reconnect_max_s=config.ingest.reconnect_max_s)
+    try:
+        chunker = Chunker(stream, config.daemon.image_size)
+        for frame in source:
+            stats.reconnects = source.reconnects
+            chunk = chunker.add(frame)
+            if chunk is None:
+                continue
+            stats.chunks_made += 1
+            queue.put(chunk, halt)
+            if stream.max_chunks and stats.chunks_made >= stream.max_chunks:
+                log.info("stream %s: max_chunks=%d reached", stream.id, stream.max_chunks)
+                break
+            if halt.is_set():
+                break
+    except SourceError as e:
+        stats.errors += 1
+        stats.last_error = str(e)
+        log.error("%s; this stream stops, the worker's other streams go on", e)
+    except Exception as e:  # a bug must not take the other streams down
+        stats.errors += 1
+        stats.last_error = f"{type(e).__name__}: {e}"
+        log.exception("stream %s: failed", stream.id)
+    finally:
+        stats.reconnects = source.reconnects
+        log.debug("stream %s: thread ends after %d chunks", stream.id, stats.chunks_made)
+
+
+class _FlushClock:
+    """Once the worker starts finishing (stop set, or every stream ended), queued chunks get
+    FLUSH_TIMEOUT_S to leave: an absent daemon must not keep a finished worker alive forever."""
+
+    def __init__(self, stop: StopEvent | None, halt: threading.Event, threads: list[threading.Thread]):
+        self.stop, self.halt, self.threads = stop, halt, threads
+        self.deadline: float | None = None
+
+    def finishing(self) -> bool:
+        if self.deadline is None:
+            if self.stop is not None and self.stop.is_set():
+                log.info("ingest worker: stop requested; flushing queued chunks for up to %.0f s", FLUSH_TIMEOUT_S)
+                self.halt.set()
+            elif any(t.is_alive() for t in self.threads):
+                return False
+            self.deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        return True
+
+    def expired(self) -> bool:
+        return self.finishing() and time.monotonic() > self.deadline
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic()) if self.deadline is not None else 0.0
+
+
+def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats], clock: _FlushClock) -> None:
+    """Send queued chunks until the worker is finishing and the queue is empty (or the flush time is up)."""
+    last_sent = {sid: -1 for sid in stats}  # seq of each stream's last sent chunk
+    next_log = time.monotonic() + LOG_EVERY_S
+    window = {sid: 0 for sid in stats}
+    while True:
+        if time.monotonic() >= next_log:
+            _log_throughput(stats, window, queue)
+            next_log = time.monotonic() + LOG_EVERY_S
+        chunk = queue.get(POLL_S)
+        if chunk is None:
+            if clock.finishing() and (len(queue) == 0 or clock.expired()):
+                return
+            continue
+        h = chunk.header
+        # Every seq was either sent or dropped here, so the gap is exactly what this stream lost.
+        header = replace(h, dropped_before=h.seq - last_sent[h.stream] - 1, sent_wall=time.time())
+        if not _send(sock, encode_chunk(header, chunk.frames), clock):
+            stats[h.stream].chunks_dropped += 1
+            return
+        if header.dropped_before:
+            log.warning("stream %s: %d chunk(s) dropped before chunk %d (daemon slower than the source; policy %s)",
+                        h.stream, header.dropped_before, h.seq, queue.policy)
+        log.debug("stream %s: sent chunk %d (%d frames)", h.stream, h.seq, len(chunk.frames))
+        last_sent[h.stream] = h.seq
+        stats[h.stream].chunks_sent += 1
+        window[h.stream] += 1
+
+
+def _send(sock: zmq.Socket, parts: list, clock: _FlushClock) -> bool:
+    """Send one multipart message without copying the frames. Waits while the daemon is slow or absent
+    (meanwhile the queue applies its drop policy); gives up only when the flush time is up."""
+    while not clock.expired():
+        if sock.poll(int(POLL_S * 1000), zmq.POLLOUT):
+            try:
+                sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+                return True
+            except zmq.Again:
+                pass
+    return False
+
+
+def _log_throughput(stats: dict[str, StreamStats], window: dict[str, int], queue: ChunkQueue) -> None:
+    parts = [f"{sid} {window[sid] / LOG_EVERY_S:.2f} chunks/s ({st.chunks_sent} sent, {st.chunks_dropped} dropped"
+             f"{f', {st.reconnects} reconnects' if st.reconnects else ''}{f', {st.errors} errors' if st.errors else ''})"
+             for sid, st in stats.items()]
+    log.info("ingest: %s; queue %d/%d", "; ".join(parts), len(queue), queue.maxsize)
+    for sid in window:
+        window[sid] = 0

@@ -1,0 +1,115 @@
+"""Shared test fixtures: the sample videos and a real RTSP server on loopback."""
+
+from __future__ import annotations
+
+import functools
+import os
+import select
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_videos"
+PEDESTRIANS = SAMPLES / "pedestrians.mp4"  # 768x576, 10 fps, 79.5 s, H.264
+BIKES = SAMPLES / "bikes.mp4"  # 640x272, 25 fps, 10 s, H.264
+
+# The RTSP server runs on Debian's Python with Debian's GStreamer bindings (not pip-installable).
+SYSTEM_PYTHON = "/usr/bin/python3"
+GST_APT_PACKAGES = ("python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base "
+                    "gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly")
+_GST_PROBE = ("import gi; gi.require_version('Gst', '1.0'); gi.require_version('GstRtspServer', '1.0'); "
+              "from gi.repository import Gst, GstRtspServer; Gst.init(None); "
+              "missing = [e for e in ('filesrc', 'qtdemux', 'h264parse', 'rtph264pay') if not Gst.ElementFactory.find(e)]; "
+              "assert not missing, f'missing GStreamer elements: {missing}'")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@functools.cache
+def _gstreamer_problem() -> str | None:
+    """None when the RTSP server can run here, else why not."""
+    if not os.path.exists(SYSTEM_PYTHON):
+        return f"{SYSTEM_PYTHON} not found"
+    try:
+        r = subprocess.run([SYSTEM_PYTHON, "-c", _GST_PROBE], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "the GStreamer probe timed out"
+    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["unknown error"])[-1]
+
+
+class RtspServer:
+    """tests/rtsp_server.py in a subprocess; kill() and start() again reuse the same port."""
+
+    def __init__(self, video: Path, port: int):
+        self.video, self.port = video, port
+        self.url = f"rtsp://127.0.0.1:{port}/stream"
+        self.proc: subprocess.Popen | None = None
+        self._stderr = None
+
+    def start(self, timeout: float = 15.0) -> None:
+        self._close_files()
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: GStreamer may say a lot
+        self.proc = subprocess.Popen(
+            [SYSTEM_PYTHON, str(ROOT / "tests" / "rtsp_server.py"), "--port", str(self.port), "--file", str(self.video)],
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = self.proc.stdout.readline() if ready else ""
+            if line.startswith("READY"):
+                return
+            if self.proc.poll() is not None:
+                self._stderr.seek(0)
+                raise RuntimeError(f"RTSP server exited with {self.proc.returncode}: {self._stderr.read()[-2000:]}")
+        self.kill()
+        raise RuntimeError(f"RTSP server did not become ready on port {self.port} in {timeout} s")
+
+    def kill(self) -> None:
+        """Die abruptly, like a camera losing power."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_files()
+
+    def _close_files(self) -> None:
+        if self.proc is not None:
+            self.proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+
+
+@pytest.fixture
+def rtsp_server():
+    """A started RTSP server streaming pedestrians.mp4 on a free loopback port. Skips where GStreamer
+    is missing, except under CI (env CI set), where that is a failure: CI installs the packages."""
+    problem = _gstreamer_problem()
+    if problem:
+        message = f"RTSP test server unavailable ({problem}); install: apt-get install -y {GST_APT_PACKAGES}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    server = RtspServer(PEDESTRIANS, free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
