@@ -5,13 +5,22 @@ from __future__ import annotations
 import torch
 
 
+def as_float_list(v, n: int) -> list[float]:
+    """A scalar, list or tensor of per-slot (or per-layer) values as n Python floats."""
+    if torch.is_tensor(v):
+        v = v.tolist()
+    if isinstance(v, (int, float)):
+        return [float(v)] * n
+    return [float(e) for e in v]
+
+
 def atmm_reference(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, idx: torch.Tensor,
                    scale, ranks=None, delora_slot: int | None = None) -> torch.Tensor:
     """In place on y [N, out], returns y. x [N, in], A [S, R, in], B [S, out, R], idx [N] (-1 = none)::
 
         for i in range(N):
             a = idx[i]; r = ranks[a]
-            if a >= 0:
+            if a >= 0 and a != delora_slot:
                 y[i] += scale[a] * (x[i] @ A[a, :r].T) @ B[a, :, :r].T
             if delora_slot is not None and a != delora_slot:
                 m = delora_slot; r = ranks[m]
@@ -21,11 +30,11 @@ def atmm_reference(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.T
     """
     S, R = A.shape[0], A.shape[1]
     ranks = [R] * S if ranks is None else [int(r) for r in ranks]
-    scale = [float(s) for s in (scale.tolist() if torch.is_tensor(scale) else scale)]
+    scale = as_float_list(scale, S)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     for i, a in enumerate(idx.tolist()):
         delta = torch.zeros(y.shape[1], dtype=acc, device=y.device)
-        if a >= 0:
+        if a >= 0 and a != delora_slot:
             r = ranks[a]
             delta += scale[a] * (x[i].to(acc) @ A[a, :r].to(acc).T) @ B[a, :, :r].to(acc).T
         if delora_slot is not None and a != delora_slot:
@@ -44,7 +53,7 @@ def delta_weights_reference(A: torch.Tensor, B: torch.Tensor, scale, ranks=None)
     """
     L, R = A.shape[0], A.shape[1]
     ranks = [R] * L if ranks is None else [int(r) for r in ranks]
-    scale = [float(s) for s in (scale.tolist() if torch.is_tensor(scale) else scale)]
+    scale = as_float_list(scale, L)
     out = torch.empty(L, B.shape[1], A.shape[2], dtype=A.dtype, device=A.device)
     for l in range(L):
         r = ranks[l]

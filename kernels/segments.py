@@ -25,6 +25,8 @@ class Segments:
     starts: tuple[int, ...]
     ends: tuple[int, ...]
     slots: tuple[int, ...]
+    elem_slots: tuple[int, ...] | None = None  # per batch element, when built from elements
+    rows_per_elem: int = 1
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ---- construction -------------------------------------------------------------------------
@@ -46,7 +48,8 @@ class Segments:
                 ends.append((e + 1) * rows_per_elem)
                 slots.append(int(s))
             prev = s
-        return cls(len(elem_slots) * rows_per_elem, tuple(starts), tuple(ends), tuple(slots))
+        return cls(len(elem_slots) * rows_per_elem, tuple(starts), tuple(ends), tuple(slots),
+                   tuple(int(s) for s in elem_slots), rows_per_elem)
 
     @classmethod
     def from_idx(cls, idx: torch.Tensor) -> Segments:
@@ -78,6 +81,15 @@ class Segments:
             for s, a, b in zip(self.slots, self.starts, self.ends):
                 rows.setdefault(s, []).append(torch.arange(a, b))
             self._cache[key] = {s: torch.cat(r).to(device) for s, r in rows.items()}
+        return self._cache[key]
+
+    def without(self, slot: int) -> Segments:
+        """The same runs minus those of one slot (mixture mode: the merged adapter's rows need no LoRA)."""
+        key = ("without", slot)
+        if key not in self._cache:
+            keep = [j for j, s in enumerate(self.slots) if s != slot]
+            self._cache[key] = Segments(self.n_rows, tuple(self.starts[j] for j in keep),
+                                        tuple(self.ends[j] for j in keep), tuple(self.slots[j] for j in keep))
         return self._cache[key]
 
     def delora(self, merged_slot: int) -> Segments:

@@ -41,6 +41,7 @@ FLUSH_TIMEOUT_S = 5.0  # once finishing (stop set or all streams ended): time le
 POLL_S = 0.1  # how often blocked loops look at the stop event
 LOG_EVERY_S = 5.0
 MIN_SNDBUF = 64 * 1024
+RELEASE_TIMEOUT_S = 600.0  # the longest a finished worker waits for the daemon's drained signal
 
 
 @dataclass
@@ -107,9 +108,12 @@ def plan_workers(config: PipelineConfig) -> list[list[str]]:
     return [ids[i:i + n] for i in range(0, len(ids), n)]
 
 
-def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop: StopEvent | None = None) -> dict:
+def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop: StopEvent | None = None,
+               flushed: StopEvent | None = None, release: StopEvent | None = None) -> dict:
     """Run one ingest worker for `stream_ids` (default: all streams) until every stream has ended or
     `stop` (a threading or multiprocessing Event) is set; then flush the queue for up to FLUSH_TIMEOUT_S.
+    Once flushed, sets `flushed` and keeps the socket connected until `release` is set (or, without
+    `release`, for IngestConfig.close_grace_s): see _hold_connection.
     Returns per stream: chunks_sent, chunks_dropped, errors, reconnects (and chunks_made, last_error)."""
     streams = [config.stream(sid) for sid in stream_ids] if stream_ids is not None else list(config.streams)
     cv2.setNumThreads(1)  # one OpenCV thread per stream thread; the cores are shared with decode and inference
@@ -127,6 +131,10 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     clock = _FlushClock(stop, halt, threads)
     try:
         _send_loop(sock, queue, stats, clock)
+        if flushed is not None:
+            flushed.set()
+        if any(st.chunks_sent for st in stats.values()):  # nothing in flight otherwise
+            _hold_connection(release, config.ingest.close_grace_s)
     finally:
         halt.set()
         sock.close(linger=int(clock.left() * 1000))
@@ -155,6 +163,18 @@ def _push_socket(ctx: zmq.Context, config: PipelineConfig, streams: list[StreamC
     sock.setsockopt(zmq.SNDBUF, max(MIN_SNDBUF, largest))
     sock.connect(config.daemon.endpoint)
     return sock
+
+
+def _hold_connection(release: StopEvent | None, grace_s: float) -> None:
+    """Stay connected after the last send. ZeroMQ loses the messages still in flight to a receiver that
+    is throttled (its high-water mark reached) when the sender disconnects; the daemon reads them only
+    as fast as it serves them. `vlora-va run` sets `release` once the daemon has drained."""
+    if release is not None:
+        if not release.wait(RELEASE_TIMEOUT_S):
+            log.warning("ingest worker: the daemon did not report drained within %.0f s; closing", RELEASE_TIMEOUT_S)
+    elif grace_s > 0:
+        log.info("ingest worker: all chunks handed to ZeroMQ; staying connected %.0f s so the daemon can read them", grace_s)
+        time.sleep(grace_s)
 
 
 def _chunk_bytes(stream: StreamConfig, image_size: int) -> int:

@@ -54,6 +54,10 @@ class IngestConfig:
     streams_per_worker: int = 2
     reconnect_initial_s: float = 0.5
     reconnect_max_s: float = 10.0
+    # ZeroMQ drops messages still in flight to a throttled receiver when the sender disconnects, so a
+    # standalone worker stays connected this long after its last chunk (`vlora-va run` waits for the
+    # daemon's "drained" signal instead).
+    close_grace_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,7 @@ def _ingest(c: _Checker, raw: Any) -> IngestConfig:
         "streams_per_worker": c.get(d, "streams_per_worker", "ingest", int, IngestConfig.streams_per_worker, minimum=1),
         "reconnect_initial_s": c.get(d, "reconnect_initial_s", "ingest", float, IngestConfig.reconnect_initial_s, minimum=0.01),
         "reconnect_max_s": c.get(d, "reconnect_max_s", "ingest", float, IngestConfig.reconnect_max_s, minimum=0.01),
+        "close_grace_s": c.get(d, "close_grace_s", "ingest", float, IngestConfig.close_grace_s, minimum=0),
     }
     return IngestConfig(**kw)
 

@@ -211,8 +211,10 @@ class Daemon:
             sinks.append(stack.enter_context(ZmqPubSink(self.config.daemon.results_endpoint)))
         return sinks
 
-    def run(self, stop: threading.Event | None = None, ready: threading.Event | None = None) -> DaemonStats:
-        """Serve until stop is set, then drain. `ready` is set once the socket is bound."""
+    def run(self, stop: threading.Event | None = None, ready: threading.Event | None = None,
+            drained: threading.Event | None = None) -> DaemonStats:
+        """Serve until stop is set, then drain. `ready` is set once the socket is bound, `drained` once
+        every request received has been answered and the sinks flushed (senders may disconnect then)."""
         stop = stop or threading.Event()
         d = self.config.daemon
         ctx = zmq.Context()
@@ -240,6 +242,8 @@ class Daemon:
         finally:
             sock.close()
             ctx.term()
+            if drained is not None:
+                drained.set()
         log.info("daemon stopped: %d chunks, %d results, %d errors, %d deadline misses, %d malformed messages",
                  self.stats.chunks, self.stats.results, self.stats.errors, self.stats.deadline_missed,
                  self.stats.malformed)

@@ -62,8 +62,9 @@ class Receiver:
             got = self.receive(0.2)
             if got is not None and delay:
                 time.sleep(delay)
-            if got is None and not worker.is_alive():
+            if got is None and (worker.flushed.is_set() or not worker.is_alive()):
                 break
+        worker.release.set()  # like the daemon's "drained": everything sent has been read
         return self.chunks
 
     def by_stream(self) -> dict[str, list[Chunk]]:
@@ -80,6 +81,7 @@ class WorkerThread(threading.Thread):
         super().__init__(daemon=True, name="test-ingest-worker")
         self.config, self.stream_ids = config, stream_ids
         self.stop_event = threading.Event()
+        self.flushed, self.release = threading.Event(), threading.Event()
         self.stats: dict | None = None
         self.error: BaseException | None = None
 
@@ -87,11 +89,12 @@ class WorkerThread(threading.Thread):
         from streams.worker import run_ingest
 
         try:
-            self.stats = run_ingest(self.config, self.stream_ids, self.stop_event)
+            self.stats = run_ingest(self.config, self.stream_ids, self.stop_event, self.flushed, self.release)
         except BaseException as e:  # surfaced by finish()
             self.error = e
 
     def finish(self, timeout: float = 15.0) -> dict:
+        self.release.set()
         self.join(timeout)
         assert not self.is_alive(), f"ingest worker still running after {timeout} s"
         if self.error is not None:

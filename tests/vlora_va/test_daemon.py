@@ -55,8 +55,8 @@ class RunningDaemon:
     def __init__(self, cfg):
         self.cfg = cfg
         self.daemon = Daemon(cfg)
-        self.stop, ready = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self.daemon.run, args=(self.stop, ready), daemon=True)
+        self.stop, ready, self.drained = threading.Event(), threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self.daemon.run, args=(self.stop, ready, self.drained), daemon=True)
         self.thread.start()
         assert ready.wait(30), "daemon did not start"
         self.ctx = zmq.Context()
@@ -67,9 +67,12 @@ class RunningDaemon:
         self.push.send_multipart(parts, copy=False)
 
     def finish(self):
-        self.push.close(linger=5000)
-        self.ctx.term()
+        # Like an ingest worker: stay connected until the daemon has drained (ZeroMQ drops what is still
+        # in flight to a throttled receiver when the sender disconnects).
         self.stop.set()
+        assert self.drained.wait(120), "daemon did not drain"
+        self.push.close(linger=0)
+        self.ctx.term()
         self.thread.join(60)
         assert not self.thread.is_alive()
         with open(self.cfg.sinks[0].path) as f:

@@ -1,0 +1,15 @@
+"""ATMM: batched heterogeneous-LoRA operator (Triton kernels on CUDA, tuned strategies on CPU), the one-shot
+ΔW computation for mode switches, and the profile-based configuration tables.
+
+    y[i] += scale[a] * (x[i] @ A[a].T) @ B[a].T      for every row i, a = idx[i] (-1: untouched)
+
+The Triton module is imported lazily (only on CUDA tensors), so ``TRITON_INTERPRET`` can still be set first.
+"""
+
+from .ops import atmm, delta_weights
+from .reference import atmm_reference, delta_weights_reference
+from .segments import NO_ADAPTER, Segments
+from .tuning import device_kind
+
+__all__ = ["atmm", "delta_weights", "atmm_reference", "delta_weights_reference", "Segments", "NO_ADAPTER",
+           "device_kind"]

@@ -1,0 +1,158 @@
+"""Triton ATMM kernels (CUDA; ``TRITON_INTERPRET=1`` runs them on CPU tensors for tests).
+
+Two kernels, in the style of Punica's SGMV / vLLM's shrink-expand, over runs of rows sharing an adapter:
+
+    shrink:  for each run j, rows i in run j, a = slot[j]:   h[i, :r_a] = x[i] @ A[a, :r_a].T
+    expand:  for each run j, rows i in run j, a = slot[j]:   y[i] += sign * scale[a] * h[i, :r_a] @ B[a, :, :r_a].T
+
+Heterogeneous ranks: a program whose rank tile starts past the adapter's rank exits at once (shrink), and the
+expand K-loop stops at the adapter's rank, so small-rank adapters do not pay for the largest rank.
+Tile configuration (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) is passed in per call; tiles stay >= 16
+so the same code compiles for tensor cores on a GPU.
+
+The interpreter computes bf16 ``tl.dot`` wrongly, so bf16 tiles are upcast to fp32 there (UPCAST flag).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .segments import Segments
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int = 32
+    block_n: int = 32
+    block_k: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class TritonConfig:
+    """One choice for the whole operator: a tile config for each of the two kernels."""
+    shrink: TileConfig = TileConfig(32, 16, 64, 4, 2)
+    expand: TileConfig = TileConfig(32, 64, 16, 4, 2)
+
+    def to_json(self) -> dict:
+        return {"shrink": asdict(self.shrink), "expand": asdict(self.expand)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> TritonConfig:
+        return cls(TileConfig(**d["shrink"]), TileConfig(**d["expand"]))
+
+
+DEFAULT_CONFIG = TritonConfig()
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, h_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr, ranks_ptr, K,
+                   stride_xm, stride_xk, stride_as, stride_ar, stride_ak, stride_hm, stride_hr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    pid_s = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    length = tl.load(seg_len_ptr + pid_s)
+    if pid_m * BLOCK_M >= length:
+        return
+    slot = tl.load(seg_slot_ptr + pid_s).to(tl.int64)
+    rank = tl.load(ranks_ptr + slot)
+    if pid_n * BLOCK_N >= rank:  # rank tile beyond this adapter's rank: no work
+        return
+    start = tl.load(seg_start_ptr + pid_s).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < length
+    n_mask = offs_n < rank
+    x_ptrs = x_ptr + (start + offs_m)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    a_ptrs = a_ptr + slot * stride_as + offs_n[None, :] * stride_ar + offs_k[:, None] * stride_ak  # A^T tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - k * BLOCK_K
+        xt = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        at = tl.load(a_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if UPCAST:
+            xt = xt.to(tl.float32)
+            at = at.to(tl.float32)
+        acc += tl.dot(xt, at)
+        x_ptrs += BLOCK_K * stride_xk
+        a_ptrs += BLOCK_K * stride_ak
+    h_ptrs = h_ptr + (start + offs_m)[:, None] * stride_hm + offs_n[None, :] * stride_hr
+    tl.store(h_ptrs, acc, mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _expand_kernel(h_ptr, b_ptr, y_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr, ranks_ptr, scale_ptr, N, sign,
+                   stride_hm, stride_hr, stride_bs, stride_bn, stride_br, stride_ym, stride_yn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    pid_s = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    length = tl.load(seg_len_ptr + pid_s)
+    if pid_m * BLOCK_M >= length:
+        return
+    slot = tl.load(seg_slot_ptr + pid_s).to(tl.int64)
+    rank = tl.load(ranks_ptr + slot)
+    scale = tl.load(scale_ptr + slot) * sign
+    start = tl.load(seg_start_ptr + pid_s).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < length
+    n_mask = offs_n < N
+    h_ptrs = h_ptr + (start + offs_m)[:, None] * stride_hm + offs_k[None, :] * stride_hr
+    b_ptrs = b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_k[:, None] * stride_br  # B^T tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(rank, BLOCK_K)):  # stops at this adapter's rank
+        k_mask = offs_k < rank - k * BLOCK_K
+        ht = tl.load(h_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        bt = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if UPCAST:
+            bt = bt.to(tl.float32)
+        else:
+            ht = ht.to(bt.dtype)  # fp16/bf16 tensor-core dot on GPUs; a no-op for fp32
+        acc += tl.dot(ht, bt)
+        h_ptrs += BLOCK_K * stride_hr
+        b_ptrs += BLOCK_K * stride_br
+    y_ptrs = y_ptr + (start + offs_m)[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    y_mask = m_mask[:, None] & n_mask[None, :]
+    yt = tl.load(y_ptrs, mask=y_mask, other=0.0)
+    tl.store(y_ptrs, (yt.to(tl.float32) + scale * acc).to(yt.dtype), mask=y_mask)
+
+
+def _upcast(dtype: torch.dtype) -> bool:
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def atmm_triton(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, seg: Segments,
+                scale_t: torch.Tensor, ranks_t: torch.Tensor, config: TritonConfig = DEFAULT_CONFIG,
+                sign: float = 1.0) -> None:
+    """y[rows of run j] += sign * scale_t[a] * (x[rows] @ A[a, :r].T) @ B[a, :, :r].T, a = seg.slots[j],
+    r = ranks_t[a]. y [N, out], x [N, in], A [S, R, in], B [S, out, R]; scale_t float32 [S], ranks_t int32 [S]
+    on x's device."""
+    if seg.n_runs == 0:
+        return
+    seg_start, seg_len, seg_slot = seg.device_tensors(x.device)
+    R = A.shape[1]
+    h = torch.empty(x.shape[0], R, dtype=torch.float32, device=x.device)
+    max_len = seg.max_run()
+    upcast = _upcast(x.dtype)
+    c = config.shrink
+    grid = (seg.n_runs, triton.cdiv(max_len, c.block_m), triton.cdiv(R, c.block_n))
+    _shrink_kernel[grid](x, A, h, seg_start, seg_len, seg_slot, ranks_t, x.shape[1],
+                         x.stride(0), x.stride(1), A.stride(0), A.stride(1), A.stride(2), h.stride(0), h.stride(1),
+                         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, UPCAST=upcast,
+                         num_warps=c.num_warps, num_stages=c.num_stages)
+    c = config.expand
+    grid = (seg.n_runs, triton.cdiv(max_len, c.block_m), triton.cdiv(y.shape[1], c.block_n))
+    _expand_kernel[grid](h, B, y, seg_start, seg_len, seg_slot, ranks_t, scale_t, y.shape[1], float(sign),
+                         h.stride(0), h.stride(1), B.stride(0), B.stride(1), B.stride(2), y.stride(0), y.stride(1),
+                         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, UPCAST=upcast,
+                         num_warps=c.num_warps, num_stages=c.num_stages)

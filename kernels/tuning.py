@@ -1,0 +1,268 @@
+"""Profile-based choice of the ATMM configuration per shape bucket (`vlora-va tune`).
+
+A table per device kind (``kernels/tables/<kind>.json``) maps a shape bucket to the best choice measured on
+that device: a CPU strategy name, or a Triton tile config. Lookup is one dict access (memoised per batch
+layout); shapes the table has not seen get a rule-based default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import cpu
+from .segments import Segments
+
+TABLE_DIR = Path(__file__).parent / "tables"
+_TABLES: dict[str, dict] = {}
+
+
+# ---- device kind, buckets, tables -----------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _device_kind(device: str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return "cuda-" + "-".join(name.lower().replace("_", " ").split())
+    cap = torch.backends.cpu.get_cpu_capability().lower()
+    return f"cpu-{platform.machine().lower()}-{cap}"
+
+
+def device_kind(device: torch.device | str | None = None) -> str:
+    """'cpu-x86_64-avx512' or 'cuda-nvidia-h100-80gb-hbm3': what a table is valid for (cached)."""
+    return _device_kind(str(device or "cpu"))
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << math.ceil(math.log2(n))
+
+
+def bucket_key(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
+    """Shape bucket: layer dims exact; rows, runs and max rank rounded up to powers of two."""
+    used = seg.used_slots
+    rmax = max((ranks[s] for s in used), default=0)
+    return (f"{n_in}x{n_out}/rows{_pow2(seg.n_rows)}/runs{_pow2(seg.n_runs)}/ad{_pow2(len(used))}"
+            f"/r{_pow2(rmax)}/{'g' if seg.is_grouped else 'u'}")
+
+
+def table_path(kind: str) -> Path:
+    return TABLE_DIR / f"{kind}.json"
+
+
+def load_table(kind: str) -> dict:
+    """The table for a device kind ({} entries when none is shipped or tuned)."""
+    if kind not in _TABLES:
+        p = table_path(kind)
+        _TABLES[kind] = json.loads(p.read_text()) if p.exists() else {"entries": {}}
+    return _TABLES[kind]
+
+
+def _lookup(kind: str, n_in: int, n_out: int, seg: Segments, ranks: list[int]):
+    """Memoised on the Segments object (one per forward), so each layer shape is bucketed once."""
+    memo_key = ("choice", kind, n_in, n_out, tuple(ranks[s] for s in seg.used_slots))
+    if memo_key in seg._cache:
+        return seg._cache[memo_key]
+    entry = load_table(kind)["entries"].get(bucket_key(n_in, n_out, seg, ranks))
+    seg._cache[memo_key] = entry["choice"] if entry else None
+    return seg._cache[memo_key]
+
+
+def lookup_cpu(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
+    choice = _lookup(device_kind("cpu"), n_in, n_out, seg, ranks)
+    return choice if choice in cpu.STRATEGIES else cpu.default_strategy(seg)
+
+
+def lookup_triton(n_in: int, n_out: int, seg: Segments, ranks: list[int], device):
+    from .triton_atmm import DEFAULT_CONFIG, TritonConfig
+    choice = _lookup(device_kind(device), n_in, n_out, seg, ranks)
+    if choice is None:
+        return DEFAULT_CONFIG
+    if isinstance(choice, dict):  # parse once, keep the parsed config in the memo
+        choice = TritonConfig.from_json(choice)
+    return choice
+
+
+# ---- the tuner ------------------------------------------------------------------------------------
+def composition_grid(tokens: int, images: list[int], adapters: list[int], ranks: list[list[int]],
+                     mixes: list[str]) -> list[tuple[list[int], list[int], str]]:
+    """Batch compositions: (per-image slot list, per-slot ranks, label). 'uniform' spreads images evenly
+    over adapters in order (grouped); 'skewed' gives half the images to adapter 0; 'shuffled' interleaves
+    adapters image by image (ungrouped)."""
+    out = []
+    for n_img in images:
+        for n_ad in adapters:
+            if n_ad > n_img:
+                continue
+            for rk in ranks:
+                slot_ranks = [rk[i % len(rk)] for i in range(n_ad)]
+                for mix in mixes:
+                    if mix == "skewed":
+                        head = max(1, n_img // 2)
+                        slots = [0] * head + [1 + i % max(1, n_ad - 1) if n_ad > 1 else 0 for i in range(n_img - head)]
+                        slots.sort()
+                    elif mix == "shuffled":
+                        slots = [i % n_ad for i in range(n_img)]
+                    else:
+                        slots = sorted(i * n_ad // n_img for i in range(n_img))
+                    out.append((slots, slot_ranks, f"{n_img}img/{n_ad}ad/r{'-'.join(map(str, rk))}/{mix}"))
+    return out
+
+
+def make_problem(n_in: int, n_out: int, slots: list[int], slot_ranks: list[int], tokens: int,
+                 dtype=torch.float32, device="cpu"):
+    """Random x, y, slot stacks (zero past each rank) and Segments for one composition."""
+    S, R = len(slot_ranks), max(slot_ranks)
+    g = torch.Generator().manual_seed(0)
+    A = torch.zeros(S, R, n_in, dtype=dtype)
+    B = torch.zeros(S, n_out, R, dtype=dtype)
+    for s, r in enumerate(slot_ranks):
+        A[s, :r] = torch.randn(r, n_in, generator=g) / math.sqrt(n_in)
+        B[s, :, :r] = torch.randn(n_out, r, generator=g) / math.sqrt(r)
+    x = torch.randn(len(slots) * tokens, n_in, generator=g).to(dtype)
+    y = torch.zeros(x.shape[0], n_out, dtype=dtype)
+    seg = Segments.from_elements(slots, tokens)
+    return [t.to(device) for t in (y, x, A, B)] + [seg]
+
+
+def time_calls(fns: dict, repeats: int, warmup: int = 1, sync=None, min_sample_s: float = 0.002) -> dict:
+    """Median seconds per call of each candidate. Candidates are interleaved (every round times each once,
+    in a fresh random order) so bursts of load from other processes hit them alike; a sample loops short
+    calls until it lasts min_sample_s."""
+    def sample(f, n):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        if sync:
+            sync()
+        return (time.perf_counter() - t0) / n
+
+    n = {}
+    for k, f in fns.items():
+        for _ in range(warmup):
+            f()
+        n[k] = max(1, int(min_sample_s / max(sample(f, 1), 1e-7)))
+    ts = {k: [] for k in fns}
+    order = list(fns)
+    for _ in range(repeats):
+        random.shuffle(order)
+        for k in order:
+            ts[k].append(sample(fns[k], n[k]))
+    return {k: statistics.median(v) for k, v in ts.items()}
+
+
+def cpu_candidates(seg: Segments) -> list[str]:
+    # 'grouped' is the same code as 'runs' on grouped batches: only time it where it differs.
+    return [s for s in cpu.STRATEGIES if not (s == "grouped" and seg.is_grouped)]
+
+
+def triton_candidates() -> list:
+    from .triton_atmm import TileConfig, TritonConfig
+    shrink = [TileConfig(m, n, k, w, st) for m in (16, 32, 64) for n in (16, 32) for k in (32, 64, 128)
+              for w, st in ((4, 2), (4, 3))]
+    expand = [TileConfig(m, n, k, w, st) for m in (16, 32, 64) for n in (32, 64, 128) for k in (16, 32)
+              for w, st in ((4, 2), (4, 3), (8, 2))]
+    # tune the two kernels' tiles independently of each other is not possible through one launcher, so
+    # pair them; keep the grid small (the product is too large) by pairing index-wise plus the default.
+    n = max(len(shrink), len(expand))
+    return [TritonConfig(shrink[i % len(shrink)], expand[i % len(expand)]) for i in range(n)]
+
+
+def _pick(times: dict, default, margin: float = 0.05):
+    """Fastest candidate, but keep the rule-based default unless another beats it by > margin (noise)."""
+    best = min(times, key=times.get)
+    if default in times and times[best] > (1 - margin) * times[default]:
+        return default
+    return best
+
+
+def tune(shapes: list[tuple[int, int]], grid, device: str = "cpu", repeats: int = 5, tokens: int = 257,
+         dtype=torch.float32, log=print) -> dict:
+    """Time every candidate on every (shape, composition); return the table (kind, entries)."""
+    from .ops import atmm
+    device = torch.device(device)
+    kind = device_kind(device)
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else None
+    entries: dict[str, dict] = {}
+    total, done, t_start = len(shapes) * len(grid), 0, time.perf_counter()
+    for n_in, n_out in shapes:
+        for slots, slot_ranks, label in grid:
+            y, x, A, B, seg = make_problem(n_in, n_out, slots, slot_ranks, tokens, dtype, device)
+            key = bucket_key(n_in, n_out, seg, slot_ranks)
+            cands = triton_candidates() if cuda else cpu_candidates(seg)
+            fns = {(json.dumps(c.to_json()) if cuda else c):
+                   (lambda c=c: atmm(y, x, A, B, seg, 1.0, slot_ranks, config=c)) for c in cands}
+            times = time_calls(fns, repeats, sync=sync)
+            best = _pick(times, None if cuda else cpu.default_strategy(seg))
+            prev = entries.get(key)  # several compositions may share a bucket: keep the per-bucket sum
+            if prev:
+                for c, t in times.items():
+                    prev["us"][c] = prev["us"].get(c, 0.0) + t * 1e6
+                best = _pick(prev["us"], None if cuda else cpu.default_strategy(seg))
+                prev["choice"] = json.loads(best) if cuda else best
+            else:
+                entries[key] = {"choice": json.loads(best) if cuda else best,
+                                "us": {c: round(t * 1e6, 1) for c, t in times.items()}, "example": label}
+            done += 1
+            el = time.perf_counter() - t_start
+            log(f"[{done}/{total}] {n_in}x{n_out} {label}: best {best if not cuda else 'cfg'} "
+                f"({times[best] * 1e6:.0f} us)  elapsed {el:.0f}s, eta {el / done * (total - done):.0f}s")
+    for e in entries.values():
+        e["us"] = {c: round(t, 1) for c, t in e["us"].items()}
+    return {"device_kind": kind, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "dtype": str(dtype).removeprefix("torch."), "tokens_per_image": tokens,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "entries": entries}
+
+
+VIT_S_SHAPES = [(384, 384), (384, 1536), (1536, 384)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`vlora-va tune`: profile ATMM on this device and write kernels/tables/<device kind>.json."""
+    p = argparse.ArgumentParser(prog="vlora-va tune", description=main.__doc__)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--hidden", type=int, default=384, help="backbone hidden size (ViT-S: 384)")
+    p.add_argument("--mlp", type=int, default=1536, help="MLP width (ViT-S: 1536)")
+    p.add_argument("--tokens", type=int, default=257, help="tokens per image (224 px, patch 14: 257)")
+    p.add_argument("--images", default="1,2,4,8,16,32")
+    p.add_argument("--adapters", default="1,2,4,8")
+    p.add_argument("--ranks", default="8;16;32;64;8,16,32,64", help="';'-separated rank sets (',' = mixed)")
+    p.add_argument("--mixes", default="uniform,skewed,shuffled")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="torch threads while tuning (0: torch's default); "
+                   "use the inference thread count the daemon will run with")
+    p.add_argument("--quick", action="store_true", help="small grid (about a minute on 2 cores)")
+    p.add_argument("--out", type=Path, default=None, help="table path (default: kernels/tables/<kind>.json)")
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.quick:
+        a.images, a.adapters, a.ranks, a.repeats = "1,8,32", "1,4,8", "16;8,16,32,64", 3
+    grid = composition_grid(a.tokens, [int(v) for v in a.images.split(",")],
+                            [int(v) for v in a.adapters.split(",")],
+                            [[int(r) for r in rs.split(",")] for rs in a.ranks.split(";")], a.mixes.split(","))
+    shapes = [(a.hidden, a.hidden), (a.hidden, a.mlp), (a.mlp, a.hidden)]
+    table = tune(shapes, grid, a.device, a.repeats, a.tokens,
+                 log=lambda m: print(m, file=sys.stderr, flush=True))
+    out = a.out or table_path(table["device_kind"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(table, indent=1, sort_keys=True))
+    _TABLES.pop(table["device_kind"], None)
+    print(f"wrote {out} ({len(table['entries'])} buckets)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

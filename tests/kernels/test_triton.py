@@ -1,0 +1,81 @@
+"""Triton kernels under TRITON_INTERPRET=1 (CPU tensors), against the reference loop.
+
+The interpreter must be on before the kernels are decorated, so this module sets it and (re)imports
+kernels.triton_atmm itself. Shapes stay tiny: the interpreter is 500-10,000x slower than torch.
+bf16 tiles are upcast to fp32 in interpreted runs (its bf16 tl.dot is wrong); on a GPU they are not.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from .atmm_cases import CASES, empty_run_segments, make, tol  # noqa: E402
+from kernels import atmm_reference  # noqa: E402
+
+# triton.language itself is decorated when triton is first imported, so the interpreter can only be switched
+# on in a fresh process: the outer run re-runs this file in a subprocess with TRITON_INTERPRET=1.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+inner = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 subprocess")
+
+
+@pytest.mark.skipif(INTERPRETED, reason="already interpreted")
+def test_triton_kernels_in_interpreter_subprocess():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
+                       env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout, r.stdout[-2000:]
+
+
+@pytest.fixture(scope="module")
+def tri():
+    import kernels.triton_atmm as mod
+    return mod
+
+
+def run(tri, y, x, A, B, seg_or_idx, scale, ranks, delora=None, config=None):
+    """Through the public operator, forcing the Triton path on CPU tensors."""
+    from kernels import ops
+    cfg = config or tri.DEFAULT_CONFIG
+    return ops.atmm(y, x, A, B, seg_or_idx, scale, ranks, delora, impl="triton", config=cfg)
+
+
+@inner
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("delora", [None, 0], ids=["plain", "delora0"])
+def test_triton_matches_reference(tri, case, dtype, delora):
+    x, y, A, B, scale, ranks, idx = make(case, dtype)
+    want = atmm_reference(y.clone(), x, A, B, idx, scale, ranks, delora)
+    got = run(tri, y.clone(), x, A, B, idx, scale, ranks, delora)
+    torch.testing.assert_close(got.float(), want.float(), **tol(dtype))
+
+
+@inner
+@pytest.mark.parametrize("shrink,expand", [((16, 16, 16, 4, 2), (16, 16, 16, 4, 2)),
+                                           ((64, 32, 128, 8, 3), (32, 128, 32, 8, 3))])
+def test_triton_tile_configs(tri, shrink, expand):
+    x, y, A, B, scale, ranks, idx = make(CASES[1])
+    cfg = tri.TritonConfig(tri.TileConfig(*shrink), tri.TileConfig(*expand))
+    want = atmm_reference(y.clone(), x, A, B, idx, scale, ranks)
+    torch.testing.assert_close(run(tri, y.clone(), x, A, B, idx, scale, ranks, config=cfg), want, **tol(torch.float32))
+
+
+@inner
+def test_triton_bf16_and_empty_runs(tri):
+    x, y, A, B, scale, ranks, _ = make(CASES[1], torch.bfloat16)
+    seg = empty_run_segments(x.shape[0])
+    idx = torch.full((x.shape[0],), -1)
+    for s, a, b in zip(seg.slots, seg.starts, seg.ends):
+        idx[a:b] = s
+    want = atmm_reference(y.clone(), x, A, B, idx, scale, ranks)
+    got = run(tri, y.clone(), x, A, B, seg, scale, ranks)
+    torch.testing.assert_close(got.float(), want.float(), atol=6e-2, rtol=3e-2)

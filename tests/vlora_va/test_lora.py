@@ -1,0 +1,188 @@
+"""LoRALinear / inject_lora / load_adapter on a tiny random Dinov2Model, checked against peft's own
+mixed-batch forward (adapter_names=) with the same weights."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import Dinov2Config, Dinov2Model
+
+from vlora_va import lora
+
+TARGETS = ["q_proj", "v_proj", "fc2"]
+
+
+def tiny_model(seed=0) -> Dinov2Model:
+    torch.manual_seed(seed)
+    cfg = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, patch_size=14, image_size=28)
+    return Dinov2Model(cfg).eval()
+
+
+def random_adapter(model, rank, seed, targets=TARGETS):
+    """{name: (A [r, in], B [out, r])} for every targeted nn.Linear (names of the un-wrapped model)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for n, m in model.named_modules():
+        if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in targets:
+            out[n] = (torch.randn(rank, m.in_features, generator=g) * 0.2,
+                      torch.randn(m.out_features, rank, generator=g) * 0.2)
+    return out
+
+
+def forward(model, x):
+    with torch.no_grad():
+        return model(pixel_values=x).last_hidden_state
+
+
+@pytest.fixture(scope="module")
+def setup():
+    base = tiny_model()
+    adapters = {"a": (random_adapter(base, 4, 1), 2.0), "b": (random_adapter(base, 16, 2), 0.5)}
+    model = copy.deepcopy(base)
+    ctx = lora.inject_lora(model, TARGETS, num_slots=4, max_rank=16)
+    lora.load_adapter(model, 0, *adapters["a"])
+    lora.load_adapter(model, 2, *adapters["b"])
+    x = torch.randn(5, 3, 28, 28, generator=torch.Generator().manual_seed(3))
+    return base, adapters, model, ctx, x
+
+
+def peft_model(base, adapters):
+    peft = pytest.importorskip("peft")
+    pm = None
+    for name, (w, scale) in adapters.items():
+        r = next(iter(w.values()))[0].shape[0]
+        cfg = peft.LoraConfig(r=r, lora_alpha=scale * r, target_modules=TARGETS, init_lora_weights=False)
+        if pm is None:
+            pm = peft.get_peft_model(copy.deepcopy(base), cfg, adapter_name=name)
+        else:
+            pm.add_adapter(name, cfg)
+        for n, m in pm.named_modules():
+            if hasattr(m, "lora_A") and name in m.lora_A:
+                a, b = w[n.removeprefix("base_model.model.")]
+                m.lora_A[name].weight.data.copy_(a)
+                m.lora_B[name].weight.data.copy_(b)
+    return pm.eval()
+
+
+def test_module_names_follow_installed_transformers(setup):
+    _, _, model, _, _ = setup
+    names = lora.lora_module_names(model)
+    assert len(names) == 2 * len(TARGETS)
+    assert "encoder.layer.0.attention.q_proj" in names and "encoder.layer.1.mlp.fc2" in names
+
+
+def test_mixed_batch_matches_peft(setup):
+    base, adapters, model, ctx, x = setup
+    pm = peft_model(base, adapters)
+    names = ["b", "a", "__base__", "b", "a"]
+    with torch.no_grad():
+        want = pm(pixel_values=x, adapter_names=names).last_hidden_state
+    ctx.set_rows(torch.tensor([2, 0, -1, 2, 0]))
+    torch.testing.assert_close(forward(model, x), want, atol=1e-4, rtol=1e-4)
+    ctx.clear()
+    torch.testing.assert_close(forward(model, x), forward(base, x), atol=1e-5, rtol=1e-5)
+
+
+def test_mixture_mode_equals_unmerged(setup):
+    _, _, model, ctx, x = setup
+    slots = torch.tensor([2, 0, -1, 2, 0])
+    ctx.set_rows(slots)
+    unmerged = forward(model, x)
+    lora.merge_slot(model, 0)
+    try:
+        ctx.set_rows(slots, delora_slot=0)
+        torch.testing.assert_close(forward(model, x), unmerged, atol=1e-4, rtol=1e-4)
+        ctx.clear()  # merged mode: everyone sees W + ΔW_0
+        ctx2 = forward(model, x)
+        ctx.set_rows(torch.zeros(5, dtype=torch.long))
+        lora.unmerge(model)
+        torch.testing.assert_close(forward(model, x), ctx2, atol=1e-4, rtol=1e-4)
+    finally:
+        lora.unmerge(model)
+        ctx.clear()
+
+
+def test_merge_unmerge_cycles_leave_no_drift(setup):
+    base, _, model, ctx, x = setup
+    w0 = model.encoder.layer[0].attention.q_proj.base.weight.clone()
+    for _ in range(5):
+        lora.merge_slot(model, 2)
+        lora.merge_slot(model, 0)
+        lora.unmerge(model)
+    assert torch.equal(model.encoder.layer[0].attention.q_proj.base.weight, w0)
+    assert lora.merged_slot(model) is None
+
+
+def test_slot_delta_weights(setup):
+    _, adapters, model, _, _ = setup
+    dw = lora.slot_delta_weights(model, 2)
+    w, scale = adapters["b"]
+    n = "encoder.layer.1.mlp.fc2"
+    torch.testing.assert_close(dw[n], scale * w[n][1] @ w[n][0])
+    assert set(dw) == set(lora.lora_module_names(model))
+
+
+def test_2d_input_rows_are_elements():
+    lin = nn.Linear(8, 6)
+    holder = nn.Sequential(lin)
+    ctx = lora.inject_lora(holder, ["0"], num_slots=2, max_rank=4)
+    a, b = torch.randn(3, 8), torch.randn(6, 3)
+    lora.load_adapter(holder, 1, {"0": (a, b)}, 1.5)
+    x = torch.randn(4, 8)
+    ctx.set_rows(torch.tensor([1, -1, 1, 0]))
+    with torch.no_grad():
+        y = holder(x)
+        want = lin(x)
+    want[[0, 2]] += 1.5 * x[[0, 2]] @ a.T @ b.T
+    torch.testing.assert_close(y, want)
+
+
+def test_reload_replaces_slot_fully_and_clear_slot():
+    model = tiny_model()
+    ctx = lora.inject_lora(model, TARGETS, num_slots=2, max_rank=16)
+    x = torch.randn(2, 3, 28, 28)
+    big = random_adapter(model.__class__(model.config), 16, 5)  # names of an un-wrapped model
+    lora.load_adapter(model, 1, big, 1.0)
+    small = {n: w for n, w in random_adapter(tiny_model(), 4, 6, ["q_proj"]).items()}
+    lora.load_adapter(model, 1, small, 1.0)
+    fresh = tiny_model()
+    fresh_ctx = lora.inject_lora(fresh, TARGETS, num_slots=2, max_rank=16)
+    lora.load_adapter(fresh, 1, small, 1.0)
+    ctx.set_rows(torch.tensor([1, 1]))
+    fresh_ctx.set_rows(torch.tensor([1, 1]))
+    torch.testing.assert_close(forward(model, x), forward(fresh, x))  # nothing left of the rank-16 adapter
+    lora.clear_slot(model, 1)
+    ctx.clear()
+    plain = forward(model, x)
+    ctx.set_rows(torch.tensor([1, 1]))
+    torch.testing.assert_close(forward(model, x), plain)
+
+
+@pytest.mark.parametrize("weights,match", [
+    ({"encoder.layer.9.attention.q_proj": (torch.zeros(4, 32), torch.zeros(32, 4))}, "unknown LoRA module"),
+    ({"encoder.layer.0.attention.q_proj": (torch.zeros(32, 32), torch.zeros(32, 32))}, "rank 32"),
+    ({"encoder.layer.0.attention.q_proj": (torch.zeros(4, 31), torch.zeros(32, 4))}, r"q_proj: expected A \[r, 32\]"),
+    ({"encoder.layer.0.attention.q_proj": (torch.zeros(4, 32), torch.zeros(32, 5))}, "got A"),
+])
+def test_load_adapter_validation(weights, match):
+    model = tiny_model()
+    lora.inject_lora(model, TARGETS, num_slots=2, max_rank=16)
+    with pytest.raises(ValueError, match=match):
+        lora.load_adapter(model, 0, weights, 1.0)
+
+
+def test_bad_slots_and_rows():
+    model = tiny_model()
+    ctx = lora.inject_lora(model, TARGETS, num_slots=2, max_rank=16)
+    with pytest.raises(ValueError, match="slot 2"):
+        lora.load_adapter(model, 2, {}, 1.0)
+    with pytest.raises(ValueError, match="out of range"):
+        ctx.set_rows(torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="delora_slot"):
+        ctx.set_rows(torch.tensor([0]), delora_slot=5)
+    ctx.set_rows(torch.tensor([0, 1, 1]))
+    with pytest.raises(ValueError, match="3 batch elements"):
+        forward(model, torch.randn(2, 3, 28, 28))
+    with pytest.raises(ValueError, match="no nn.Linear matches"):
+        lora.inject_lora(tiny_model(), ["nope"], 2, 4)

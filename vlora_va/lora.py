@@ -1,0 +1,267 @@
+"""LoRA on the backbone's linear layers, served by ATMM.
+
+``inject_lora`` wraps the targeted ``nn.Linear`` layers in ``LoRALinear`` and pre-allocates, per group of
+same-shaped layers, contiguous slot stacks ``A [L, S, R, in]`` and ``B [L, S, out, R]`` (PEFT orientation;
+entries past an adapter's rank stay zero). Loading an adapter writes into a slot; nothing is allocated later.
+All wrapped layers share one ``LoRAContext``: the engine describes the batch once per forward
+(``set_rows``) and every layer adds its adapters' LoRA through one ATMM call.
+
+The base weights of each group are also moved into one contiguous ``[L, out, in]`` tensor so that a
+mode switch (``merge_slot`` / ``unmerge``) is one batched GEMM plus one add per group, computed from a
+pristine copy: no drift however many times modes switch.
+
+Inject after the model is on its final device and dtype (the stacks are views; ``model.to`` would break them).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from kernels.segments import NO_ADAPTER, Segments
+
+
+class LoRAContext:
+    """Per-forward batch description shared by every wrapped layer of one model."""
+
+    def __init__(self, num_slots: int, max_rank: int):
+        self.num_slots = num_slots
+        self.max_rank = max_rank
+        self.groups: list[_Group] = []
+        self._elem_slots: list[int] | None = None
+        self._delora: int | None = None
+        self._segments: dict[tuple[int, int], Segments] = {}
+
+    def set_rows(self, row_slots: torch.Tensor, delora_slot: int | None = None) -> None:
+        """row_slots: LongTensor [B], the adapter slot of each batch element of the next forward (-1: none).
+        delora_slot: mixture mode — that slot's adapter is merged in the base weights; every row whose slot
+        != delora_slot additionally gets -scale[m] * (x @ A[m].T) @ B[m].T, so it sees W + ΔW_row only."""
+        slots = [int(s) for s in (row_slots.tolist() if torch.is_tensor(row_slots) else row_slots)]
+        bad = [s for s in slots if not NO_ADAPTER <= s < self.num_slots]
+        if bad:
+            raise ValueError(f"row slots {sorted(set(bad))} out of range [-1, {self.num_slots})")
+        if delora_slot is not None and not 0 <= delora_slot < self.num_slots:
+            raise ValueError(f"delora_slot {delora_slot} out of range [0, {self.num_slots})")
+        self._elem_slots, self._delora, self._segments = slots, delora_slot, {}
+
+    def clear(self) -> None:
+        """No LoRA at all on the next forward."""
+        self._elem_slots, self._delora, self._segments = None, None, {}
+
+    @property
+    def delora_slot(self) -> int | None:
+        return self._delora
+
+    def segments(self, n_elems: int, n_rows: int) -> Segments | None:
+        """The batch layout for an input of n_elems batch elements flattened to n_rows rows (cached: all
+        layers of a forward share it). None when there is no LoRA work."""
+        if self._elem_slots is None:
+            return None
+        if n_elems != len(self._elem_slots):
+            raise ValueError(f"LoRA context describes {len(self._elem_slots)} batch elements, "
+                             f"the layer input has {n_elems} (call set_rows for this batch)")
+        key = (n_elems, n_rows)
+        seg = self._segments.get(key)
+        if seg is None:
+            seg = self._segments[key] = Segments.from_elements(self._elem_slots, n_rows // max(n_elems, 1))
+        if seg.n_runs == 0 and self._delora is None:
+            return None
+        return seg
+
+
+class _Group:
+    """Contiguous storage for L same-shaped wrapped layers: slot stacks, ranks, scales, base weights."""
+
+    def __init__(self, linears: list[nn.Linear], num_slots: int, max_rank: int):
+        w = linears[0].weight
+        L, (n_out, n_in) = len(linears), w.shape
+        kw = dict(dtype=w.dtype, device=w.device)
+        self.A = torch.zeros(L, num_slots, max_rank, n_in, **kw)
+        self.B = torch.zeros(L, num_slots, n_out, max_rank, **kw)
+        self.scale = torch.zeros(L, num_slots, dtype=torch.float32, device=w.device)  # for Triton
+        self.rank = torch.zeros(L, num_slots, dtype=torch.int32, device=w.device)     # for Triton
+        self.scale_py = [[0.0] * num_slots for _ in range(L)]  # host copies: no device sync per forward
+        self.rank_py = [[0] * num_slots for _ in range(L)]
+        self.W = torch.stack([lin.weight.detach() for lin in linears])  # [L, out, in], contiguous
+        self.W0: torch.Tensor | None = None  # pristine base weights, made on the first merge
+        self.merged: int | None = None
+        for l, lin in enumerate(linears):
+            lin.weight = nn.Parameter(self.W[l], requires_grad=lin.weight.requires_grad)
+
+    def max_rank_of(self, slot: int) -> int:
+        return max(r[slot] for r in self.rank_py)
+
+
+class LoRALinear(nn.Module):
+    """An nn.Linear (``.base``) plus the ATMM LoRA of each batch element's adapter, per the shared context.
+    Input [B, T, in] or [N, in]; dim 0 is what the context's row_slots index (tokens share their image's
+    adapter)."""
+
+    def __init__(self, base: nn.Linear, ctx: LoRAContext, group: _Group, index: int, name: str):
+        super().__init__()
+        self.base = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.name = name
+        self._ctx, self._group, self._index = ctx, group, index  # plain attributes: not submodules/buffers
+
+    @property
+    def lora_A(self) -> torch.Tensor:  # [S, R, in]
+        return self._group.A[self._index]
+
+    @property
+    def lora_B(self) -> torch.Tensor:  # [S, out, R]
+        return self._group.B[self._index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        seg = self._ctx.segments(x.shape[0], x.numel() // self.in_features)
+        if seg is None:
+            return y
+        g, l = self._group, self._index
+        kernels.atmm(y.view(-1, self.out_features), x.reshape(-1, self.in_features), g.A[l], g.B[l], seg,
+                     g.scale_py[l], g.rank_py[l], self._ctx.delora_slot, device_params=(g.scale[l], g.rank[l]))
+        return y
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, slots={self._ctx.num_slots}, max_rank={self._ctx.max_rank}"
+
+
+# ---- model-level API ------------------------------------------------------------------------------
+def inject_lora(model: nn.Module, target_modules: list[str], num_slots: int, max_rank: int) -> LoRAContext:
+    """Replace every nn.Linear whose qualified name ends with one of target_modules (PEFT-style suffix
+    match on dotted components) by a LoRALinear sharing the returned context."""
+    if num_slots < 1 or max_rank < 1:
+        raise ValueError(f"num_slots ({num_slots}) and max_rank ({max_rank}) must be >= 1")
+    if _lora_layers(model):
+        raise ValueError("model already has LoRA layers (inject_lora was called before)")
+    targets = [(n, m) for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and any(n == t or n.endswith("." + t) for t in target_modules)]
+    if not targets:
+        raise ValueError(f"no nn.Linear matches target_modules={target_modules}")
+    ctx = LoRAContext(num_slots, max_rank)
+    by_shape: dict[tuple, list[tuple[str, nn.Linear]]] = {}
+    for n, m in targets:
+        by_shape.setdefault((tuple(m.weight.shape), m.weight.dtype, m.weight.device), []).append((n, m))
+    for members in by_shape.values():
+        group = _Group([m for _, m in members], num_slots, max_rank)
+        ctx.groups.append(group)
+        group.names = [n for n, _ in members]
+        for l, (n, m) in enumerate(members):
+            parent_name, _, child = n.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, LoRALinear(m, ctx, group, l, n))
+    return ctx
+
+
+def _lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def _context(model: nn.Module) -> tuple[LoRAContext, dict[str, LoRALinear]]:
+    layers = _lora_layers(model)
+    if not layers:
+        raise ValueError("model has no LoRA layers: call inject_lora first")
+    return next(iter(layers.values()))._ctx, layers
+
+
+def lora_module_names(model: nn.Module) -> list[str]:
+    """Qualified names of the wrapped layers (the keys load_adapter accepts)."""
+    return list(_lora_layers(model))
+
+
+def _check_slot(ctx: LoRAContext, slot: int) -> None:
+    if not isinstance(slot, int) or not 0 <= slot < ctx.num_slots:
+        raise ValueError(f"slot {slot!r} out of range [0, {ctx.num_slots})")
+
+
+def load_adapter(model: nn.Module, slot: int, weights: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                 scale: float | dict[str, float]) -> None:
+    """Write an adapter into a slot. weights: {module name: (A [r, in], B [out, r])} (PEFT lora_A/lora_B
+    weights); scale: lora_alpha / r, one float or per module. Everything is validated before anything is
+    written; the slot is fully replaced (modules the adapter does not target get rank 0 there)."""
+    ctx, layers = _context(model)
+    _check_slot(ctx, slot)
+    unknown = sorted(set(weights) - set(layers))
+    if unknown:
+        raise ValueError(f"unknown LoRA module names {unknown[:5]}{' ...' if len(unknown) > 5 else ''}; "
+                         f"known e.g. {list(layers)[:3]}")
+    for name, (a, b) in weights.items():
+        lay = layers[name]
+        r = a.shape[0] if a.dim() == 2 else -1
+        if (a.dim() != 2 or b.dim() != 2 or a.shape[1] != lay.in_features or b.shape[0] != lay.out_features
+                or b.shape[1] != r):
+            raise ValueError(f"{name}: expected A [r, {lay.in_features}] and B [{lay.out_features}, r], "
+                             f"got A {list(a.shape)} and B {list(b.shape)}")
+        if not 1 <= r <= ctx.max_rank:
+            raise ValueError(f"{name}: rank {r} not in [1, max_rank={ctx.max_rank}] (A {list(a.shape)})")
+    scales = scale if isinstance(scale, dict) else {n: float(scale) for n in weights}
+    missing = set(weights) - set(scales)
+    if missing:
+        raise ValueError(f"no scale for modules {sorted(missing)[:5]}")
+    clear_slot(model, slot)
+    with torch.no_grad():
+        for name, (a, b) in weights.items():
+            lay = layers[name]
+            g, l, r = lay._group, lay._index, a.shape[0]
+            g.A[l, slot, :r].copy_(a)
+            g.B[l, slot, :, :r].copy_(b)
+            g.rank_py[l][slot], g.scale_py[l][slot] = r, float(scales[name])
+    for g in ctx.groups:  # one host->device copy per group
+        g.rank.copy_(torch.tensor(g.rank_py, dtype=torch.int32))
+        g.scale.copy_(torch.tensor(g.scale_py, dtype=torch.float32))
+
+
+def clear_slot(model: nn.Module, slot: int) -> None:
+    """Empty a slot: zero stacks, rank 0 everywhere (a later load cannot see stale values)."""
+    ctx, _ = _context(model)
+    _check_slot(ctx, slot)
+    for g in ctx.groups:
+        if g.merged == slot:
+            raise ValueError(f"slot {slot} is merged into the base weights: unmerge first")
+        g.A[:, slot].zero_()
+        g.B[:, slot].zero_()
+        for l in range(len(g.rank_py)):
+            g.rank_py[l][slot], g.scale_py[l][slot] = 0, 0.0
+        g.rank[:, slot] = 0
+        g.scale[:, slot] = 0.0
+
+
+def slot_delta_weights(model: nn.Module, slot: int) -> dict[str, torch.Tensor]:
+    """{module name: ΔW [out, in] = scale·B·A} for every wrapped layer, one batched GEMM per shape group."""
+    ctx, _ = _context(model)
+    _check_slot(ctx, slot)
+    out = {}
+    for g in ctx.groups:
+        dw = kernels.delta_weights(g.A[:, slot], g.B[:, slot], g.scale[:, slot], g.max_rank_of(slot))
+        out.update(zip(g.names, dw.unbind(0)))
+    return out
+
+
+def merge_slot(model: nn.Module, slot: int) -> None:
+    """Merged mode: W = W0 + ΔW_slot for every wrapped layer (one bmm + one add per shape group), computed
+    from the pristine W0, so switching never accumulates rounding error."""
+    ctx, _ = _context(model)
+    _check_slot(ctx, slot)
+    with torch.no_grad():
+        for g in ctx.groups:
+            if g.W0 is None:
+                g.W0 = g.W.clone()
+            dw = kernels.delta_weights(g.A[:, slot], g.B[:, slot], g.scale[:, slot], g.max_rank_of(slot))
+            torch.add(g.W0, dw, out=g.W)
+            g.merged = slot
+
+
+def unmerge(model: nn.Module) -> None:
+    """Back to the base weights exactly (copy of the pristine W0)."""
+    ctx, _ = _context(model)
+    with torch.no_grad():
+        for g in ctx.groups:
+            if g.merged is not None:
+                g.W.copy_(g.W0)
+                g.merged = None
+
+
+def merged_slot(model: nn.Module) -> int | None:
+    ctx, _ = _context(model)
+    return ctx.groups[0].merged
