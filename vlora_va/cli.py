@@ -104,6 +104,18 @@ def cmd_adapters_init(args) -> int:
     return 0
 
 
+def cmd_draw(args) -> int:
+    from .draw import draw
+
+    try:
+        t, n = draw(args.results, args.video, args.stream, args.ts, args.out)
+    except (OSError, ValueError) as e:
+        log.error("%s", e)
+        return 1
+    print(f"{args.out}: {n} detection(s) at t={t:.2f} s")
+    return 0
+
+
 def _delegate(module: str, func: str):
     def run(args) -> int:
         import importlib
@@ -147,6 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--image-size", type=int, default=224)
     p.set_defaults(func=cmd_adapters_init)
+
+    p = sub.add_parser("draw", help="draw one result frame's detections on the source video frame")
+    p.add_argument("results", help="a JSON Lines results file")
+    p.add_argument("--video", required=True)
+    p.add_argument("--stream", required=True)
+    p.add_argument("--ts", type=float, help="media time in seconds (default: the first frame with detections)")
+    p.add_argument("--out", required=True, help="output image (.png or .jpg)")
+    p.set_defaults(func=cmd_draw)
 
     for name, module, func, text in [
         ("tune", "kernels.tuning", "main", "profile ATMM strategies/tiles on this device and write the table"),

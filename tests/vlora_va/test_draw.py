@@ -1,0 +1,33 @@
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from vlora_va.draw import draw, frame_at
+
+BIKES = Path(__file__).resolve().parents[2] / "sample_videos" / "bikes.mp4"
+
+
+def test_frame_at_picks_the_frame_shown_at_that_time():
+    a, b = frame_at(BIKES, 1.0), frame_at(BIKES, 1.02)  # 25 fps: 1.02 s still shows the 1.00 s frame
+    assert a.shape == (272, 640, 3) and np.array_equal(a, b)
+    assert not np.array_equal(a, frame_at(BIKES, 2.0))
+
+
+def test_draws_the_boxes_of_the_nearest_result_frame(tmp_path):
+    rows = [
+        {"stream": "bikes", "chunk": 1, "task": "detect", "frames": [
+            {"ts": 1.0, "detections": []},
+            {"ts": 1.5, "detections": [{"box": [100, 50, 200, 150], "class": "person", "score": 0.9}]}]},
+        {"stream": "other", "chunk": 1, "task": "detect", "frames": [{"ts": 1.5, "detections": []}]},
+    ]
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "f.png"
+    t, n = draw(results, BIKES, "bikes", 1.4, out)
+    assert (t, n) == (1.5, 1)
+    img = cv2.imread(str(out))
+    assert img.shape == (272, 640, 3)
+    assert tuple(img[100, 100]) == (0, 200, 255)  # the box's left edge, in the first class colour (BGR)
+    assert tuple(img[100, 150]) != (0, 200, 255)  # inside the box the picture is untouched
