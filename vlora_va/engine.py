@@ -3,6 +3,10 @@
 `Engine.run(batch)` takes requests that may each want a different adapter, runs ONE backbone forward over
 all their frames (every frame carrying its adapter's slot), then each adapter's head on its requests'
 features, and returns one output dict per request.
+
+Frames arrive letterboxed to the daemon's `image_size`; an adapter trained at a smaller size (its
+head_config `image_size`) gets them resized to that size, so tasks that need detail (small objects) and
+tasks that do not share one daemon: one backbone forward per image size present in the batch.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .adapters import Adapter
 from .heads import ActionHead, DetectionHead, Features
 from .lora import inject_lora, load_adapter
 from .models import IMAGENET_MEAN, IMAGENET_STD, patch_size
 from .requests import Request
+from .wire import Letterbox
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,7 @@ class Engine:
         self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)
         self.adapters = dict(adapters)
         self.slots = {name: i for i, name in enumerate(adapters)}
+        self.sizes = {name: self._adapter_size(a) for name, a in adapters.items()}
         modules = sorted({m for a in adapters.values() for m in a.lora})
         self.lora_ctx = None
         if modules:
@@ -50,54 +57,74 @@ class Engine:
                 load_adapter(self.backbone, self.slots[name], a.lora, a.scale)
         for a in adapters.values():
             a.head.to(self.device).eval()
-            if a.task == "detection" and a.head_config.get("image_size", image_size) != image_size:
-                log.warning("adapter %s was trained at %s px, the daemon runs at %s px", a.name,
-                            a.head_config.get("image_size"), image_size)
         mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1) * 255
         self._mean, self._std = mean, std
 
-    def pixels(self, frames: list[np.ndarray]) -> torch.Tensor:
-        """uint8 [H, W, 3] frames → normalised float [N, 3, H, W]."""
+    def _adapter_size(self, a: Adapter) -> int:
+        size = int(a.head_config.get("image_size", self.image_size))
+        if size % self.patch:
+            raise ValueError(f"adapter {a.name}: image_size {size} is not a multiple of the patch size {self.patch}")
+        if size > self.image_size:
+            log.warning("adapter %s was trained at %d px but frames arrive at %d px (daemon.image_size): "
+                        "it will see upscaled frames", a.name, size, self.image_size)
+        return size
+
+    def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
+        """uint8 [H, W, 3] frames → normalised float [N, 3, size, size]."""
         x = torch.from_numpy(np.stack(frames)).to(self.device)  # np.stack copies: received buffers stay untouched
         x = x.permute(0, 3, 1, 2).float()
+        if size is not None and size != x.shape[-1]:
+            x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
         return (x - self._mean) / self._std
 
     @torch.inference_mode()
-    def features(self, frames: list[np.ndarray], slots: list[int]) -> Features:
-        """Backbone features of the frames, frame i through adapter slot slots[i] (-1 = none)."""
+    def features(self, frames: list[np.ndarray], slots: list[int], size: int | None = None) -> Features:
+        """Backbone features of the frames at size px, frame i through adapter slot slots[i] (-1 = none)."""
+        size = size or frames[0].shape[0]
         # Group frames by slot so each adapter's rows are contiguous for ATMM, then restore the order.
         order = sorted(range(len(frames)), key=lambda i: slots[i])
         if self.lora_ctx is not None:
             self.lora_ctx.set_rows(torch.tensor([slots[i] for i in order], dtype=torch.long))
-        hidden = self.backbone(pixel_values=self.pixels([frames[i] for i in order])).last_hidden_state
+        hidden = self.backbone(pixel_values=self.pixels([frames[i] for i in order], size)).last_hidden_state
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
-        return Features.from_hidden(hidden[inverse.to(hidden.device)], self.image_size, self.patch, self.prefix_tokens)
+        return Features.from_hidden(hidden[inverse.to(hidden.device)], size, self.patch, self.prefix_tokens)
 
     @torch.inference_mode()
     def run(self, batch: list[Request]) -> list[Output]:
-        frames, slots, spans = [], [], []
-        for r in batch:
-            spans.append((len(frames), len(frames) + r.num_images))
+        results: list[dict | None] = [None] * len(batch)
+        by_size: dict[int, list[int]] = {}
+        for i, r in enumerate(batch):
+            by_size.setdefault(self.sizes[r.adapter], []).append(i)
+        for size, members in by_size.items():
+            self._run_size(batch, members, size, results)
+        images = sum(r.num_images for r in batch)
+        return [Output(r, res, images) for r, res in zip(batch, results)]
+
+    def _run_size(self, batch: list[Request], members: list[int], size: int, results: list) -> None:
+        """One backbone forward for the requests `members` (all at this image size), then their heads."""
+        frames, slots, spans = [], [], {}
+        for i in members:
+            r = batch[i]
+            spans[i] = (len(frames), len(frames) + r.num_images)
             frames.extend(r.frames)
             slots.extend([self.slots[r.adapter]] * r.num_images)
-        feats = self.features(frames, slots)
-        results: list[dict | None] = [None] * len(batch)
+        feats = self.features(frames, slots, size)
         by_adapter: dict[str, list[int]] = {}
-        for i, r in enumerate(batch):
-            by_adapter.setdefault(r.adapter, []).append(i)
+        for i in members:
+            by_adapter.setdefault(batch[i].adapter, []).append(i)
         for name, idxs in by_adapter.items():
             head = self.adapters[name].head
             if isinstance(head, DetectionHead):
-                self._detect(head, batch, idxs, spans, feats, results)
+                self._detect(head, batch, idxs, spans, feats, results, size)
             else:
                 self._classify(head, batch, idxs, spans, feats, results)
-        return [Output(r, res, len(frames)) for r, res in zip(batch, results)]
 
-    def _detect(self, head: DetectionHead, batch, idxs, spans, feats: Features, results) -> None:
+    def _detect(self, head: DetectionHead, batch, idxs, spans, feats: Features, results, size: int) -> None:
         rows = torch.tensor([j for i in idxs for j in range(*spans[i])], device=self.device)
-        lbs = [batch[i].letterbox for i in idxs for _ in range(batch[i].num_images)]
+        lbs = [_rescaled(batch[i].letterbox, size / batch[i].frames[0].shape[0])
+               for i in idxs for _ in range(batch[i].num_images)]
         sizes = [batch[i].orig_size for i in idxs for _ in range(batch[i].num_images)]
         dets = head.decode(head(feats.select(rows)), lbs, sizes)
         k = 0
@@ -116,3 +143,8 @@ class Engine:
             rows = torch.tensor([j for i in group for j in range(*spans[i])], device=self.device)
             for i, res in zip(group, head.decode(head(feats.select(rows), clip_len))):
                 results[i] = res
+
+
+def _rescaled(lb: Letterbox, factor: float) -> Letterbox:
+    """The letterbox of a frame that was resized by factor after letterboxing."""
+    return lb if factor == 1.0 else Letterbox(lb.scale * factor, lb.pad_x * factor, lb.pad_y * factor)

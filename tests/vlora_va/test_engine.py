@@ -104,3 +104,25 @@ def test_too_many_adapters_for_the_slots_is_a_clear_error(tiny_backbone_dir, tin
     adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
     with pytest.raises(ValueError, match="2 adapters configured but daemon.max_slots is 1"):
         Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, max_slots=1)
+
+
+def test_each_adapter_runs_at_its_own_image_size(tiny_backbone_dir, tiny_adapters, tmp_path):
+    """An adapter trained at 28 px gets the 56-px frames resized; one mixed batch = each request alone."""
+    import shutil
+
+    small = tmp_path / "small"
+    shutil.copytree(tiny_adapters["actions"], small)
+    cfg = json.loads((small / "head_config.json").read_text())
+    (small / "head_config.json").write_text(json.dumps({**cfg, "image_size": 28}))
+    adapters = {"detect": load_adapter_dir("detect", tiny_adapters["detect"], 32),
+                "small": load_adapter_dir("small", small, 32)}
+    engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
+    assert engine.sizes == {"detect": TINY_IMAGE, "small": 28}
+    feats = engine.features(frames(2, 4), [1, 1], 28)
+    assert feats.grid.shape[-2:] == (2, 2)  # 28 px / 14 = 2x2 patches
+    batch = [request("small", 2, 4), request("detect", 2, 5)]
+    together = engine.run(batch)
+    alone = [engine.run([r])[0] for r in batch]
+    assert together[0].result["scores"] == pytest.approx(alone[0].result["scores"], abs=1e-4)
+    assert together[1].result == alone[1].result
+    assert together[0].batch_images == 4
