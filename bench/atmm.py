@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import kernels  # noqa: E402
-from kernels import Segments, tuning  # noqa: E402
+from kernels import tuning  # noqa: E402
 from vlora_va import lora  # noqa: E402
 
 TOKENS = 257  # 224 px, patch 14: 16x16 patches + CLS

@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from . import jsonfmt
 from .heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, build_head
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
@@ -149,7 +150,7 @@ def save_adapter_dir(path: str | Path, *, lora: dict[str, tuple[torch.Tensor, to
         tensors[f"base_model.model.{module}.lora_B.weight"] = b.detach().float().contiguous().cpu()
     save_file(tensors, str(p / "adapter_model.safetensors"))
     cfg = {"format": HEAD_FORMAT, "version": HEAD_FORMAT_VERSION, **head_config}
-    (p / "head_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (p / "head_config.json").write_text(jsonfmt.dumps(cfg, indent=2) + "\n")
     save_file({k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}, str(p / "head.safetensors"))
     return p
 

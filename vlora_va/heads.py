@@ -45,15 +45,22 @@ class Features:
 
 class DetectionHead(nn.Module):
     def __init__(self, hidden: int, classes: list[str], width: int = 128, image_size: int = 224,
-                 score_threshold: float = 0.3, nms_iou: float = 0.5, max_detections: int = 100, **_: object):
+                 score_threshold: float = 0.3, nms_iou: float = 0.5, max_detections: int = 100, norm: bool = False,
+                 **_: object):
         super().__init__()
         self.classes, self.image_size = list(classes), image_size
         self.score_threshold, self.nms_iou, self.max_detections = score_threshold, nms_iou, max_detections
-        self.stem = nn.Sequential(nn.Conv2d(hidden, width, 1), nn.GELU(),
-                                  nn.Conv2d(width, width, 3, padding=1), nn.GELU())
-        self.refine = nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.GELU())
-        self.cls_out = nn.Conv2d(width, len(classes), 3, padding=1)
-        self.box_out = nn.Conv2d(width, 4, 3, padding=1)
+        # norm=True puts GroupNorm after each conv (as FCOS heads do): ViT tokens have a few very large
+        # channels, and without it early training spikes. False keeps the original layout loadable.
+        def block(conv: nn.Module) -> list[nn.Module]:
+            return [conv, nn.GroupNorm(16, width), nn.GELU()] if norm else [conv, nn.GELU()]
+
+        self.stem = nn.Sequential(*block(nn.Conv2d(hidden, width, 1)), *block(nn.Conv2d(width, width, 3, padding=1)))
+        self.refine = nn.Sequential(*block(nn.Conv2d(width, width, 3, padding=1)))
+        # 1x1 outputs: the 3x3 refine already mixes neighbours at the ×2 resolution, where 3x3 outputs
+        # would triple the head's cost (the head runs at 4× the patch count).
+        self.cls_out = nn.Conv2d(width, len(classes), 1)
+        self.box_out = nn.Conv2d(width, 4, 1)
         # Start with every cell at ~1% objectness (focal-loss prior): an untrained head detects nothing.
         nn.init.constant_(self.cls_out.bias, -math.log(99.0))
 
@@ -129,17 +136,22 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor
 
 
 class ActionHead(nn.Module):
-    def __init__(self, hidden: int, labels: list[str], width: int = 64, pool: int = 4, **_: object):
+    def __init__(self, hidden: int, labels: list[str], width: int = 64, pool: int = 4, motion: bool = False,
+                 **_: object):
         super().__init__()
-        self.labels, self.pool = list(labels), pool
+        self.labels, self.pool, self.motion = list(labels), pool, motion
         self.project = nn.Sequential(nn.Conv2d(hidden, width, 1), nn.GELU())
-        self.temporal = nn.Conv1d(width * pool * pool, 256, kernel_size=3, padding=1)
+        # motion=True also feeds frame-to-frame differences: direction of travel lives in how features
+        # move between frames, which a conv over the raw sequence learns slowly from little data.
+        self.temporal = nn.Conv1d(width * pool * pool * (2 if motion else 1), 256, kernel_size=3, padding=1)
         self.classify = nn.Linear(512, len(labels))
 
     def forward(self, feats: Features, clip_len: int) -> torch.Tensor:
         """feats holds B*clip_len frames, clip-major; returns label logits [B, L]."""
         x = self.project(F.adaptive_avg_pool2d(feats.grid, self.pool)).flatten(1)  # [B*T, width*pool²]
         x = x.reshape(-1, clip_len, x.shape[-1]).transpose(1, 2)  # [B, C, T]
+        if self.motion:
+            x = torch.cat([x, F.pad(x[..., 1:] - x[..., :-1], (1, 0))], dim=1)
         x = F.gelu(self.temporal(x))
         return self.classify(torch.cat([x.mean(-1), x.amax(-1)], dim=1))
 

@@ -178,6 +178,10 @@ def load_backbone(name_or_path: str, allow_download: bool = False, device: str |
     hf_logging.disable_progress_bar()  # one log line per model, not a progress bar per load
     where = resolve(name_or_path)
     local = Path(where).exists()
+    if not local and not allow_download and not _in_hub_cache(where):
+        # Checked here: transformers would still try the network (for an adapter config) and wait on it.
+        raise ModelError(f"cannot load backbone {name_or_path!r}: not a local directory, not in the Hugging Face "
+                         f"cache, and downloads are off (set daemon.allow_download: true to fetch it from the hub)")
     try:
         model = AutoModel.from_pretrained(where, local_files_only=local or not allow_download,
                                           use_safetensors=True)
@@ -185,6 +189,15 @@ def load_backbone(name_or_path: str, allow_download: bool = False, device: str |
         hint = "" if local or allow_download else " (downloads are off: set daemon.allow_download: true to fetch from the hub)"
         raise ModelError(f"cannot load backbone {name_or_path!r}: {e}{hint}") from None
     return model.eval().to(device)
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        return False
 
 
 def patch_size(model: torch.nn.Module) -> int:

@@ -1,0 +1,40 @@
+from pathlib import Path
+
+import pytest
+
+from vlora_va.training.cli import parse_range
+from vlora_va.training.spec import SpecError, load_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("name", ["detect", "actions"])
+def test_shipped_specs_load(name):
+    spec = load_spec(ROOT / "adapters" / "specs" / f"{name}.yaml")
+    assert spec.train and spec.test and spec.output == (ROOT / "adapters" / name).resolve()
+    train_videos = {(r.video.name, r.start, r.end) for r in spec.train}
+    for r in spec.test:  # held-out ranges never overlap training ranges of the same video
+        for v, s, e in train_videos:
+            if v == r.video.name:
+                assert r.start >= e or (r.end is not None and r.end <= s)
+
+
+def test_spec_errors_name_the_key(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("name: x\ntask: detection\noutput: out\nsources: [{name: a, kind: nope}]\n")
+    with pytest.raises(SpecError, match=r"sources\[0\]\.kind"):
+        load_spec(p)
+    p.write_text("name: x\ntask: detection\noutput: out\nsources: [{name: a, kind: hog}]\ntrain: [{video: missing.mp4}]\n")
+    with pytest.raises(SpecError, match=r"train\[0\]\.video"):
+        load_spec(p)
+    p.write_text("name: x\ntask: detection\noutput: out\nsources: [{name: a, kind: hog}]\nlora: {rnk: 4}\n")
+    with pytest.raises(SpecError, match="lora: unknown keys"):
+        load_spec(p)
+
+
+def test_parse_range():
+    v = str(ROOT / "sample_videos" / "bikes.mp4")
+    r = parse_range(f"{v}:5-10@0.2", 0.5)
+    assert (r.start, r.end, r.step) == (5.0, 10.0, 0.2)
+    r = parse_range(v, 0.5)
+    assert (r.start, r.end, r.step) == (0.0, None, 0.5)

@@ -1,0 +1,70 @@
+import json
+
+import numpy as np
+import pytest
+
+from vlora_va.training.frames import Frame
+from vlora_va.training.teachers import (COCO80, CenterNetTeacher, HaarTeacher, HogPeopleTeacher, Teacher,
+                                        load_clip_manifest, load_coco_json, save_coco_json)
+
+
+class CountingTeacher(Teacher):
+    cache_name = "counting"
+
+    def __init__(self, classes=None):
+        self.calls, self.classes, self.score_threshold = 0, classes, 0.3
+
+    def _raw(self, rgb):
+        self.calls += 1
+        return [{"box": [0, 0, 5, 5], "class": "person", "score": 0.9},
+                {"box": [1, 1, 6, 6], "class": "car", "score": 0.5},
+                {"box": [2, 2, 7, 7], "class": "car", "score": 0.1}]
+
+
+def frames(n=3):
+    return [Frame("vid", i * 0.5, np.zeros((8, 8, 3), np.uint8)) for i in range(n)]
+
+
+def test_cache_labels_once_and_class_filter_reads_the_same_cache(tmp_path):
+    t = CountingTeacher()
+    out = t.label(frames(), tmp_path, progress=False)
+    assert t.calls == 3 and len(out["vid@0.500"]) == 2  # score filter
+    t2 = CountingTeacher(classes=["car"])
+    out2 = t2.label(frames(), tmp_path, progress=False)
+    assert t2.calls == 0  # all from disk
+    assert [lab["class"] for lab in out2["vid@1.000"]] == ["car"]
+    t3 = CountingTeacher()
+    t3.label(frames(4), tmp_path, progress=False)
+    assert t3.calls == 1  # only the new frame
+
+
+def test_coco_round_trip_and_manifest(tmp_path):
+    labels = {"vid@0.000": [{"box": [1.0, 2.0, 11.0, 22.0], "class": "person", "score": 0.8}], "vid@0.500": []}
+    path = save_coco_json(tmp_path / "l.json", labels)
+    back = load_coco_json(path)
+    assert back == labels
+    assert load_coco_json(path, classes=["car"])["vid@0.000"] == []
+    data = json.loads(path.read_text())
+    data["images"][0] = {"id": data["images"][0]["id"], "video": "vid", "t": 0.0}
+    path.write_text(json.dumps(data))
+    assert load_coco_json(path)["vid@0.000"][0]["box"] == [1.0, 2.0, 11.0, 22.0]
+    m = tmp_path / "clips.jsonl"
+    m.write_text('# comment\n{"video": "videos/vid.mp4", "start": 0, "end": 1, "label": "walking_left"}\n')
+    assert load_clip_manifest(m) == [{"video": "vid", "start": 0.0, "end": 1.0, "label": "walking_left"}]
+    m.write_text('{"video": "vid", "start": 0}\n')
+    with pytest.raises(ValueError, match="missing"):
+        load_clip_manifest(m)
+
+
+def test_classical_teachers_run_on_a_blank_frame():
+    rgb = np.full((200, 120, 3), 128, np.uint8)
+    assert HogPeopleTeacher(upscale=1.0)._raw(rgb) == []
+    assert HaarTeacher("haarcascade_frontalface_default.xml", "face")._raw(rgb) == []
+
+
+def test_centernet_rejects_unknown_classes(tmp_path):
+    f = tmp_path / "c.onnx"
+    f.write_bytes(b"x")
+    with pytest.raises(ValueError, match="unknown COCO"):
+        CenterNetTeacher(f, classes=["persn"])
+    assert len(COCO80) == 80 and COCO80[0] == "person"

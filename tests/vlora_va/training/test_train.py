@@ -1,0 +1,86 @@
+"""LoRA + head training end to end on a tiny random backbone: checkpoints, resume, budget, save, load, merge."""
+
+import time
+
+import numpy as np
+import torch
+
+from vlora_va.adapters import load_adapter_dir
+from vlora_va.heads import Features
+from vlora_va.training import train as T
+from vlora_va.training.evaluate import merged_backbone
+from vlora_va.training.features import FeatureCache, full_hidden, lower_hidden, upper_hidden
+from vlora_va.training.frames import Frame, model_input
+from vlora_va.training.pipeline import Split, train_detection
+from vlora_va.training.spec import LoraSpec, Source, Spec, TrainSpec
+
+SIDE = 56
+
+
+def frames(n=6):
+    rng = np.random.default_rng(0)
+    return [Frame("synthetic", i / 10, rng.integers(0, 255, (60, 80, 3), dtype=np.uint8)) for i in range(n)]
+
+
+def labelled_split(fr):
+    labels = {f.key: [{"box": [10, 10, 40, 50], "class": "person", "score": 0.9, "ignore": False}] for f in fr}
+    return Split(fr, {"person": labels}, side=SIDE)
+
+
+def spec_for(tmp_path, backbone, layers, epochs=2):
+    return Spec(name="tiny", task="detection", output=tmp_path / "out", backbone=backbone, image_size=SIDE,
+                sources=[Source("person", "centernet", ["person"])], cache_dir=tmp_path / "cache",
+                lora=LoraSpec(rank=4, alpha=8, layers=layers),
+                opts=TrainSpec(epochs=epochs, batch=4, ckpt_every=1, threads=1))
+
+
+def test_split_forward_equals_full_forward(tiny_backbone):
+    model = T.build_model(tiny_backbone, LoraSpec(layers=[]))
+    x, _ = model_input(frames(2), SIDE)
+    with torch.no_grad():
+        ref = model(pixel_values=x).last_hidden_state
+        assert torch.allclose(upper_hidden(model, lower_hidden(model, x, 1), 1), ref, atol=1e-5)
+        assert torch.allclose(full_hidden(model, x), ref, atol=1e-5)
+
+
+def test_feature_cache_is_reused(tiny_backbone, tmp_path):
+    model = T.build_model(tiny_backbone, LoraSpec(layers=[]))
+    cache = FeatureCache(tmp_path, tiny_backbone, SIDE, 1)
+    a = cache.get(model, frames(3), progress=False)
+    b = cache.get(None, frames(3), progress=False)  # no model needed the second time
+    assert torch.equal(a, b) and a.dtype == torch.float16 and a.shape[:2] == (3, 1 + (SIDE // 14) ** 2)
+
+
+def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
+    spec = spec_for(tmp_path, tiny_backbone, layers=[1])
+    split = labelled_split(frames())
+    model = T.build_model(tiny_backbone, LoraSpec(layers=[]))
+    cache = FeatureCache(tmp_path, tiny_backbone, SIDE, 1)
+    split.lower = cache.get(model, split.frames, progress=False)
+    split.lower_flip = cache.get(model, split.frames, flip=True, progress=False)
+    # 12 samples / batch 4 * 2 epochs = 6 steps; a spent budget stops at once but still checkpoints
+    stopped = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() - 1, progress=False)
+    assert stopped.steps == 0 and not stopped.complete
+    first = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60)
+    assert first.steps == 6 and first.complete and np.isfinite(first.losses).all()
+    again = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60)
+    assert again.steps == 6 and again.losses == []  # resumed from the final checkpoint: nothing left to do
+    lora = T.lora_weights(first.model, spec.lora)
+    assert set(lora) == {f"encoder.layer.1.{m}" for m in
+                         ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "mlp.fc1", "mlp.fc2")}
+    assert any(b.abs().sum() > 0 for _, b in lora.values())  # B moved away from its zero init
+
+    from vlora_va.training.pipeline import save_detection
+
+    out = save_detection(spec, tmp_path / "adapter", first, spec.lora, spec.sources, 0.3, {}, "# card\n")
+    adapter = load_adapter_dir("tiny", out, 32)
+    assert adapter.head_config["classes"] == ["person"] and adapter.head.score_threshold == 0.3
+    # the merged backbone (what eval and the engine's merged mode serve) equals peft's unmerged forward
+    x, _ = model_input(split.frames[:2], SIDE)
+    with torch.no_grad():
+        peft_out = upper_hidden(first.model, lower_hidden(first.model, x, 1), 1)
+        merged_out = full_hidden(merged_backbone(tiny_backbone, adapter), x)
+        assert torch.allclose(peft_out, merged_out, atol=1e-4)
+        raw_a = first.head(Features.from_hidden(peft_out, SIDE, 14))
+        raw_b = adapter.head(Features.from_hidden(merged_out, SIDE, 14))
+        assert torch.allclose(raw_a[0], raw_b[0], atol=1e-3)

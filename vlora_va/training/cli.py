@@ -1,0 +1,86 @@
+"""Entry points for `vlora-va train SPEC.yaml` and `vlora-va eval ADAPTER --on VIDEO...`.
+
+Wire them into vlora_va/cli.py as subcommands that pass the remaining argv: `main_train(argv)`,
+`main_eval(argv)`; both return a process exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from .. import jsonfmt
+from .spec import Range, SpecError, load_spec
+
+_RANGE = re.compile(r"^(?P<video>.+?)(?::(?P<start>[\d.]+)?-(?P<end>[\d.]+)?)?(?:@(?P<step>[\d.]+))?$")
+
+
+def parse_range(text: str, default_step: float | None) -> Range:
+    """VIDEO[:START-END][@STEP], e.g. sample_videos/pedestrians.mp4:55-79.5@0.5 (seconds)."""
+    m = _RANGE.match(text)
+    if not m or not Path(m["video"]).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an existing VIDEO[:START-END][@STEP]")
+    return Range(Path(m["video"]), float(m["start"] or 0), float(m["end"]) if m["end"] else None,
+                 float(m["step"]) if m["step"] else default_step)
+
+
+def main_train(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="vlora-va train", description="Train adapters from a training spec (YAML).")
+    ap.add_argument("spec", help="training spec, e.g. adapters/specs/detect.yaml")
+    ap.add_argument("--budget-minutes", type=float, help="override the spec's time budget")
+    ap.add_argument("--no-baselines", action="store_true", help="skip the head-only / per-source comparison runs")
+    ap.add_argument("--threads", type=int, help="torch threads (default: the spec's, 2)")
+    args = ap.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        print(f"vlora-va train: {args.spec}: {e}", file=sys.stderr)
+        return 2
+    if args.budget_minutes is not None:
+        spec.budget_minutes = args.budget_minutes
+    if args.no_baselines:
+        spec.baselines = False
+    if args.threads:
+        spec.opts.threads = args.threads
+    from .runner import train_spec
+
+    report = train_spec(spec)
+    print(f"wrote {', '.join(report['adapters'])} and {spec.output.parent / ('REPORT-' + spec.name)}.md "
+          f"in {report['seconds']:.0f} s")
+    return 0
+
+
+def main_eval(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="vlora-va eval", description="Score an adapter against teacher labels on video.")
+    ap.add_argument("adapter", help="adapter directory")
+    ap.add_argument("--on", nargs="+", required=True, metavar="VIDEO[:START-END][@STEP]",
+                    help="held-out footage, e.g. sample_videos/pedestrians.mp4:55-79.5")
+    ap.add_argument("--step", type=float, default=0.5, help="seconds between evaluated frames / clips (default 0.5)")
+    ap.add_argument("--backbone", default="dinov2-small")
+    ap.add_argument("--teachers-dir", type=Path, help="folder with centernet.onnx (default ../shared/assets/teachers)")
+    ap.add_argument("--json", type=Path, help="also write the report here")
+    ap.add_argument("--draw", type=Path, metavar="DIR", help="detection: save one annotated frame per video here")
+    args = ap.parse_args(argv)
+    try:
+        ranges = [parse_range(t, args.step) for t in args.on]
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
+    from .evaluate import evaluate_adapter
+
+    if args.draw:
+        args.draw.mkdir(parents=True, exist_ok=True)
+    report = evaluate_adapter(args.adapter, ranges, args.backbone, args.teachers_dir, draw_dir=args.draw)
+    text = jsonfmt.dumps(report, indent=2)
+    if args.json:
+        args.json.write_text(text + "\n")
+    for where, rep in report["reports"].items():
+        if "top1" in rep:
+            print(f"{where}: top-1 {rep['top1']:.3f} over {rep['clips']} clips; confusion (rows = reference) "
+                  f"{rep['labels']}: {rep['confusion']}")
+        else:
+            for c, m in rep["per_class"].items():
+                print(f"{where} {c}: F1@0.5 {m['f1']:.3f} AP50 {m['ap50']:.3f} P {m['precision']:.3f} R {m['recall']:.3f} "
+                      f"({m['refs']} refs, threshold {rep['threshold']})")
+    return 0

@@ -1,0 +1,80 @@
+"""Split the backbone at layer `split`: frozen lower layers cached once, upper layers trained with LoRA.
+
+LoRA only on layers >= split leaves layers < split untouched, so their output is the same for every
+adapter and every epoch: it is computed once per (backbone, image size, split, flip) and cached on disk
+(fp16). Training then runs only the upper 12 - split layers. This is also what lets the engine share
+the lower layers across tasks at serving time. split = num_layers gives the head-only baseline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .frames import Frame, model_input
+
+
+def encoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The transformer blocks of a (possibly peft-wrapped) HF ViT/DINOv2."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.encoder.layer
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.layernorm
+
+
+@torch.no_grad()
+def lower_hidden(model: nn.Module, pixels: torch.Tensor, split: int) -> torch.Tensor:
+    """Embeddings + layers [0, split): the frozen prefix. [B, tokens, D]."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    h = base.embeddings(pixels)
+    for layer in base.encoder.layer[:split]:
+        h = layer(h)
+    return h
+
+
+def upper_hidden(model: nn.Module, hidden: torch.Tensor, split: int) -> torch.Tensor:
+    """Layers [split, L) + the final layer norm: the backbone's last hidden state (what heads read)."""
+    for layer in encoder_layers(model)[split:]:
+        hidden = layer(hidden)
+    return final_norm(model)(hidden)
+
+
+def full_hidden(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    return upper_hidden(model, lower_hidden(model, pixels, 0), 0)
+
+
+class FeatureCache:
+    """Lower-layer hidden states per frame key, one fp16 file per (backbone, size, split, flip, frame set)."""
+
+    def __init__(self, root: Path, backbone_name: str, image_size: int, split: int):
+        self.root = Path(root) / "features"
+        self.tag = f"{Path(backbone_name).name}-s{image_size}-l{split}"
+        self.image_size, self.split = image_size, split
+
+    def _file(self, frames: list[Frame], flip: bool) -> Path:
+        digest = hashlib.sha256("|".join(f.key for f in frames).encode()).hexdigest()[:16]
+        return self.root / self.tag / f"{'flip-' if flip else ''}{digest}.pt"
+
+    def get(self, model: nn.Module, frames: list[Frame], flip: bool = False, batch: int = 8,
+            progress: bool = True) -> torch.Tensor:
+        """[N, tokens, D] fp16 lower-layer features of frames, computed (and saved) if missing."""
+        f = self._file(frames, flip)
+        if f.is_file():
+            return torch.load(f, weights_only=True)
+        out = []
+        for i in tqdm(range(0, len(frames), batch), desc=f"caching {self.tag}{' flip' if flip else ''}",
+                      disable=not progress):
+            pixels, _ = model_input(frames[i:i + batch], self.image_size, flip=flip)
+            out.append(lower_hidden(model, pixels, self.split).half())
+        feats = torch.cat(out)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(feats, f.with_suffix(".tmp"))
+        f.with_suffix(".tmp").replace(f)
+        return feats

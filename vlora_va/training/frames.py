@@ -1,0 +1,92 @@
+"""Video frames for training and evaluation, and the exact model preprocessing used at serving time.
+
+Ingest letterboxes each frame into a square of `image_size` (aspect kept, centred, pad value 114) and the
+model sees ImageNet-normalised RGB. Training on anything else would teach the heads a different geometry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from ..models import IMAGENET_MEAN, IMAGENET_STD
+from ..wire import Letterbox
+
+PAD_VALUE = 114
+
+
+@dataclass
+class Frame:
+    video: str  # file name stem, e.g. "pedestrians"
+    t: float  # media time in seconds
+    rgb: np.ndarray  # original frame, uint8 [H, W, 3]
+
+    @property
+    def key(self) -> str:
+        return f"{self.video}@{self.t:.3f}"
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.rgb.shape[1], self.rgb.shape[0]
+
+
+def letterbox_params(width: int, height: int, side: int) -> Letterbox:
+    scale = side / max(width, height)
+    new_w, new_h = round(width * scale), round(height * scale)
+    return Letterbox(scale, (side - new_w) // 2, (side - new_h) // 2)
+
+
+def letterbox(rgb: np.ndarray, side: int) -> tuple[np.ndarray, Letterbox]:
+    """uint8 [side, side, 3] with the frame centred, aspect kept, padded with 114."""
+    h, w = rgb.shape[:2]
+    lb = letterbox_params(w, h, side)
+    new_w, new_h = round(w * lb.scale), round(h * lb.scale)
+    out = np.full((side, side, 3), PAD_VALUE, dtype=np.uint8)
+    resized = cv2.resize(rgb, (new_w, new_h), interpolation=cv2.INTER_AREA if lb.scale < 1 else cv2.INTER_LINEAR)
+    out[int(lb.pad_y):int(lb.pad_y) + new_h, int(lb.pad_x):int(lb.pad_x) + new_w] = resized
+    return out, lb
+
+
+def normalise(images: np.ndarray) -> torch.Tensor:
+    """uint8 [N, H, W, 3] → float [N, 3, H, W], ImageNet mean/std (what the backbone expects)."""
+    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 255.0
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def model_input(frames: list[Frame], side: int, flip: bool = False) -> tuple[torch.Tensor, list[Letterbox]]:
+    """Letterboxed, normalised batch; flip=True mirrors the letterboxed image (training augmentation)."""
+    boxed = [letterbox(f.rgb, side) for f in frames]
+    imgs = np.stack([b[0][:, ::-1] if flip else b[0] for b in boxed])
+    return normalise(imgs), [b[1] for b in boxed]
+
+
+def read_frames(path: str | Path, start: float = 0.0, end: float | None = None, step: float | None = None) -> list[Frame]:
+    """Decode frames with start <= t < end, keeping one every `step` seconds (None: every frame)."""
+    return list(iter_frames(path, start, end, step))
+
+
+def iter_frames(path: str | Path, start: float = 0.0, end: float | None = None, step: float | None = None):
+    """Generator form of `read_frames` (long ranges need not fit in memory)."""
+    import av
+
+    path = Path(path)
+    next_t = start
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        for i, frame in enumerate(container.decode(stream)):
+            t = float(frame.pts * stream.time_base) if frame.pts is not None else i / float(stream.average_rate)
+            if t < start - 1e-6:
+                continue
+            if end is not None and t >= end - 1e-6:
+                break
+            if step is not None and t < next_t - 1e-6:
+                continue
+            yield Frame(path.stem, round(t, 3), frame.to_ndarray(format="rgb24"))
+            while step is not None and next_t <= t + 1e-6:
+                next_t += step

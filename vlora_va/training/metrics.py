@@ -1,0 +1,97 @@
+"""Accuracy metrics: detection F1 at IoU 0.5 and AP50 per class; action top-1 and confusion matrix.
+
+Matching is per image and class, greedy by score: a prediction is a true positive when it overlaps an
+unmatched reference box with IoU >= 0.5 (the COCO/VOC rule). Reference boxes may be flagged "ignore"
+(too uncertain or too small to count): a prediction matching one is neither a TP nor an FP, and an
+unmatched one is not an FN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..heads import box_iou
+
+
+def match_image(preds: list[dict], refs: list[dict], iou: float = 0.5) -> tuple[list[tuple[float, int]], int]:
+    """One class, one image: ([(score, 1 TP / 0 FP)] for counted predictions, number of counted refs)."""
+    preds = sorted(preds, key=lambda p: -p["score"])
+    counted = [r for r in refs if not r.get("ignore")]
+    ignored = [r for r in refs if r.get("ignore")]
+    used = [False] * len(counted)
+    out = []
+    iou_c = box_iou(torch.tensor([p["box"] for p in preds]).reshape(-1, 4), torch.tensor([r["box"] for r in counted]).reshape(-1, 4))
+    iou_i = box_iou(torch.tensor([p["box"] for p in preds]).reshape(-1, 4), torch.tensor([r["box"] for r in ignored]).reshape(-1, 4))
+    for i, p in enumerate(preds):
+        best, j = -1.0, -1
+        for k in range(len(counted)):
+            if not used[k] and iou_c[i, k] >= iou and iou_c[i, k] > best:
+                best, j = float(iou_c[i, k]), k
+        if j >= 0:
+            used[j] = True
+            out.append((p["score"], 1))
+        elif len(ignored) and float(iou_i[i].max()) >= iou:
+            continue  # matched an ignored reference: does not count
+        else:
+            out.append((p["score"], 0))
+    return out, len(counted)
+
+
+def average_precision(scored: list[tuple[float, int]], n_ref: int) -> float:
+    """Area under the interpolated precision-recall curve (VOC/COCO all-point)."""
+    if n_ref == 0:
+        return float("nan")
+    if not scored:
+        return 0.0
+    s = sorted(scored, key=lambda x: -x[0])
+    tp = np.cumsum([t for _, t in s])
+    fp = np.cumsum([1 - t for _, t in s])
+    recall = tp / n_ref
+    precision = tp / np.maximum(tp + fp, 1e-9)
+    mrec = np.concatenate([[0.0], recall, [recall[-1]]])
+    mpre = np.concatenate([[1.0], precision, [0.0]])
+    mpre = np.maximum.accumulate(mpre[::-1])[::-1]
+    idx = np.where(mrec[1:] != mrec[:-1])[0]
+    return float(np.sum((mrec[idx + 1] - mrec[idx]) * mpre[idx + 1]))
+
+
+def detection_report(preds: dict[str, list[dict]], refs: dict[str, list[dict]], classes: list[str],
+                     threshold: float, iou: float = 0.5) -> dict[str, dict]:
+    """Per class: precision, recall, F1 at `threshold`, AP50 over all predictions, counts."""
+    report = {}
+    for c in classes:
+        scored, n_ref = [], 0
+        for key, ref in refs.items():
+            s, n = match_image([p for p in preds.get(key, []) if p["class"] == c], [r for r in ref if r["class"] == c], iou)
+            scored += s
+            n_ref += n
+        tp = sum(t for s, t in scored if s >= threshold)
+        fp = sum(1 - t for s, t in scored if s >= threshold)
+        p = tp / max(tp + fp, 1)
+        r = tp / n_ref if n_ref else float("nan")
+        f1 = 2 * p * r / (p + r) if n_ref and p + r > 0 else (0.0 if n_ref else float("nan"))
+        report[c] = {"precision": round(p, 4), "recall": round(r, 4), "f1": round(f1, 4),
+                     "ap50": round(average_precision(scored, n_ref), 4), "refs": n_ref, "tp": tp, "fp": fp}
+    return report
+
+
+def best_f1_threshold(preds: dict[str, list[dict]], refs: dict[str, list[dict]], classes: list[str]) -> float:
+    """The score threshold with the best mean F1 over classes (chosen on validation data, never on test)."""
+    best, best_t = -1.0, 0.3
+    for t in np.arange(0.1, 0.8, 0.025):
+        rep = detection_report(preds, refs, classes, float(t))
+        f1 = np.nanmean([r["f1"] for r in rep.values()])
+        if f1 > best:
+            best, best_t = f1, float(t)
+    return round(best_t, 3)
+
+
+def action_report(pred: list[str], true: list[str], labels: list[str]) -> dict:
+    """Top-1 accuracy and the confusion matrix (rows: reference label, columns: predicted)."""
+    idx = {lab: i for i, lab in enumerate(labels)}
+    cm = np.zeros((len(labels), len(labels)), dtype=int)
+    for p, t in zip(pred, true):
+        cm[idx[t], idx[p]] += 1
+    acc = float(np.trace(cm) / max(cm.sum(), 1))
+    return {"top1": round(acc, 4), "clips": int(cm.sum()), "labels": labels, "confusion": cm.tolist()}

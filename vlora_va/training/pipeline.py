@@ -1,0 +1,188 @@
+"""Orchestration of one training spec: data → cached features → train → validate → test → save.
+
+`DetectionData` / `ActionData` hold everything that depends only on the data and the split layer (frames,
+labels, cached lower features, targets), so fusion and the baselines reuse them across many runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..adapters import save_adapter_dir
+from ..models import resolve
+from ..wire import Letterbox
+from . import train as T
+from .data import activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels
+from .features import FeatureCache
+from .frames import Frame, letterbox_params
+from .metrics import action_report, best_f1_threshold, detection_report
+from .spec import LoraSpec, Source, Spec
+from .targets import build_targets
+
+
+def cache_root(spec: Spec) -> Path:
+    return spec.cache_dir or Path.home() / ".cache" / "vlora-va"
+
+
+@dataclass
+class Split:
+    """One data split (train / val / test) of a detection spec."""
+
+    frames: list[Frame]
+    labels: dict[str, dict[str, list[dict]]]  # source name -> frame key -> labels
+    lower: torch.Tensor | None = None
+    lower_flip: torch.Tensor | None = None
+
+    @property
+    def letterboxes(self) -> list[Letterbox]:
+        return [letterbox_params(*f.size, self.side) for f in self.frames]
+
+    side: int = 224
+
+    def refs(self, sources: list[Source]) -> dict[str, list[dict]]:
+        return merge_labels(*(self.labels[s.name] for s in sources))
+
+
+def detection_split(spec: Spec, ranges, name: str, progress: bool = True) -> Split:
+    frames = frames_of(ranges)
+    labels = {s.name: detection_labels(s, frames, spec, progress) for s in spec.sources}
+    return Split(frames, labels, side=spec.image_size)
+
+
+def cache_features(spec: Spec, split: Split, layer: int, flip: bool, progress: bool = True) -> None:
+    model = T.build_model(spec.backbone, LoraSpec(layers=[]))
+    cache = FeatureCache(cache_root(spec), resolve(spec.backbone), spec.image_size, layer)
+    split.lower = cache.get(model, split.frames, progress=progress)
+    split.lower_flip = cache.get(model, split.frames, flip=True, progress=progress) if flip else None
+
+
+def classes_of(sources: list[Source]) -> list[str]:
+    out: list[str] = []
+    for s in sources:
+        out += [c for c in s.classes if c not in out]
+    return out
+
+
+def train_detection(spec: Spec, train: Split, sources: list[Source], lora: LoraSpec, deadline: float,
+                    warm: tuple | None = None, tag: str = "", progress: bool = True) -> T.RunResult:
+    """Train (or continue training `warm` = (model, head)) one detection adapter on `sources`."""
+    classes = classes_of(sources)
+    # A warm start trains a copy: fusion must be able to roll back to the untouched previous state.
+    model = T.build_model(spec.backbone, lora, spec.opts.seed) if warm is None else copy.deepcopy(warm[0])
+    hidden = (model.get_base_model() if hasattr(model, "get_base_model") else model).config.hidden_size
+    head, _ = T.new_head("detection", classes, hidden, spec.image_size, spec.head,
+                         warm=None if warm is None else warm[1])
+    patch = T.backbone_patch(model)
+    grid = 2 * spec.image_size // patch
+    refs = train.refs(sources)
+    lbs = train.letterboxes
+    lower, targets = [train.lower], []
+    for flip in ([False, True] if train.lower_flip is not None else [False]):
+        for f, lb in zip(train.frames, lbs):
+            targets.append(build_targets([r for r in refs[f.key] if not r["ignore"]], lb, spec.image_size, grid,
+                                         classes, flip))
+    if train.lower_flip is not None:
+        lower.append(train.lower_flip)
+    lower = torch.cat(lower)
+    split = min(lora.layers) if lora.layers else 12
+    loss_fn = T.detection_loss_fn(lower, targets, split, spec.image_size, patch)
+    fp = T._fingerprint(spec.name, tag, classes, lora.__dict__, spec.opts.__dict__, spec.image_size, len(lower))
+    ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
+    return T.run(model, head, len(lower), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
+
+
+def evaluate_detection(spec: Spec, result_model, head, split: Split, sources: list[Source], lora: LoraSpec,
+                       threshold: float | None = None) -> tuple[dict, float, list[list[dict]]]:
+    """(per-class report, threshold used, predictions). threshold None: pick the best-F1 one on this split."""
+    layer = min(lora.layers) if lora.layers else 12
+    preds = T.predict_detection(result_model, head, split.lower, split.letterboxes, [f.size for f in split.frames],
+                                layer, spec.image_size, T.backbone_patch(result_model))
+    pred_map = {f.key: p for f, p in zip(split.frames, preds)}
+    refs = split.refs(sources)
+    classes = classes_of(sources)
+    if threshold is None:
+        threshold = best_f1_threshold(pred_map, refs, classes)
+    return detection_report(pred_map, refs, classes, threshold), threshold, preds
+
+
+def save_detection(spec: Spec, out: Path, result: T.RunResult, lora: LoraSpec, sources: list[Source],
+                   threshold: float, metrics: dict, card: str) -> Path:
+    head = result.head
+    head.score_threshold = threshold
+    params = {**spec.head, "image_size": spec.image_size, "score_threshold": threshold, "nms_iou": head.nms_iou}
+    cfg = T.head_config("detection", head.classes, spec.image_size, params)
+    cfg["metrics"] = metrics
+    cfg["sources"] = [s.name for s in sources]
+    p = save_adapter_dir(out, lora=T.lora_weights(result.model, lora), rank=lora.rank, alpha=lora.alpha,
+                         target_modules=T.target_names(lora) or ["encoder.layer.11.attention.q_proj"],
+                         base_model=spec.backbone, head=head, head_config=cfg)
+    (p / "README.md").write_text(card)
+    return p
+
+
+# --- action ------------------------------------------------------------------------------------------------
+
+FLIP_LABEL = {"walking_left": "walking_right", "walking_right": "walking_left"}
+
+
+@dataclass
+class ClipSet:
+    frames: list[Frame]
+    clips: list[list[int]]
+    labels: list[str]
+    starts: list[tuple[str, float]] = field(default_factory=list)
+    lower: torch.Tensor | None = None
+    lower_flip: torch.Tensor | None = None
+
+
+def action_clipset(spec: Spec, ranges, progress: bool = True) -> ClipSet:
+    clips = []
+    for s in spec.sources:
+        clips += activity_clips(s, ranges, spec, progress) if s.kind == "activity" else manifest_clips(s, ranges, spec)
+    frames, idx = frame_lookup(clips)
+    return ClipSet(frames, idx, [c.label for c in clips], [(c.video, c.start) for c in clips])
+
+
+def cache_clip_features(spec: Spec, cs: ClipSet, layer: int, flip: bool, progress: bool = True) -> None:
+    model = T.build_model(spec.backbone, LoraSpec(layers=[]))
+    cache = FeatureCache(cache_root(spec), resolve(spec.backbone), spec.image_size, layer)
+    cs.lower = cache.get(model, cs.frames, progress=progress)
+    cs.lower_flip = cache.get(model, cs.frames, flip=True, progress=progress) if flip else None
+
+
+def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, deadline: float, tag: str = "") -> T.RunResult:
+    model = T.build_model(spec.backbone, lora, spec.opts.seed)
+    hidden = (model.get_base_model() if hasattr(model, "get_base_model") else model).config.hidden_size
+    head, _ = T.new_head("action", labels, hidden, spec.image_size, spec.head, clip_len=spec.clip_len)
+    lower, clips, y = cs.lower, list(cs.clips), [labels.index(lab) for lab in cs.labels]
+    if cs.lower_flip is not None:  # mirrored clips: left and right swap
+        n = len(cs.frames)
+        lower = torch.cat([cs.lower, cs.lower_flip])
+        clips += [[j + n for j in c] for c in cs.clips]
+        y += [labels.index(FLIP_LABEL.get(lab, lab)) for lab in cs.labels]
+    y = torch.tensor(y)
+    counts = torch.bincount(y, minlength=len(labels)).float().clamp(min=1)
+    weight = (counts.sum() / counts).sqrt()  # inverse-sqrt frequency: rare activities still count
+    split = min(lora.layers) if lora.layers else 12
+    loss_fn = T.action_loss_fn(lower, clips, y, weight / weight.mean(), split, spec.image_size,
+                               T.backbone_patch(model), spec.clip_len)
+    fp = T._fingerprint(spec.name, tag, labels, lora.__dict__, spec.opts.__dict__, spec.image_size, len(clips))
+    ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
+    return T.run(model, head, len(clips), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
+
+
+def evaluate_action(spec: Spec, model, head, cs: ClipSet, lora: LoraSpec) -> dict:
+    layer = min(lora.layers) if lora.layers else 12
+    pred = T.predict_action(model, head, cs.lower, cs.clips, layer, spec.image_size, T.backbone_patch(model),
+                            spec.clip_len)
+    return action_report(pred, cs.labels, head.labels)
+
+
+def deadline_after(minutes: float) -> float:
+    return time.monotonic() + minutes * 60
+

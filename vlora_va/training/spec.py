@@ -1,0 +1,168 @@
+"""The training spec (`vlora-va train SPEC.yaml`): one YAML file → one typed, validated `Spec`.
+
+Relative paths are resolved against the spec file's folder. Example: adapters/specs/detect.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+SOURCE_KINDS = ("centernet", "hog", "haar", "coco", "activity", "manifest")
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2")
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message names the key."""
+
+
+@dataclass
+class Range:
+    video: Path
+    start: float = 0.0
+    end: float | None = None
+    step: float | None = None  # seconds between frames (None: every frame)
+
+
+@dataclass
+class Source:
+    name: str
+    kind: str  # one of SOURCE_KINDS
+    classes: list[str] = field(default_factory=list)  # detection: the classes this source teaches
+    score_threshold: float = 0.4  # teacher boxes below this are not labels ...
+    ignore_below: float = 0.2  # ... and those in [ignore_below, score_threshold) are "don't care" regions
+    min_height: float = 0.0  # boxes shorter than this (original px) are "don't care" too
+    options: dict = field(default_factory=dict)  # kind-specific (path, cascade, upscale, ...)
+
+
+@dataclass
+class LoraSpec:
+    rank: int = 8
+    alpha: float = 16
+    layers: list[int] = field(default_factory=lambda: [8, 9, 10, 11])  # [] = head only
+    modules: list[str] = field(default_factory=lambda: list(LORA_MODULES))
+
+
+@dataclass
+class TrainSpec:
+    epochs: int = 8
+    batch: int = 8
+    lr: float = 1e-3
+    lora_lr: float = 5e-4
+    weight_decay: float = 1e-4
+    flip: bool = True  # horizontal-flip augmentation (doubles the cached features)
+    ckpt_every: int = 25  # steps
+    seed: int = 0
+    threads: int = 1  # 1: a second thread on a shared 2-core machine ran 4x slower (measured)
+
+
+@dataclass
+class Spec:
+    name: str
+    task: str  # detection | action
+    output: Path
+    backbone: str = "dinov2-small"
+    image_size: int = 224
+    clip_len: int = 8  # action: frames per 1-s clip
+    train: list[Range] = field(default_factory=list)
+    val: list[Range] = field(default_factory=list)  # for the score threshold and fusion decisions
+    test: list[Range] = field(default_factory=list)  # held out: only ever evaluated
+    sources: list[Source] = field(default_factory=list)
+    requirements: dict[str, float] = field(default_factory=dict)  # task (class or "action") -> min val accuracy
+    fusion: bool = False
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    opts: TrainSpec = field(default_factory=TrainSpec)
+    budget_minutes: float = 60.0
+    cache_dir: Path | None = None
+    teachers_dir: Path | None = None
+    baselines: bool = True  # also train head-only and evaluate the teacher for the comparison table
+    head: dict = field(default_factory=dict)  # head constructor params, e.g. {width: 128, norm: false} (heads.py)
+
+    @property
+    def split(self) -> int:
+        """First LoRA layer: layers below it are frozen and cached."""
+        return min(self.lora.layers) if self.lora.layers else 12
+
+
+def _ranges(raw, key: str, root: Path) -> list[Range]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise SpecError(f"{key}: expected a list of {{video, start, end, step}}")
+    out = []
+    for i, r in enumerate(raw):
+        if not isinstance(r, dict) or "video" not in r:
+            raise SpecError(f"{key}[{i}]: expected a mapping with 'video'")
+        video = (root / r["video"]).resolve()
+        if not video.is_file():
+            raise SpecError(f"{key}[{i}].video: {video} does not exist")
+        unknown = set(r) - {"video", "start", "end", "step"}
+        if unknown:
+            raise SpecError(f"{key}[{i}]: unknown keys {sorted(unknown)}")
+        out.append(Range(video, float(r.get("start", 0.0)), None if r.get("end") is None else float(r["end"]),
+                         None if r.get("step") is None else float(r["step"])))
+    return out
+
+
+def _dataclass(cls, raw, key: str):
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise SpecError(f"{key}: expected a mapping")
+    known = set(cls.__dataclass_fields__)
+    unknown = set(raw) - known
+    if unknown:
+        raise SpecError(f"{key}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
+    return cls(**raw)
+
+
+def load_spec(path: str | Path) -> Spec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecError(f"{path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: expected a mapping at the top level")
+    root = path.parent
+    for k in ("name", "task", "output"):
+        if k not in raw:
+            raise SpecError(f"{k}: required")
+    if raw["task"] not in ("detection", "action"):
+        raise SpecError(f"task: expected detection or action, got {raw['task']!r}")
+    sources = []
+    for i, s in enumerate(raw.get("sources") or []):
+        if not isinstance(s, dict) or s.get("kind") not in SOURCE_KINDS:
+            raise SpecError(f"sources[{i}].kind: expected one of {', '.join(SOURCE_KINDS)}")
+        opts = {k: v for k, v in s.items() if k not in Source.__dataclass_fields__}
+        src = Source(**{k: v for k, v in s.items() if k in Source.__dataclass_fields__ and k != "options"},
+                     options={**s.get("options", {}), **opts})
+        sources.append(src)
+    if not sources:
+        raise SpecError("sources: at least one knowledge source is needed")
+    spec = Spec(
+        name=str(raw["name"]), task=raw["task"], output=(root / raw["output"]).resolve(),
+        backbone=str(raw.get("backbone", "dinov2-small")), image_size=int(raw.get("image_size", 224)),
+        clip_len=int(raw.get("clip_len", 8)),
+        train=_ranges(raw.get("train"), "train", root), val=_ranges(raw.get("val"), "val", root),
+        test=_ranges(raw.get("test"), "test", root), sources=sources,
+        requirements={str(k): float(v) for k, v in (raw.get("requirements") or {}).items()},
+        fusion=bool(raw.get("fusion", False)),
+        lora=_dataclass(LoraSpec, raw.get("lora"), "lora"), opts=_dataclass(TrainSpec, raw.get("train_options"), "train_options"),
+        budget_minutes=float(raw.get("budget_minutes", 60)),
+        cache_dir=(root / raw["cache_dir"]).expanduser().resolve() if raw.get("cache_dir") else None,
+        teachers_dir=(root / raw["teachers_dir"]).resolve() if raw.get("teachers_dir") else None,
+        baselines=bool(raw.get("baselines", True)),
+        head=dict(raw.get("head") or {}),
+    )
+    if not spec.train:
+        raise SpecError("train: at least one video range is needed")
+    if spec.image_size % 14:
+        raise SpecError(f"image_size: {spec.image_size} is not a multiple of the patch size 14")
+    bad = [m for m in spec.lora.modules if m not in LORA_MODULES]
+    if bad:
+        raise SpecError(f"lora.modules: unknown {bad} (known: {', '.join(LORA_MODULES)})")
+    if any(not 0 <= layer < 12 for layer in spec.lora.layers):
+        raise SpecError("lora.layers: layer indices must be in 0..11")
+    return spec

@@ -1,0 +1,104 @@
+"""Detection training targets (CenterNet-style) and losses for `heads.DetectionHead`.
+
+For each labelled box (mapped into the letterboxed model frame):
+- class heatmap: a Gaussian peak at the box centre (sigma from the box size, as in CenterNet), so the
+  head's 3x3-peak decoding finds one peak per object;
+- box regression: the (left, top, right, bottom) distances from each cell centre to the box sides, on the
+  cells near the centre (where the heatmap >= `reg_min`), weighted by the heatmap value.
+Losses: penalty-reduced focal loss on the heatmap, GIoU on the boxes, both normalised by object count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..wire import Letterbox
+
+
+def to_model_boxes(labels: list[dict], lb: Letterbox, side: int, flip: bool) -> list[tuple[list[float], str]]:
+    out = []
+    for lab in labels:
+        x1, y1, x2, y2 = (v * lb.scale + (lb.pad_x if i % 2 == 0 else lb.pad_y) for i, v in enumerate(lab["box"]))
+        if flip:
+            x1, x2 = side - x2, side - x1
+        out.append(([x1, y1, x2, y2], lab["class"]))
+    return out
+
+
+def gaussian_sigma(w: float, h: float, stride: float) -> float:
+    # ~ CenterNet: radius grows with object size, at least one cell. In cells.
+    return max(0.5, 0.15 * math.sqrt(w * h) / stride)
+
+
+def build_targets(labels: list[dict], lb: Letterbox, side: int, grid: int, classes: list[str], flip: bool = False,
+                  reg_min: float = 0.3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(heatmap [C, G, G], box [4, G, G] as x1y1x2y2 model px, reg weight [G, G], object count)."""
+    stride = side / grid
+    heat = torch.zeros(len(classes), grid, grid)
+    box = torch.zeros(4, grid, grid)
+    weight = torch.zeros(grid, grid)
+    area = torch.full((grid, grid), float("inf"))
+    ys = (torch.arange(grid, dtype=torch.float32) + 0.5)[:, None].expand(grid, grid)
+    xs = (torch.arange(grid, dtype=torch.float32) + 0.5)[None, :].expand(grid, grid)
+    n = 0
+    for (x1, y1, x2, y2), name in to_model_boxes(labels, lb, side, flip):
+        if name not in classes or x2 - x1 < 1 or y2 - y1 < 1:
+            continue
+        n += 1
+        c = classes.index(name)
+        cx, cy = (x1 + x2) / 2 / stride, (y1 + y2) / 2 / stride
+        # Peak exactly 1 at the cell holding the centre (the focal loss's positive).
+        px, py = min(int(cx), grid - 1), min(int(cy), grid - 1)
+        sx, sy = gaussian_sigma(x2 - x1, y2 - y1, stride), gaussian_sigma(x2 - x1, y2 - y1, stride)
+        g = torch.exp(-((xs - (px + 0.5)) ** 2 / (2 * sx ** 2) + (ys - (py + 0.5)) ** 2 / (2 * sy ** 2)))
+        heat[c] = torch.maximum(heat[c], g)
+        # Smaller boxes win overlapping regression cells (they are the harder, rarer ones).
+        a = (x2 - x1) * (y2 - y1)
+        take = (g >= reg_min) & (a < area)
+        area[take] = a
+        weight[take] = g[take]
+        for k, v in enumerate((x1, y1, x2, y2)):
+            box[k][take] = v
+    return heat, box, weight, n
+
+
+def focal_loss(logits: torch.Tensor, heat: torch.Tensor, alpha: float = 2.0, beta: float = 4.0) -> torch.Tensor:
+    """CenterNet's penalty-reduced focal loss (sum; caller normalises)."""
+    p = logits.sigmoid().clamp(1e-4, 1 - 1e-4)
+    pos = heat.eq(1).float()
+    pos_loss = -torch.log(p) * (1 - p) ** alpha * pos
+    neg_loss = -torch.log(1 - p) * p ** alpha * (1 - heat) ** beta * (1 - pos)
+    return pos_loss.sum() + neg_loss.sum()
+
+
+def giou_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """1 - GIoU per row of x1y1x2y2 boxes [N, 4]."""
+    lt = torch.maximum(pred[:, :2], target[:, :2])
+    rb = torch.minimum(pred[:, 2:], target[:, 2:])
+    inter = (rb - lt).clamp(min=0).prod(1)
+    area_p = (pred[:, 2:] - pred[:, :2]).clamp(min=0).prod(1)
+    area_t = (target[:, 2:] - target[:, :2]).clamp(min=0).prod(1)
+    union = area_p + area_t - inter + 1e-7
+    hull = (torch.maximum(pred[:, 2:], target[:, 2:]) - torch.minimum(pred[:, :2], target[:, :2])).prod(1) + 1e-7
+    return 1 - (inter / union - (hull - union) / hull)
+
+
+def detection_loss(raw: tuple[torch.Tensor, torch.Tensor], heat: torch.Tensor, box: torch.Tensor,
+                   weight: torch.Tensor, count: torch.Tensor, image_size: int, box_weight: float = 2.0) -> torch.Tensor:
+    """raw = head forward output; targets batched ([B, C, G, G], [B, 4, G, G], [B, G, G], [B])."""
+    logits, dist = raw
+    g = logits.shape[-1]
+    stride = image_size / g
+    centre = (torch.arange(g, dtype=torch.float32, device=logits.device) + 0.5) * stride
+    cy, cx = centre[:, None].expand(g, g), centre[None, :].expand(g, g)
+    pred = torch.stack([cx - dist[:, 0], cy - dist[:, 1], cx + dist[:, 2], cy + dist[:, 3]], 1)  # [B, 4, G, G]
+    norm = count.sum().clamp(min=1)
+    loss = focal_loss(logits, heat) / norm
+    m = weight > 0
+    if m.any():
+        p = pred.permute(0, 2, 3, 1)[m]
+        t = box.permute(0, 2, 3, 1)[m]
+        loss = loss + box_weight * (giou_loss(p, t) * weight[m]).sum() / weight[m].sum().clamp(min=1)
+    return loss

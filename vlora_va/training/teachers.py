@@ -1,0 +1,256 @@
+"""Knowledge sources: teachers that label frames, and labelled data in common formats.
+
+A label is the same dict the detection head decodes to: {"box": [x1, y1, x2, y2] original pixels,
+"class": name, "score": p}. Every detector teacher caches its raw output per frame on disk
+(`LabelCache`), so a run that is stopped, or a second run with another class filter, never re-labels.
+
+- `CenterNetTeacher`: the COCO-80 CenterNet ONNX (run with onnxruntime). Its raw output (all classes,
+  score >= 0.1) is cached once; `classes=[...]` and `score_threshold` are applied on read, so one
+  detector acts as several single-class "small models" at the cost of one run.
+- `HogPeopleTeacher`: OpenCV's HOG + linear SVM people detector.
+- `HaarTeacher`: any OpenCV Haar cascade (frontal face, full body, ...), one class.
+- `load_coco_json` / `load_clip_manifest`: labelled boxes and clip labels from files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from .frames import Frame
+
+COCO80 = [
+    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
+    "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow",
+    "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee",
+    "skis", "snowboard", "sports ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard",
+    "tennis racket", "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
+    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch",
+    "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard",
+    "cell phone", "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase",
+    "scissors", "teddy bear", "hair drier", "toothbrush",
+]
+DEFAULT_TEACHER_DIR = Path(os.environ.get("VLORA_VA_TEACHERS", Path(__file__).resolve().parents[2].parent / "shared" / "assets" / "teachers"))
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("VLORA_VA_CACHE", Path.home() / ".cache" / "vlora-va")) / "labels"
+
+
+def nms(labels: list[dict], iou: float) -> list[dict]:
+    """Class-wise greedy NMS over label dicts, best first."""
+    from ..heads import batched_nms
+    import torch
+
+    if not labels:
+        return []
+    boxes = torch.tensor([lab["box"] for lab in labels], dtype=torch.float32)
+    scores = torch.tensor([lab["score"] for lab in labels], dtype=torch.float32)
+    names = sorted({lab["class"] for lab in labels})
+    cls = torch.tensor([names.index(lab["class"]) for lab in labels])
+    return [labels[i] for i in batched_nms(boxes, scores, cls, iou).tolist()]
+
+
+class LabelCache:
+    """Raw teacher output per frame key, one JSON file per (teacher, video)."""
+
+    def __init__(self, root: Path, teacher: str):
+        self.dir = Path(root) / teacher
+        self._data: dict[str, dict[str, list]] = {}
+
+    def _file(self, video: str) -> Path:
+        return self.dir / f"{video}.json"
+
+    def _load(self, video: str) -> dict[str, list]:
+        if video not in self._data:
+            f = self._file(video)
+            self._data[video] = json.loads(f.read_text()) if f.is_file() else {}
+        return self._data[video]
+
+    def get(self, frame: Frame) -> list | None:
+        return self._load(frame.video).get(frame.key)
+
+    def put(self, frame: Frame, raw: list) -> None:
+        self._load(frame.video)[frame.key] = raw
+
+    def save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for video, data in self._data.items():
+            tmp = self._file(video).with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self._file(video))  # atomic: a stopped run leaves a valid cache
+
+
+class Teacher:
+    """Base: label frames through the cache. Subclasses implement `_raw` and `cache_name`."""
+
+    cache_name = "teacher"
+    classes: list[str] | None = None  # class filter applied on read; None keeps all
+    score_threshold = 0.3
+
+    def _raw(self, rgb: np.ndarray) -> list[dict]:
+        raise NotImplementedError
+
+    def label(self, frames: list[Frame], cache_dir: Path | None = None, progress: bool = True) -> dict[str, list[dict]]:
+        """{frame key: labels}, computing only frames missing from the cache (saved every 25 frames)."""
+        from tqdm import tqdm
+
+        cache = LabelCache(cache_dir or default_cache_dir(), self.cache_name)
+        out = {}
+        todo = [f for f in frames if cache.get(f) is None]
+        for i, f in enumerate(tqdm(todo, desc=f"labelling {self.cache_name}", disable=not progress or not todo)):
+            cache.put(f, self._raw(f.rgb))
+            if i % 25 == 24:
+                cache.save()
+        if todo:
+            cache.save()
+        for f in frames:
+            out[f.key] = self.filter(cache.get(f))
+        return out
+
+    def filter(self, raw: list[dict]) -> list[dict]:
+        return [dict(lab) for lab in raw if lab["score"] >= self.score_threshold
+                and (self.classes is None or lab["class"] in self.classes)]
+
+
+class CenterNetTeacher(Teacher):
+    def __init__(self, path: str | Path | None = None, classes: list[str] | None = None,
+                 score_threshold: float = 0.3, nms_iou: float = 0.5, threads: int = 1):
+        self.path = Path(path) if path else DEFAULT_TEACHER_DIR / "centernet.onnx"
+        if not self.path.is_file():
+            raise FileNotFoundError(f"CenterNet teacher not found at {self.path} (set teachers.dir in the spec)")
+        unknown = set(classes or []) - set(COCO80)
+        if unknown:
+            raise ValueError(f"unknown COCO classes {sorted(unknown)}")
+        self.classes, self.score_threshold, self.nms_iou, self.threads = classes, score_threshold, nms_iou, threads
+        digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:12]
+        self.cache_name = f"centernet-{digest}"
+        self._session = None
+
+    def _run(self, rgb: np.ndarray) -> np.ndarray:
+        if self._session is None:
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = self.threads
+            self._session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+        x = cv2.resize(rgb, (512, 512), interpolation=cv2.INTER_LINEAR).astype(np.float32)[None]
+        inp = self._session.get_inputs()[0].name
+        return self._session.run(["tower_0/detections:0"], {inp: x})[0][0]  # [100, 6]
+
+    def _raw(self, rgb: np.ndarray) -> list[dict]:
+        h, w = rgb.shape[:2]
+        det = self._run(rgb)
+        labels = []
+        for x1, y1, x2, y2, score, c in det.tolist():
+            if score < 0.1 or not 0 <= int(c) < len(COCO80):
+                continue
+            box = [x1 * w / 512, y1 * h / 512, x2 * w / 512, y2 * h / 512]
+            box = [round(min(max(v, 0.0), lim), 1) for v, lim in zip(box, (w, h, w, h))]
+            labels.append({"box": box, "class": COCO80[int(c)], "score": round(float(score), 4)})
+        return nms(labels, self.nms_iou)
+
+
+class HogPeopleTeacher(Teacher):
+    """OpenCV HOG people detector; `upscale` enlarges the frame first (its window is 64x128 px)."""
+
+    def __init__(self, upscale: float = 1.5, score_threshold: float = 0.5, nms_iou: float = 0.4):
+        self.upscale, self.score_threshold, self.nms_iou = upscale, score_threshold, nms_iou
+        self.classes = ["person"]
+        self.cache_name = f"hog-x{upscale}"
+        self._hog = cv2.HOGDescriptor()
+        self._hog.setSVMDetector(cv2.HOGDescriptor_getDefaultPeopleDetector())
+
+    def _raw(self, rgb: np.ndarray) -> list[dict]:
+        img = cv2.resize(rgb, None, fx=self.upscale, fy=self.upscale) if self.upscale != 1 else rgb
+        rects, weights = self._hog.detectMultiScale(cv2.cvtColor(img, cv2.COLOR_RGB2GRAY), winStride=(8, 8),
+                                                    padding=(8, 8), scale=1.05)
+        labels = []
+        for (x, y, w, h), wt in zip(np.asarray(rects).reshape(-1, 4).tolist(), np.asarray(weights).ravel().tolist()):
+            s = self.upscale
+            # SVM margin → (0, 1) so thresholds read like the other teachers' scores.
+            labels.append({"box": [round(x / s, 1), round(y / s, 1), round((x + w) / s, 1), round((y + h) / s, 1)],
+                           "class": "person", "score": round(float(1 / (1 + np.exp(-wt))), 4)})
+        return nms(labels, self.nms_iou)
+
+
+class HaarTeacher(Teacher):
+    """One OpenCV Haar cascade as a one-class detector (boxes get score 1: cascades give none)."""
+
+    def __init__(self, cascade: str = "haarcascade_fullbody.xml", class_name: str = "person",
+                 scale_factor: float = 1.1, min_neighbors: int = 3):
+        self.file = Path(cascade) if Path(cascade).is_file() else Path(cv2.data.haarcascades) / cascade
+        self._cascade = cv2.CascadeClassifier(str(self.file))
+        if self._cascade.empty():
+            raise FileNotFoundError(f"cannot load Haar cascade {cascade!r}")
+        self.class_name, self.scale_factor, self.min_neighbors = class_name, scale_factor, min_neighbors
+        self.classes, self.score_threshold = [class_name], 0.0
+        self.cache_name = f"haar-{self.file.stem}-{scale_factor}-{min_neighbors}-{class_name.replace(' ', '_')}"
+
+    def _raw(self, rgb: np.ndarray) -> list[dict]:
+        gray = cv2.equalizeHist(cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY))
+        rects = self._cascade.detectMultiScale(gray, scaleFactor=self.scale_factor, minNeighbors=self.min_neighbors)
+        return [{"box": [float(x), float(y), float(x + w), float(y + h)], "class": self.class_name, "score": 1.0}
+                for x, y, w, h in np.asarray(rects).reshape(-1, 4).tolist()]
+
+
+def frame_key(video: str, t: float) -> str:
+    return f"{video}@{t:.3f}"
+
+
+def load_coco_json(path: str | Path, classes: list[str] | None = None) -> dict[str, list[dict]]:
+    """COCO-style boxes → {frame key: labels}. Each image names its frame either with our fields
+    `"video"` and `"t"` (seconds) or a file_name "VIDEO@T" (e.g. "pedestrians@12.300"); bbox is [x, y, w, h]."""
+    data = json.loads(Path(path).read_text())
+    cats = {c["id"]: c["name"] for c in data.get("categories", [])}
+    keys = {}
+    for img in data["images"]:
+        if "video" in img and "t" in img:
+            keys[img["id"]] = frame_key(img["video"], float(img["t"]))
+        else:
+            video, _, t = str(img["file_name"]).rpartition("@")
+            keys[img["id"]] = frame_key(Path(video).stem, float(t))
+    out: dict[str, list[dict]] = {k: [] for k in keys.values()}
+    for ann in data.get("annotations", []):
+        name = cats.get(ann["category_id"], str(ann["category_id"]))
+        if classes is not None and name not in classes:
+            continue
+        x, y, w, h = ann["bbox"]
+        out[keys[ann["image_id"]]].append({"box": [x, y, x + w, y + h], "class": name, "score": float(ann.get("score", 1.0))})
+    return out
+
+
+def save_coco_json(path: str | Path, labels: dict[str, list[dict]]) -> Path:
+    """The inverse of `load_coco_json` (file_name = frame key): export teacher labels for inspection or reuse."""
+    names = sorted({lab["class"] for labs in labels.values() for lab in labs})
+    images, anns = [], []
+    for i, (key, labs) in enumerate(sorted(labels.items())):
+        images.append({"id": i, "file_name": key})
+        for lab in labs:
+            x1, y1, x2, y2 = lab["box"]
+            anns.append({"id": len(anns), "image_id": i, "category_id": names.index(lab["class"]),
+                         "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "iscrowd": 0,
+                         "score": lab["score"]})
+    data = {"images": images, "annotations": anns, "categories": [{"id": i, "name": n} for i, n in enumerate(names)]}
+    Path(path).write_text(json.dumps(data))
+    return Path(path)
+
+
+def load_clip_manifest(path: str | Path) -> list[dict]:
+    """Clip labels, JSON Lines: {"video": "pedestrians", "start": 12.0, "end": 12.8, "label": "walking_left"}."""
+    clips = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        clip = json.loads(line)
+        missing = {"video", "start", "end", "label"} - set(clip)
+        if missing:
+            raise ValueError(f"{path}:{n}: clip is missing {sorted(missing)}")
+        clips.append({"video": Path(str(clip["video"])).stem, "start": float(clip["start"]),
+                      "end": float(clip["end"]), "label": str(clip["label"])})
+    return clips

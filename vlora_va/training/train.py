@@ -1,0 +1,247 @@
+"""LoRA (peft) + task-head training on cached lower-layer features, with checkpoints, resume and a budget.
+
+One run trains one adapter: LoRA on `spec.lora.layers` (rank/alpha/modules configurable) and a fresh or
+warm-started head. Layers below the first LoRA layer are frozen, so their output comes from the
+`FeatureCache`; each step runs only the upper layers. A checkpoint (LoRA + head + optimiser + step) is
+written every `ckpt_every` steps and at the end; a run started again with the same settings resumes from
+it. When the time budget runs out the run stops early, saves, and returns what it has (`complete=False`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from ..heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, ActionHead, DetectionHead, Features, build_head
+from ..models import load_backbone, patch_size
+from .features import upper_hidden
+from .spec import LoraSpec, TrainSpec
+
+
+def target_names(lora: LoraSpec) -> list[str]:
+    """Full module names, e.g. encoder.layer.8.attention.q_proj (transformers 5.x Dinov2/ViT naming)."""
+    out = []
+    for layer in sorted(lora.layers):
+        for m in lora.modules:
+            out.append(f"encoder.layer.{layer}.{'mlp' if m.startswith('fc') else 'attention'}.{m}")
+    return out
+
+
+def build_model(backbone: str | nn.Module, lora: LoraSpec, seed: int = 0) -> nn.Module:
+    """The frozen backbone, wrapped by peft when LoRA layers are chosen (a fresh copy each call)."""
+    model = load_backbone(backbone) if isinstance(backbone, str) else backbone
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if not lora.layers:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=target_names(lora), lora_dropout=0.0,
+                     bias="none")
+    return get_peft_model(model, cfg)
+
+
+def lora_weights(model: nn.Module, lora: LoraSpec) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{module name: (A [r, in], B [out, r])} as adapters.save_adapter_dir wants."""
+    if not lora.layers:
+        return {}
+    base = model.get_base_model()
+    out = {}
+    for name in target_names(lora):
+        m = base.get_submodule(name)
+        out[name] = (m.lora_A["default"].weight.detach().clone(), m.lora_B["default"].weight.detach().clone())
+    return out
+
+
+def head_config(task: str, names: list[str], image_size: int, params: dict, clip_len: int = 8) -> dict:
+    cfg = {"task": task, ("classes" if task == "detection" else "labels"): list(names), "params": dict(params),
+           "trained": True, "image_size": image_size}
+    if task == "action":
+        cfg["clip_len"] = clip_len
+    return cfg
+
+
+def new_head(task: str, names: list[str], hidden: int, image_size: int, params: dict | None = None,
+             clip_len: int = 8, warm: nn.Module | None = None) -> tuple[nn.Module, dict]:
+    """A head for `names`; with `warm`, every weight is copied and old classes keep their output rows."""
+    params = dict(params or {})
+    if task == "detection":
+        params["image_size"] = image_size
+    cfg = head_config(task, names, image_size, params, clip_len)
+    head = build_head({"format": HEAD_FORMAT, "version": HEAD_FORMAT_VERSION, **cfg}, hidden)
+    if warm is not None:
+        old_names = warm.classes if isinstance(warm, DetectionHead) else warm.labels
+        state = head.state_dict()
+        for k, v in warm.state_dict().items():
+            if k in state and state[k].shape == v.shape:
+                state[k] = v.clone()
+            elif k in state:  # the class output layer grew: copy the rows of classes it already knew
+                for i, n in enumerate(old_names):
+                    if n in names:
+                        state[k][names.index(n)] = v[i]
+        head.load_state_dict(state)
+    return head, cfg
+
+
+@dataclass
+class RunResult:
+    model: nn.Module
+    head: nn.Module
+    steps: int
+    seconds: float
+    complete: bool
+    losses: list[float]
+
+
+def _fingerprint(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _save_ckpt(path: Path, model, head, opt, sched, step: int, fingerprint: str, seconds: float) -> None:
+    trainable = {k: v for k, v in model.named_parameters() if v.requires_grad}
+    state = {"step": step, "fingerprint": fingerprint, "seconds": seconds, "lora": trainable,
+             "head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+             "rng": torch.get_rng_state()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)  # atomic: a run killed mid-save keeps the previous checkpoint
+
+
+def _load_ckpt(path: Path, model, head, opt, sched, fingerprint: str) -> tuple[int, float]:
+    if not path.is_file():
+        return 0, 0.0
+    state = torch.load(path, weights_only=False)
+    if state.get("fingerprint") != fingerprint:
+        tqdm.write(f"checkpoint {path} is from other settings: starting afresh")
+        return 0, 0.0
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for k, v in state["lora"].items():
+            params[k].copy_(v)
+    head.load_state_dict(state["head"])
+    opt.load_state_dict(state["opt"])
+    sched.load_state_dict(state["sched"])
+    torch.set_rng_state(state["rng"])
+    tqdm.write(f"resumed from {path} at step {state['step']}")
+    return int(state["step"]), float(state.get("seconds", 0.0))
+
+
+def run(model: nn.Module, head: nn.Module, n_samples: int, loss_fn, opts: TrainSpec, deadline: float,
+        ckpt: Path | None, fingerprint: str, desc: str) -> RunResult:
+    """The generic loop: epochs over shuffled sample indices, AdamW + warm-up/cosine, checkpoints, budget.
+
+    loss_fn(model, head, indices) -> scalar loss."""
+    torch.manual_seed(opts.seed)
+    lora_params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": list(head.parameters()), "lr": opts.lr}]
+    if lora_params:
+        groups.append({"params": lora_params, "lr": opts.lora_lr})
+    opt = torch.optim.AdamW(groups, weight_decay=opts.weight_decay)
+    per_epoch = math.ceil(n_samples / opts.batch)
+    total = max(1, per_epoch * opts.epochs)
+    warmup = max(1, total // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    step, spent = _load_ckpt(ckpt, model, head, opt, sched, fingerprint) if ckpt else (0, 0.0)
+    start = time.monotonic() - spent
+    losses: list[float] = []
+    head.train()
+    g = torch.Generator().manual_seed(opts.seed)
+    orders = [torch.randperm(n_samples, generator=g) for _ in range(opts.epochs)]  # fixed: resume continues them
+    bar = tqdm(total=total, initial=step, desc=desc, unit="step")
+    complete = True
+    while step < total:
+        if time.monotonic() > deadline:
+            complete = False
+            tqdm.write(f"{desc}: time budget reached at step {step}/{total}")
+            break
+        e, b = divmod(step, per_epoch)
+        idx = orders[e][b * opts.batch:(b + 1) * opts.batch]
+        loss = loss_fn(model, head, idx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for grp in groups for p in grp["params"]], 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        losses.append(float(loss.detach()))
+        bar.update(1)
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        if ckpt and step % opts.ckpt_every == 0:
+            _save_ckpt(ckpt, model, head, opt, sched, step, fingerprint, time.monotonic() - start)
+    bar.close()
+    if ckpt:
+        _save_ckpt(ckpt, model, head, opt, sched, step, fingerprint, time.monotonic() - start)
+    head.eval()
+    return RunResult(model, head, step, time.monotonic() - start, complete, losses)
+
+
+# --- task-specific pieces: what one step computes -------------------------------------------------------------
+
+def features_from(model: nn.Module, lower: torch.Tensor, split: int, image_size: int, patch: int) -> Features:
+    return Features.from_hidden(upper_hidden(model, lower.float(), split), image_size, patch)
+
+
+def detection_loss_fn(lower: torch.Tensor, targets: list[tuple], split: int, image_size: int, patch: int):
+    """lower: [N, tokens, D] cached features; targets[i] = (heat, box, weight, count) for sample i."""
+    from .targets import detection_loss
+
+    def loss_fn(model, head, idx):
+        feats = features_from(model, lower[idx], split, image_size, patch)
+        heat, box, weight, count = (torch.stack([targets[i][k] if k < 3 else torch.tensor(targets[i][3])
+                                                 for i in idx.tolist()]) for k in range(4))
+        return detection_loss(head(feats), heat, box, weight, count, image_size)
+
+    return loss_fn
+
+
+def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Tensor, class_weight: torch.Tensor,
+                   split: int, image_size: int, patch: int, clip_len: int):
+    """clips[i] = indices into `lower` of sample i's frames; labels[i] its class index."""
+
+    def loss_fn(model, head, idx):
+        frames = torch.tensor([j for i in idx.tolist() for j in clips[i]])
+        feats = features_from(model, lower[frames], split, image_size, patch)
+        return F.cross_entropy(head(feats, clip_len), labels[idx], weight=class_weight, label_smoothing=0.05)
+
+    return loss_fn
+
+
+@torch.no_grad()
+def predict_detection(model, head: DetectionHead, lower: torch.Tensor, letterboxes, sizes, split: int, image_size: int,
+                      patch: int, threshold: float = 0.05, batch: int = 16) -> list[list[dict]]:
+    """Decoded boxes (original pixels) for cached features, at a low threshold (AP needs the full ranking)."""
+    old, head.score_threshold = head.score_threshold, threshold
+    out = []
+    for i in range(0, len(lower), batch):
+        feats = features_from(model, lower[i:i + batch], split, image_size, patch)
+        out += head.decode(head(feats), letterboxes[i:i + batch], sizes[i:i + batch])
+    head.score_threshold = old
+    return out
+
+
+@torch.no_grad()
+def predict_action(model, head: ActionHead, lower: torch.Tensor, clips: list[list[int]], split: int, image_size: int,
+                   patch: int, clip_len: int, batch: int = 4) -> list[str]:
+    out = []
+    for i in range(0, len(clips), batch):
+        frames = torch.tensor([j for c in clips[i:i + batch] for j in c])
+        feats = features_from(model, lower[frames], split, image_size, patch)
+        out += [d["label"] for d in head.decode(head(feats, clip_len))]
+    return out
+
+
+def backbone_patch(model: nn.Module) -> int:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return patch_size(base)
+
