@@ -21,7 +21,7 @@ test: $(VENV)/.setup-test
 	$(VENV)/bin/python -m pytest
 
 bench: $(VENV)/.setup-base
-	$(VENV)/bin/python bench/atmm.py
+	$(VENV)/bin/python bench/atmm.py --threads 2 --batches 8,32
 
 clean:
 	rm -rf $(VENV) results

@@ -116,12 +116,19 @@ def cmd_draw(args) -> int:
     return 0
 
 
-def _delegate(module: str, func: str):
-    def run(args) -> int:
-        import importlib
+# Subcommands whose own argparse parses everything after the command name.
+DELEGATED = {
+    "tune": ("kernels.tuning", "main", "profile ATMM strategies/tiles on this device and write the table"),
+    "train": ("vlora_va.training.cli", "main_train", "train adapters from a spec (knowledge fusion)"),
+    "eval": ("vlora_va.training.cli", "main_eval", "evaluate an adapter on videos"),
+}
 
-        return int(getattr(importlib.import_module(module), func)(args.rest) or 0)
-    return run
+
+def run_delegated(command: str, rest: list[str]) -> int:
+    import importlib
+
+    module, func, _ = DELEGATED[command]
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,18 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output image (.png or .jpg)")
     p.set_defaults(func=cmd_draw)
 
-    for name, module, func, text in [
-        ("tune", "kernels.tuning", "main", "profile ATMM strategies/tiles on this device and write the table"),
-        ("train", "vlora_va.training.cli", "main_train", "train adapters from a spec (knowledge fusion)"),
-        ("eval", "vlora_va.training.cli", "main_eval", "evaluate an adapter on videos"),
-    ]:
-        p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_delegate(module, func))
+    for name, (_, _, text) in DELEGATED.items():  # listed for --help; main() hands them their arguments
+        sub.add_parser(name, help=text, add_help=False)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        setup_logging("INFO", argv[0])
+        return run_delegated(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.command)
     return int(args.func(args) or 0)
