@@ -32,3 +32,9 @@ def test_run_refuses_an_invalid_pipeline_before_starting_anything(tmp_path):
 def test_ingest_rejects_unknown_stream_ids():
     proc = run("ingest", "pipelines.yaml", "--streams", "nosuch")
     assert proc.returncode == 2 and "unknown stream id(s) nosuch" in proc.stderr
+
+
+def test_delegated_subcommands_get_their_own_help():
+    for command in ("tune", "train", "eval"):
+        proc = run(command, "--help")
+        assert proc.returncode == 0 and f"vlora-va {command}" in proc.stdout, (command, proc.stderr[-500:])
