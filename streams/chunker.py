@@ -54,7 +54,9 @@ def letterbox(image: np.ndarray, size: int, pad_value: int = PAD_VALUE) -> tuple
     new_w, new_h, lb = letterbox_geometry(w, h, size)
     out = np.full((size, size, 3), pad_value, dtype=np.uint8)
     x, y = int(lb.pad_x), int(lb.pad_y)
-    out[y:y + new_h, x:x + new_w] = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_AREA)
+    shrink = new_w <= w  # area averaging to shrink (no aliasing), bilinear to enlarge
+    out[y:y + new_h, x:x + new_w] = cv2.resize(image, (new_w, new_h),
+                                               interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
     return out, lb
 
 

@@ -9,15 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 
+from streams.chunker import letterbox, letterbox_geometry
+
 from ..models import IMAGENET_MEAN, IMAGENET_STD
 from ..wire import Letterbox
-
-PAD_VALUE = 114
-
 
 @dataclass
 class Frame:
@@ -35,20 +33,8 @@ class Frame:
 
 
 def letterbox_params(width: int, height: int, side: int) -> Letterbox:
-    scale = side / max(width, height)
-    new_w, new_h = round(width * scale), round(height * scale)
-    return Letterbox(scale, (side - new_w) // 2, (side - new_h) // 2)
-
-
-def letterbox(rgb: np.ndarray, side: int) -> tuple[np.ndarray, Letterbox]:
-    """uint8 [side, side, 3] with the frame centred, aspect kept, padded with 114."""
-    h, w = rgb.shape[:2]
-    lb = letterbox_params(w, h, side)
-    new_w, new_h = round(w * lb.scale), round(h * lb.scale)
-    out = np.full((side, side, 3), PAD_VALUE, dtype=np.uint8)
-    resized = cv2.resize(rgb, (new_w, new_h), interpolation=cv2.INTER_AREA if lb.scale < 1 else cv2.INTER_LINEAR)
-    out[int(lb.pad_y):int(lb.pad_y) + new_h, int(lb.pad_x):int(lb.pad_x) + new_w] = resized
-    return out, lb
+    """The letterbox ingest applies to a width x height frame (training must see what serving sees)."""
+    return letterbox_geometry(width, height, side)[2]
 
 
 def normalise(images: np.ndarray) -> torch.Tensor:
