@@ -14,7 +14,8 @@ import os
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 import zmq
@@ -45,7 +46,6 @@ class DaemonStats:
     images: int = 0
     batches: int = 0
     ingest_dropped: int = 0
-    per_stream_last_seq: dict[str, int] = field(default_factory=dict)
 
 
 def pick_device(name: str) -> str:
@@ -125,7 +125,6 @@ class Daemon:
             self.stats.ingest_dropped += h.dropped_before
             self.metrics.ingest_dropped.labels(h.stream).inc(h.dropped_before)
             log.warning("stream %s: ingest dropped %d chunk(s) before chunk %d", h.stream, h.dropped_before, h.seq)
-        self.stats.per_stream_last_seq[h.stream] = h.seq
         for req in requests_from_chunk(chunk, now):
             problem = self._unservable(req)
             if problem:
@@ -202,7 +201,7 @@ class Daemon:
                  "%d malformed, queue %d", (s.chunks - p.chunks) / dt, (s.results - p.results) / dt,
                  (s.images - p.images) / dt, s.deadline_missed - p.deadline_missed,
                  s.ingest_dropped - p.ingest_dropped, s.malformed - p.malformed, len(self.queue))
-        self._logged = DaemonStats(**{k: v for k, v in vars(s).items() if k != "per_stream_last_seq"})
+        self._logged = dataclasses.replace(s)
         self._last_log = now
 
     def _sinks(self, stack: ExitStack) -> list:
