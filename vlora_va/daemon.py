@@ -94,6 +94,7 @@ class Daemon:
             backbone = load_backbone(d.backbone, d.allow_download, device)
             adapters, self.failed_adapters = load_adapters(config, backbone.config.hidden_size)
             engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, device)
+            self.failed_adapters.update(engine.rejected)
         self.engine = engine
         self.queue: list[Request] = []
         self._last_log = time.monotonic()

@@ -46,9 +46,18 @@ class Engine:
         self.patch = patch_size(backbone)
         # Tokens before the patch grid: CLS plus any register tokens.
         self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)
-        self.adapters = dict(adapters)
+        # An adapter that does not fit this backbone is rejected alone: the others still serve.
+        self.rejected = {name: p for name, a in adapters.items() if (p := self._misfit(a, max_rank))}
+        for name, problem in self.rejected.items():
+            log.error("adapter %s rejected: %s", name, problem)
+        adapters = {name: a for name, a in adapters.items() if name not in self.rejected}
+        self.adapters = adapters
         self.slots = {name: i for i, name in enumerate(adapters)}
-        self.sizes = {name: self._adapter_size(a) for name, a in adapters.items()}
+        self.sizes = {name: int(a.head_config.get("image_size", image_size)) for name, a in adapters.items()}
+        for name, size in self.sizes.items():
+            if size > image_size:
+                log.warning("adapter %s was trained at %d px but frames arrive at %d px (daemon.image_size): "
+                            "it will see upscaled frames", name, size, image_size)
         modules = sorted({m for a in adapters.values() for m in a.lora})
         self.lora_ctx = None
         if modules:
@@ -61,14 +70,22 @@ class Engine:
         std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1) * 255
         self._mean, self._std = mean, std
 
-    def _adapter_size(self, a: Adapter) -> int:
-        size = int(a.head_config.get("image_size", self.image_size))
-        if size % self.patch:
-            raise ValueError(f"adapter {a.name}: image_size {size} is not a multiple of the patch size {self.patch}")
-        if size > self.image_size:
-            log.warning("adapter %s was trained at %d px but frames arrive at %d px (daemon.image_size): "
-                        "it will see upscaled frames", a.name, size, self.image_size)
-        return size
+    def _misfit(self, a: Adapter, max_rank: int) -> str | None:
+        """Why this adapter cannot run on this backbone, or None."""
+        linear = {n: m for n, m in self.backbone.named_modules() if isinstance(m, torch.nn.Linear)}
+        for module, (A, B) in a.lora.items():
+            layer = linear.get(module)
+            if layer is None:
+                return f"LoRA targets {module!r}, which is not a linear layer of this backbone (another backbone?)"
+            if A.shape[1] != layer.in_features or B.shape[0] != layer.out_features:
+                return (f"{module}: LoRA A {tuple(A.shape)} / B {tuple(B.shape)} do not fit the layer "
+                        f"({layer.in_features} -> {layer.out_features})")
+        if a.lora and a.rank > max_rank:
+            return f"rank {a.rank} > daemon.max_rank {max_rank}"
+        size = a.head_config.get("image_size", self.image_size)
+        if not isinstance(size, int) or size <= 0 or size % self.patch:
+            return f"head_config image_size {size!r} is not a positive multiple of the patch size {self.patch}"
+        return None
 
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
         """uint8 [H, W, 3] frames → normalised float [N, 3, size, size]."""

@@ -144,6 +144,18 @@ def test_missing_adapter_is_reported_and_the_others_keep_working(tmp_path, tiny_
     assert "adapter 'gone' failed to load" in by_task["x"]["error"] and "does not exist" in by_task["x"]["error"]
 
 
+def test_adapter_for_another_backbone_is_rejected_alone(tmp_path, tiny_backbone_dir, tiny_adapters):
+    from .conftest import make_adapter
+
+    alien = make_adapter(tmp_path / "alien", "detection", ["person"], targets=("attention.qkv",), nonzero=False)
+    d = RunningDaemon(config(tmp_path, tiny_backbone_dir, {"detect": tiny_adapters["detect"], "alien": alien}))
+    d.send(chunk_parts("cam", 0, [("det", "detect"), ("x", "alien")]))
+    rows = d.finish()
+    by_task = {r["task"]: r for r in rows}
+    assert "error" not in by_task["det"]
+    assert "not a linear layer of this backbone" in by_task["x"]["error"]
+
+
 def test_expired_deadline_is_reported_as_missed(running):
     running.send(chunk_parts("cam", 0, [("det", "detect")], deadline_s=-1.0))
     (row,) = running.finish()
