@@ -20,6 +20,17 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def missing_inputs(cfg) -> list[str]:
+    """Files the pipeline names that are not there (a running pipeline logs these and keeps going)."""
+    from pathlib import Path
+
+    problems = [f"streams[{i}].source: no such file {s.source}" for i, s in enumerate(cfg.streams)
+                if not s.is_rtsp and not Path(s.source).is_file()]
+    problems += [f"adapters.{name}: no adapter_config.json in {path}" for name, path in cfg.adapters.items()
+                 if not (Path(path) / "adapter_config.json").is_file()]
+    return problems
+
+
 def cmd_validate(args) -> int:
     from .config import ConfigError, load_config
 
@@ -28,20 +39,29 @@ def cmd_validate(args) -> int:
     except ConfigError as e:
         print(f"invalid: {e}", file=sys.stderr)
         return 2
+    for problem in missing_inputs(cfg):
+        print(f"warning: {problem}", file=sys.stderr)
     tasks = sum(len(s.tasks) for s in cfg.streams)
     print(f"{args.config}: OK ({len(cfg.streams)} streams, {tasks} tasks, {len(cfg.adapters)} adapters, "
           f"{len(cfg.sinks)} sinks)")
     return 0
 
 
-def _load(path: str):
+def _load(path: str, endpoint: str | None = None):
+    """The validated config; `endpoint` overrides daemon.endpoint (a daemon binds e.g. tcp://*:5555 while
+    ingest on another host connects to tcp://daemon-host:5555)."""
+    import dataclasses
+
     from .config import ConfigError, load_config
 
     try:
-        return load_config(path)
+        cfg = load_config(path)
     except ConfigError as e:
         log.error("%s", e)
         raise SystemExit(2) from None
+    if endpoint:
+        cfg = dataclasses.replace(cfg, daemon=dataclasses.replace(cfg.daemon, endpoint=endpoint))
+    return cfg
 
 
 def cmd_run(args) -> int:
@@ -54,7 +74,7 @@ def cmd_run(args) -> int:
 def cmd_daemon(args) -> int:
     from .daemon import Daemon
 
-    cfg = _load(args.config)
+    cfg = _load(args.config, args.endpoint)
     stop = _stop_on_signals()
     Daemon(cfg).run(stop)
     return 0
@@ -63,7 +83,7 @@ def cmd_daemon(args) -> int:
 def cmd_ingest(args) -> int:
     from streams.worker import run_ingest
 
-    cfg = _load(args.config)
+    cfg = _load(args.config, args.endpoint)
     ids = args.streams.split(",") if args.streams else None
     unknown = [i for i in ids or [] if i not in {s.id for s in cfg.streams}]
     if unknown:
@@ -141,10 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("daemon", help="run only the inference daemon of a pipeline")
     p.add_argument("config", nargs="?", default="pipelines.yaml")
+    p.add_argument("--endpoint", help="bind here instead of daemon.endpoint (e.g. tcp://*:5555)")
     p.set_defaults(func=cmd_daemon)
     p = sub.add_parser("ingest", help="run only the ingest workers of a pipeline")
     p.add_argument("config", nargs="?", default="pipelines.yaml")
     p.add_argument("--streams", help="comma-separated stream ids (default: all)")
+    p.add_argument("--endpoint", help="connect here instead of daemon.endpoint (e.g. tcp://daemon-host:5555)")
     p.set_defaults(func=cmd_ingest)
     p = sub.add_parser("validate", help="check a pipeline file without running it")
     p.add_argument("config")

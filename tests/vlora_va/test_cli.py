@@ -38,3 +38,24 @@ def test_delegated_subcommands_get_their_own_help():
     for command in ("tune", "train", "eval"):
         proc = run(command, "--help")
         assert proc.returncode == 0 and f"vlora-va {command}" in proc.stdout, (command, proc.stderr[-500:])
+
+
+def test_validate_warns_about_missing_videos_and_adapters(tmp_path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(open("pipelines.yaml").read().replace("sample_videos/bikes.mp4", "/nowhere/bikes.mp4")
+                   .replace("adapters/actions", "/nowhere/actions"))
+    proc = run("validate", str(cfg))
+    assert proc.returncode == 0
+    assert "warning: streams[1].source: no such file /nowhere/bikes.mp4" in proc.stderr
+    assert "warning: adapters.actions: no adapter_config.json in /nowhere/actions" in proc.stderr
+    assert "warning" not in run("validate", "pipelines.yaml").stderr
+
+
+def test_ingest_endpoint_override_is_used(tmp_path):
+    # Nothing listens there: the worker reports the endpoint it connects to, then its chunks cannot leave.
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(open("pipelines.yaml").read().replace("realtime: true", "realtime: false\n    max_chunks: 1")
+                   .replace("sample_videos/", f"{__import__('os').getcwd()}/sample_videos/"))
+    proc = subprocess.run([*CLI, "ingest", str(cfg), "--streams", "pedestrians", "--endpoint", "tcp://127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=120)
+    assert "-> tcp://127.0.0.1:1" in proc.stderr
