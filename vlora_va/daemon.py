@@ -32,8 +32,9 @@ from .wire import WireError, decode_chunk
 
 log = logging.getLogger(__name__)
 
-DRAIN_QUIET_S = 0.3  # on stop, keep reading until the socket has been quiet this long
-DRAIN_MAX_S = 5.0
+DRAIN_QUIET_S = 0.3  # on stop, keep reading until the socket has been quiet this long...
+DRAIN_MAX_S = 30.0  # ...but stop reading new messages after this long
+QUEUE_BATCHES = 2  # the request queue holds at most this many batches' worth of images
 
 
 @dataclass
@@ -46,6 +47,7 @@ class DaemonStats:
     images: int = 0
     batches: int = 0
     ingest_dropped: int = 0
+    max_queue_images: int = 0  # high-water mark of the request queue
 
 
 def pick_device(name: str) -> str:
@@ -101,10 +103,16 @@ class Daemon:
         self._logged = DaemonStats()
 
     # ------------------------------------------------------------------ receive
+    def _queue_full(self) -> bool:
+        # Bounded: a slow daemon must leave chunks in ZeroMQ, where backpressure reaches ingest and its
+        # drop policy, instead of piling them up here as latency (and memory).
+        return sum(r.num_images for r in self.queue) >= QUEUE_BATCHES * self.config.daemon.max_batch_images
+
     def _receive(self, sock: zmq.Socket, timeout_ms: int, sinks) -> int:
-        """Read every message available (waiting up to timeout_ms for the first). Returns messages read."""
+        """Read the messages available while the queue has room (waiting up to timeout_ms for the first).
+        Returns messages read."""
         n = 0
-        while sock.poll(timeout_ms if n == 0 else 0):
+        while not self._queue_full() and sock.poll(timeout_ms if n == 0 else 0):
             parts = sock.recv_multipart(copy=False)
             n += 1
             self._accept(parts, sinks)
@@ -132,6 +140,7 @@ class Daemon:
                 self._write_error(req, problem, sinks)
             else:
                 self.queue.append(req)
+        self.stats.max_queue_images = max(self.stats.max_queue_images, sum(r.num_images for r in self.queue))
         self.metrics.queue_depth.set(len(self.queue))
 
     def _unservable(self, req: Request) -> str | None:
@@ -253,9 +262,14 @@ class Daemon:
         """Read what is still arriving, then serve every queued request."""
         log.info("draining: %d request(s) queued", len(self.queue))
         start = last = time.monotonic()
-        while time.monotonic() - last < DRAIN_QUIET_S and time.monotonic() - start < DRAIN_MAX_S:
-            if self._receive(sock, 50, sinks):
+        while True:
+            # Senders stay connected until we are drained, so what is in flight still arrives; a sender
+            # that never stops is cut off after DRAIN_MAX_S.
+            reading = time.monotonic() - start < DRAIN_MAX_S
+            if reading and self._receive(sock, 0 if self.queue else 50, sinks):
                 last = time.monotonic()
-        while self.queue:
-            self._serve_one_batch(sinks)
+            if self.queue:
+                self._serve_one_batch(sinks)
+            elif not reading or time.monotonic() - last >= DRAIN_QUIET_S:
+                break
         self._log_progress(force=True)

@@ -127,6 +127,15 @@ def test_malformed_messages_are_logged_and_counted_never_fatal(running, caplog):
     assert "malformed message rejected" in caplog.text
 
 
+def test_queue_is_bounded_so_backpressure_reaches_the_sender(tmp_path, tiny_backbone_dir, tiny_adapters):
+    d = RunningDaemon(config(tmp_path, tiny_backbone_dir, tiny_adapters, max_batch_images=4))
+    for seq in range(30):  # far more than the daemon can hold: it must leave them in ZeroMQ
+        d.send(chunk_parts("cam", seq, [("det", "detect")]))
+    rows = d.finish()
+    assert sorted(r["chunk"] for r in rows) == list(range(30))  # nothing lost...
+    assert 0 < d.daemon.stats.max_queue_images <= 2 * 4 + 2  # ...and never more than two batches queued (+1 chunk)
+
+
 def test_stop_drains_every_received_chunk(running):
     for seq in range(10):
         running.send(chunk_parts("cam", seq, [("det", "detect"), ("act", "actions")], n_frames=3))
