@@ -174,11 +174,13 @@ def random_adapters(model, targets, ranks, seed=0):
     return out
 
 
-def with_atmm(base, targets, ranks, max_rank=64):
+def with_atmm(base, targets, ranks, max_rank=64, premerge=False):
     m = copy.deepcopy(base)
     ctx = lora.inject_lora(m, targets, num_slots=len(ranks), max_rank=max_rank)
     for s, w in enumerate(random_adapters(base, targets, ranks)):
         lora.load_adapter(m, s, w, 2.0)
+    if premerge:  # the engine's CPU default: per-slot W + ΔW, each adapter's rows through its own weights
+        lora.enable_premerge(m)
     return m, ctx
 
 
@@ -200,7 +202,8 @@ def bench_backbone(batches: list[int], repeats: int, with_peft_runs: bool, log) 
         "all_4ad_r16": (ALL, [16] * 4),
         "all_8ad_r8-64": (ALL, [8, 16, 32, 64, 8, 16, 32, 64]),
     }
-    models = {k: with_atmm(base, t, r) for k, (t, r) in variants.items()}
+    models = {f"atmm_{k}": with_atmm(base, t, r) for k, (t, r) in variants.items()}
+    models.update({f"premerged_{k}": with_atmm(base, t, r, premerge=True) for k, (t, r) in variants.items()})
     peft_models = {k: with_peft(base, variants[k][0], variants[k][1]) for k in ("qkvo_4ad_r16", "all_4ad_r16")} \
         if with_peft_runs else {}
     rows = []
@@ -208,13 +211,13 @@ def bench_backbone(batches: list[int], repeats: int, with_peft_runs: bool, log) 
         x = torch.randn(batch, 3, 224, 224)
         fns = {"merged": lambda: base(pixel_values=x)}
         for k, (m, ctx) in models.items():
-            n_ad = len(variants[k][1])
+            n_ad = len(variants[k.split("_", 1)[1]][1])
             slots = torch.tensor(sorted(i * n_ad // batch for i in range(batch)))  # grouped by adapter
 
             def run(m=m, ctx=ctx, slots=slots):
                 ctx.set_rows(slots)
                 return m(pixel_values=x)
-            fns[f"atmm_{k}"] = run
+            fns[k] = run
         for k, pm in peft_models.items():
             n_ad = len(variants[k][1])
             names = [f"s{i * n_ad // batch}" for i in range(batch)]

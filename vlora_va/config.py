@@ -43,6 +43,8 @@ class DaemonConfig:
     max_wait_ms: float = 20.0  # how long to wait for more requests before running a partial batch
     max_slots: int = 8  # adapters resident at once
     max_rank: int = 64
+    # CPU: keep each slot's W + ΔW when that takes at most this many MB (faster than LoRA GEMMs); 0 = off
+    premerge_max_mb: int = 1024
     metrics_port: int = 0  # Prometheus /metrics; 0 = off
     log_every_s: float = 10.0
 

@@ -95,7 +95,7 @@ class Daemon:
             torch.set_num_threads(d.threads or os.cpu_count() or 1)
             backbone = load_backbone(d.backbone, d.allow_download, device)
             adapters, self.failed_adapters = load_adapters(config, backbone.config.hidden_size)
-            engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, device)
+            engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, device, d.premerge_max_mb)
             self.failed_adapters.update(engine.rejected)
         self.engine = engine
         self.queue: list[Request] = []

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .adapters import Adapter
 from .heads import ActionHead, DetectionHead, Features
-from .lora import inject_lora, load_adapter
+from .lora import enable_premerge, inject_lora, load_adapter, premerge_bytes
 from .models import IMAGENET_MEAN, IMAGENET_STD, patch_size
 from .requests import Request
 from .wire import Letterbox
@@ -37,7 +37,8 @@ class Output:
 
 class Engine:
     def __init__(self, backbone: torch.nn.Module, adapters: dict[str, Adapter], image_size: int,
-                 max_slots: int = 8, max_rank: int = 64, device: str | torch.device = "cpu"):
+                 max_slots: int = 8, max_rank: int = 64, device: str | torch.device = "cpu",
+                 premerge_max_mb: int = 0):
         if len(adapters) > max_slots:
             raise ValueError(f"{len(adapters)} adapters configured but daemon.max_slots is {max_slots}")
         self.device = torch.device(device)
@@ -64,11 +65,22 @@ class Engine:
             self.lora_ctx = inject_lora(self.backbone, modules, num_slots=max(1, len(adapters)), max_rank=max_rank)
             for name, a in adapters.items():
                 load_adapter(self.backbone, self.slots[name], a.lora, a.scale)
+            self._maybe_premerge(premerge_max_mb)
         for a in adapters.values():
             a.head.to(self.device).eval()
         mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1) * 255
         self._mean, self._std = mean, std
+
+    def _maybe_premerge(self, max_mb: int) -> None:
+        # On CPU, per-adapter merged weights beat base GEMM + LoRA GEMMs (bench/atmm.py); on CUDA the
+        # Triton kernels serve the LoRA instead.
+        mb = premerge_bytes(self.backbone) / 2**20
+        if self.device.type == "cpu" and 0 < mb <= max_mb:
+            enable_premerge(self.backbone)
+            log.info("LoRA: premerged weights for %d slot(s), %.0f MB", len(self.slots), mb)
+        else:
+            log.info("LoRA: ATMM (premerged weights would take %.0f MB, limit %d MB)", mb, max_mb)
 
     def _misfit(self, a: Adapter, max_rank: int) -> str | None:
         """Why this adapter cannot run on this backbone, or None."""

@@ -86,11 +86,19 @@ class _Group:
         self.W = torch.stack([lin.weight.detach() for lin in linears])  # [L, out, in], contiguous
         self.W0: torch.Tensor | None = None  # pristine base weights, made on the first merge
         self.merged: int | None = None
+        self.Wm: torch.Tensor | None = None  # [S, L, out, in] per-slot W + ΔW (enable_premerge), or None
         for l, lin in enumerate(linears):
             lin.weight = nn.Parameter(self.W[l], requires_grad=lin.weight.requires_grad)
 
     def max_rank_of(self, slot: int) -> int:
         return max(r[slot] for r in self.rank_py)
+
+    def premerge(self, slot: int) -> None:
+        """Wm[slot] = pristine W + ΔW of the slot, all L layers in one batched GEMM + one add."""
+        base = self.W0 if self.W0 is not None else self.W
+        kernels.delta_weights(self.A[:, slot], self.B[:, slot], self.scale[:, slot], max(1, self.max_rank_of(slot)),
+                              out=self.Wm[slot])
+        self.Wm[slot].add_(base)
 
 
 class LoRALinear(nn.Module):
@@ -114,17 +122,43 @@ class LoRALinear(nn.Module):
         return self._group.B[self._index]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
         seg = self._ctx.segments(x.shape[0], x.numel() // self.in_features)
         if seg is None:
-            return y
+            return self.base(x)
         g, l = self._group, self._index
+        if g.Wm is not None and g.merged is None and self._ctx.delora_slot is None:
+            return self._premerged(x, seg)
+        y = self.base(x)
         kernels.atmm(y.view(-1, self.out_features), x.reshape(-1, self.in_features), g.A[l], g.B[l], seg,
                      g.scale_py[l], g.rank_py[l], self._ctx.delora_slot, device_params=(g.scale[l], g.rank[l]))
         return y
 
+    def _premerged(self, x: torch.Tensor, seg: Segments) -> torch.Tensor:
+        """The same result as base + ATMM, computed as each run of rows through its slot's premerged
+        weight W + scale·B·A (rows without adapter through W): no LoRA GEMMs and no extra pass over y.
+        As a plain loop: for each row i, y[i] = x[i] @ Wm[idx[i]].T + bias."""
+        g, l = self._group, self._index
+        x2 = x.reshape(-1, self.in_features)
+        y = torch.empty(x2.shape[0], self.out_features, dtype=x2.dtype, device=x2.device)
+        cursor = 0
+        for s, a, b in zip(seg.slots, seg.starts, seg.ends):
+            if a > cursor:
+                _linear_into(y[cursor:a], x2[cursor:a], self.base.weight, self.base.bias)
+            _linear_into(y[a:b], x2[a:b], g.Wm[s, l], self.base.bias)
+            cursor = b
+        if cursor < x2.shape[0]:
+            _linear_into(y[cursor:], x2[cursor:], self.base.weight, self.base.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, slots={self._ctx.num_slots}, max_rank={self._ctx.max_rank}"
+
+
+def _linear_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if bias is None:
+        torch.mm(x, w.t(), out=out)
+    else:
+        torch.addmm(bias, x, w.t(), out=out)
 
 
 # ---- model-level API ------------------------------------------------------------------------------
@@ -210,6 +244,9 @@ def load_adapter(model: nn.Module, slot: int, weights: dict[str, tuple[torch.Ten
     for g in ctx.groups:  # one host->device copy per group
         g.rank.copy_(torch.tensor(g.rank_py, dtype=torch.int32))
         g.scale.copy_(torch.tensor(g.scale_py, dtype=torch.float32))
+        if g.Wm is not None:
+            with torch.no_grad():
+                g.premerge(slot)
 
 
 def clear_slot(model: nn.Module, slot: int) -> None:
@@ -225,6 +262,27 @@ def clear_slot(model: nn.Module, slot: int) -> None:
             g.rank_py[l][slot], g.scale_py[l][slot] = 0, 0.0
         g.rank[:, slot] = 0
         g.scale[:, slot] = 0.0
+        if g.Wm is not None:
+            g.Wm[slot].copy_(g.W0 if g.W0 is not None else g.W)
+
+
+def premerge_bytes(model: nn.Module) -> int:
+    """Memory enable_premerge would take: one copy of every wrapped weight per slot."""
+    ctx, _ = _context(model)
+    return sum(g.W.numel() * g.W.element_size() for g in ctx.groups) * ctx.num_slots
+
+
+def enable_premerge(model: nn.Module) -> None:
+    """Keep W + ΔW of every slot (premerge_bytes of memory) so a batch runs each adapter's rows through
+    its own merged weights: on CPU this beats base GEMM + LoRA GEMMs (no extra pass over the output).
+    Used when no slot is merged and there is no deLoRA term; loads and clears keep it up to date."""
+    ctx, _ = _context(model)
+    with torch.no_grad():
+        for g in ctx.groups:
+            if g.Wm is None:
+                g.Wm = torch.empty((ctx.num_slots, *g.W.shape), dtype=g.W.dtype, device=g.W.device)
+            for slot in range(ctx.num_slots):
+                g.premerge(slot)
 
 
 def slot_delta_weights(model: nn.Module, slot: int) -> dict[str, torch.Tensor]:

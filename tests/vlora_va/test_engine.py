@@ -40,11 +40,13 @@ def merged_reference(backbone, adapter):
     return model
 
 
-def test_mixed_adapter_batch_matches_each_adapter_merged(tiny_backbone_dir, tiny_adapters):
+@pytest.mark.parametrize("premerge_max_mb", [0, 1024])  # ATMM path / premerged weights
+def test_mixed_adapter_batch_matches_each_adapter_merged(tiny_backbone_dir, tiny_adapters, premerge_max_mb):
     base = load_backbone(str(tiny_backbone_dir))
     adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
     refs = {n: merged_reference(base, a) for n, a in adapters.items()}
-    engine = Engine(copy.deepcopy(base), adapters, TINY_IMAGE)
+    engine = Engine(copy.deepcopy(base), adapters, TINY_IMAGE, premerge_max_mb=premerge_max_mb)
+    assert (engine.backbone.encoder.layer[0].attention.q_proj._group.Wm is not None) == bool(premerge_max_mb)
     # Interleaved adapters: the engine must group rows by slot and restore the original order.
     batch = [request("detect", 2, 1), request("actions", 2, 2), request("detect", 1, 3, seq=1)]
     all_frames = [f for r in batch for f in r.frames]

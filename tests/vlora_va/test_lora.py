@@ -186,3 +186,41 @@ def test_bad_slots_and_rows():
         forward(model, torch.randn(2, 3, 28, 28))
     with pytest.raises(ValueError, match="no nn.Linear matches"):
         lora.inject_lora(tiny_model(), ["nope"], 2, 4)
+
+
+def test_premerged_weights_give_the_same_outputs_as_atmm():
+    """enable_premerge: each run of rows through W + scale·B·A equals base + ATMM, including rows
+    without adapter, after a slot is reloaded and after it is cleared; a merged slot falls back."""
+    base = tiny_model()
+    a, b = random_adapter(base, 4, 1), random_adapter(base, 16, 2)
+    plain, pre = copy.deepcopy(base), copy.deepcopy(base)
+    ctxs = [lora.inject_lora(m, TARGETS, num_slots=3, max_rank=16) for m in (plain, pre)]
+    for m in (plain, pre):
+        lora.load_adapter(m, 0, a, 2.0)
+        lora.load_adapter(m, 1, b, 0.5)
+    lora.enable_premerge(pre)
+    assert lora.premerge_bytes(pre) == 3 * sum(
+        mod.base.weight.numel() * 4 for mod in pre.modules() if isinstance(mod, lora.LoRALinear))
+    x = torch.randn(6, 3, 28, 28, generator=torch.Generator().manual_seed(4))
+    rows = torch.tensor([0, 0, -1, 1, 1, -1])
+
+    def both():
+        for c in ctxs:
+            c.set_rows(rows)
+        return forward(plain, x), forward(pre, x)
+
+    want, got = both()
+    assert torch.allclose(got, want, atol=1e-5)
+    for m in (plain, pre):  # reload slot 1 with another adapter: no stale premerged weights
+        lora.load_adapter(m, 1, random_adapter(base, 8, 5), 1.0)
+    want2, got2 = both()
+    assert torch.allclose(got2, want2, atol=1e-5) and not torch.allclose(got2, want, atol=1e-3)
+    for m in (plain, pre):
+        lora.clear_slot(m, 1)
+    want3, got3 = both()
+    assert torch.allclose(got3, want3, atol=1e-5)
+    lora.merge_slot(pre, 0)  # merged mode: the premerged path must not be used (its W changed)
+    lora.merge_slot(plain, 0)
+    for c in ctxs:
+        c.set_rows(rows, delora_slot=0)
+    assert torch.allclose(forward(pre, x), forward(plain, x), atol=1e-5)
