@@ -103,10 +103,13 @@ class Daemon:
         self._logged = DaemonStats()
 
     # ------------------------------------------------------------------ receive
+    def _queued_images(self) -> int:
+        return sum(r.num_images for r in self.queue)
+
     def _queue_full(self) -> bool:
         # Bounded: a slow daemon must leave chunks in ZeroMQ, where backpressure reaches ingest and its
         # drop policy, instead of piling them up here as latency (and memory).
-        return sum(r.num_images for r in self.queue) >= QUEUE_BATCHES * self.config.daemon.max_batch_images
+        return self._queued_images() >= QUEUE_BATCHES * self.config.daemon.max_batch_images
 
     def _receive(self, sock: zmq.Socket, timeout_ms: int, sinks) -> int:
         """Read the messages available while the queue has room (waiting up to timeout_ms for the first).
@@ -140,7 +143,7 @@ class Daemon:
                 self._write_error(req, problem, sinks)
             else:
                 self.queue.append(req)
-        self.stats.max_queue_images = max(self.stats.max_queue_images, sum(r.num_images for r in self.queue))
+        self.stats.max_queue_images = max(self.stats.max_queue_images, self._queued_images())
         self.metrics.queue_depth.set(len(self.queue))
 
     def _unservable(self, req: Request) -> str | None:
@@ -164,7 +167,7 @@ class Daemon:
     def _batch_ready(self, stopping: bool) -> bool:
         if not self.queue:
             return False
-        if stopping or sum(r.num_images for r in self.queue) >= self.config.daemon.max_batch_images:
+        if stopping or self._queued_images() >= self.config.daemon.max_batch_images:
             return True
         oldest = min(r.received_wall for r in self.queue)
         return time.time() - oldest >= self.config.daemon.max_wait_ms / 1000.0

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from .adapters import Adapter
 from .heads import ActionHead, DetectionHead, Features
 from .lora import enable_premerge, inject_lora, load_adapter, premerge_bytes
-from .models import IMAGENET_MEAN, IMAGENET_STD, patch_size
+from .models import normalise, patch_size
 from .requests import Request
 from .wire import Letterbox
 
@@ -68,9 +68,6 @@ class Engine:
             self._maybe_premerge(premerge_max_mb)
         for a in adapters.values():
             a.head.to(self.device).eval()
-        mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1) * 255
-        std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1) * 255
-        self._mean, self._std = mean, std
 
     def _maybe_premerge(self, max_mb: int) -> None:
         # On CPU, per-adapter merged weights beat base GEMM + LoRA GEMMs (bench/atmm.py); on CUDA the
@@ -101,11 +98,11 @@ class Engine:
 
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
         """uint8 [H, W, 3] frames → normalised float [N, 3, size, size]."""
-        x = torch.from_numpy(np.stack(frames)).to(self.device)  # np.stack copies: received buffers stay untouched
-        x = x.permute(0, 3, 1, 2).float()
-        if size is not None and size != x.shape[-1]:
+        # np.stack copies: the received buffers stay untouched
+        x = normalise(torch.from_numpy(np.stack(frames)).to(self.device))
+        if size is not None and size != x.shape[-1]:  # resizing is linear: same before or after normalising
             x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-        return (x - self._mean) / self._std
+        return x
 
     @torch.inference_mode()
     def features(self, frames: list[np.ndarray], slots: list[int], size: int | None = None) -> Features:

@@ -200,6 +200,14 @@ def _in_hub_cache(repo_id: str) -> bool:
         return False
 
 
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, H, W, 3] RGB → float [N, 3, H, W] with ImageNet mean/std: the input every backbone here
+    expects (serving and training both go through this)."""
+    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=images.device).view(1, 3, 1, 1)
+    return (images.permute(0, 3, 1, 2).float() / 255.0 - mean) / std
+
+
 def patch_size(model: torch.nn.Module) -> int:
     p = getattr(model.config, "patch_size", 14)
     return p[0] if isinstance(p, (tuple, list)) else int(p)

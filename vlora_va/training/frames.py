@@ -14,7 +14,7 @@ import torch
 
 from streams.chunker import letterbox, letterbox_geometry
 
-from ..models import IMAGENET_MEAN, IMAGENET_STD
+from ..models import normalise
 from ..wire import Letterbox
 
 @dataclass
@@ -37,19 +37,11 @@ def letterbox_params(width: int, height: int, side: int) -> Letterbox:
     return letterbox_geometry(width, height, side)[2]
 
 
-def normalise(images: np.ndarray) -> torch.Tensor:
-    """uint8 [N, H, W, 3] → float [N, 3, H, W], ImageNet mean/std (what the backbone expects)."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 255.0
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-    return (x - mean) / std
-
-
 def model_input(frames: list[Frame], side: int, flip: bool = False) -> tuple[torch.Tensor, list[Letterbox]]:
     """Letterboxed, normalised batch; flip=True mirrors the letterboxed image (training augmentation)."""
     boxed = [letterbox(f.rgb, side) for f in frames]
     imgs = np.stack([b[0][:, ::-1] if flip else b[0] for b in boxed])
-    return normalise(imgs), [b[1] for b in boxed]
+    return normalise(torch.from_numpy(np.ascontiguousarray(imgs))), [b[1] for b in boxed]
 
 
 def read_frames(path: str | Path, start: float = 0.0, end: float | None = None, step: float | None = None) -> list[Frame]:
