@@ -142,7 +142,7 @@ def bench_ops(repeats: int, full: bool, log) -> list[dict]:
                     "peft_layer": lambda: peft_layer(x3, adapter_names=names),
                     "linear": lambda: base(x3),
                 }
-                t = interleaved(fns, repeats)
+                t = interleaved(fns, repeats, min_sample_s=0.02)
             t["peft"] = max(t.pop("peft_layer") - t["linear"], 1e-7)
             r = {"shape": f"{n_in}x{n_out}", "batch": label, "rows": x.shape[0], "choice": choice,
                  "us": {k: round(v * 1e6, 1) for k, v in t.items()}}
@@ -200,6 +200,7 @@ def bench_backbone(batches: list[int], repeats: int, with_peft_runs: bool, log) 
     variants = {  # name: (targets, ranks)
         "qkvo_4ad_r16": (QKVO, [16] * 4),
         "all_4ad_r16": (ALL, [16] * 4),
+        "qkvo_8ad_r8-64": (QKVO, [8, 16, 32, 64, 8, 16, 32, 64]),
         "all_8ad_r8-64": (ALL, [8, 16, 32, 64, 8, 16, 32, 64]),
     }
     models = {f"atmm_{k}": with_atmm(base, t, r) for k, (t, r) in variants.items()}
@@ -256,8 +257,13 @@ def summarize(ops: list[dict]) -> dict:
     med = lambda v: round(statistics.median(v), 2)  # noqa: E731
     s = {f"median_x_vs_{k}": med([r["speedup"][k] for r in ops]) for k in ("peft", "einsum", "naive", "atmm_fixed")}
     s["median_x_vs_best_of_einsum_naive"] = med([min(r["speedup"]["einsum"], r["speedup"]["naive"]) for r in ops])
-    s["min_x_vs_any_baseline"] = round(min(min(r["speedup"][k] for k in ("peft", "einsum", "naive", "atmm_fixed"))
-                                           for r in ops), 2)
+    s["min_x_vs_any_baseline"] = round(min(min(r["speedup"][k] for k in ("peft", "einsum", "naive")) for r in ops), 2)
+    # Adaptive vs fixed: where the table picks the fixed strategy both run identical code (ratio = noise).
+    other = [r["speedup"]["atmm_fixed"] for r in ops if r["choice"] != "runs"]
+    s["adaptive_points_other_choice"] = len(other)
+    s["median_x_vs_fixed_where_choice_differs"] = med(other) if other else None
+    s["min_x_vs_fixed_same_choice"] = round(min((r["speedup"]["atmm_fixed"] for r in ops if r["choice"] == "runs"),
+                                                default=1.0), 2)
     return s
 
 
@@ -272,7 +278,11 @@ def markdown(res: dict) -> str:
           f"Median over the grid: **{s['median_x_vs_peft']}x** faster than peft mixed batch, "
           f"{s['median_x_vs_einsum']}x vs dLoRA-style einsum, {s['median_x_vs_naive']}x vs naive per-request loop "
           f"({s['median_x_vs_best_of_einsum_naive']}x vs the better of those two), {s['median_x_vs_atmm_fixed']}x vs "
-          f"the fixed 'runs' strategy; worst point vs any baseline: {s['min_x_vs_any_baseline']}x.", "",
+          f"the fixed 'runs' strategy; worst point vs peft / einsum / naive: {s['min_x_vs_any_baseline']}x.", "",
+          f"Adaptive vs fixed: the table picks another strategy than 'runs' on {s['adaptive_points_other_choice']} "
+          f"of {len(res['ops'])} points, median gain there {s['median_x_vs_fixed_where_choice_differs']}x; where it "
+          f"picks 'runs' too, both columns time identical code, so their ratio shows the timing noise "
+          f"(lowest {s['min_x_vs_fixed_same_choice']}x).", "",
           "| shape | batch | ATMM us | choice | x peft | x einsum | x naive | x fixed |", "|---|---|---:|---|---:|---:|---:|---:|"]
     for r in res["ops"]:
         sp = r["speedup"]
@@ -287,8 +297,8 @@ def markdown(res: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5, help="rounds for the op grid (backbone: --bb-repeats)")
-    p.add_argument("--bb-repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=9, help="rounds for the op grid (backbone: --bb-repeats)")
+    p.add_argument("--bb-repeats", type=int, default=7)
     p.add_argument("--batches", default="8", help="backbone batch sizes, e.g. 8,32")
     p.add_argument("--full", action="store_true", help="bigger op grid and backbone batches 8,32")
     p.add_argument("--no-peft-backbone", action="store_true", help="skip peft whole-backbone forwards")

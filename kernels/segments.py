@@ -121,5 +121,18 @@ class Segments:
             self._cache[key] = (t[0], t[1], t[2])
         return self._cache[key]
 
+    def slot_progression(self) -> tuple[int, int] | None:
+        """(first slot, step) when there are >= 2 runs, all of one length, back to back, whose slots
+        rise by a constant step (e.g. one image per adapter, adapters 0..7); else None. Such a batch can
+        run as one batched GEMM over a strided view of per-slot weights."""
+        if "progression" not in self._cache:
+            lens = {b - a for a, b in zip(self.starts, self.ends)}
+            step = self.slots[1] - self.slots[0] if self.n_runs >= 2 else 0
+            ok = (self.n_runs >= 2 and len(lens) == 1 and step >= 1
+                  and all(self.starts[j + 1] == self.ends[j] for j in range(self.n_runs - 1))
+                  and all(self.slots[j + 1] - self.slots[j] == step for j in range(self.n_runs - 1)))
+            self._cache["progression"] = (self.slots[0], step) if ok else None
+        return self._cache["progression"]
+
     def max_run(self) -> int:
         return max((b - a for a, b in zip(self.starts, self.ends)), default=0)

@@ -140,6 +140,9 @@ class LoRALinear(nn.Module):
         g, l = self._group, self._index
         x2 = x.reshape(-1, self.in_features)
         y = torch.empty(x2.shape[0], self.out_features, dtype=x2.dtype, device=x2.device)
+        if seg.slot_progression() is not None:
+            self._premerged_bmm(y, x2, seg)
+            return y.view(*x.shape[:-1], self.out_features)
         cursor = 0
         for s, a, b in zip(seg.slots, seg.starts, seg.ends):
             if a > cursor:
@@ -149,6 +152,25 @@ class LoRALinear(nn.Module):
         if cursor < x2.shape[0]:
             _linear_into(y[cursor:], x2[cursor:], self.base.weight, self.base.bias)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _premerged_bmm(self, y: torch.Tensor, x2: torch.Tensor, seg: Segments) -> None:
+        """Equal runs whose slots rise by a constant step: one batched GEMM over a strided view of the
+        per-slot weights (no copy). Measured on 2 cores, ViT-S shapes: 8 runs of 257 rows cost +7-13%
+        over one merged GEMM this way vs +15-27% as 8 separate GEMMs (each 2-thread GEMM on few rows
+        is inefficient; bmm gives each thread whole GEMMs). Rows without adapter go through W."""
+        g, l = self._group, self._index
+        first, step = seg.slot_progression()
+        a, b, n = seg.starts[0], seg.ends[-1], seg.n_runs
+        if a > 0:
+            _linear_into(y[:a], x2[:a], self.base.weight, self.base.bias)
+        if b < x2.shape[0]:
+            _linear_into(y[b:], x2[b:], self.base.weight, self.base.bias)
+        w = g.Wm[first:first + (n - 1) * step + 1:step, l]  # [n, out, in], a view
+        xs, ys = x2[a:b].view(n, -1, self.in_features), y[a:b].view(n, -1, self.out_features)
+        if self.base.bias is None:
+            torch.bmm(xs, w.transpose(1, 2), out=ys)
+        else:
+            torch.baddbmm(self.base.bias.view(1, 1, -1), xs, w.transpose(1, 2), out=ys)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, slots={self._ctx.num_slots}, max_rank={self._ctx.max_rank}"

@@ -198,6 +198,7 @@ def test_premerged_weights_give_the_same_outputs_as_atmm():
     for m in (plain, pre):
         lora.load_adapter(m, 0, a, 2.0)
         lora.load_adapter(m, 1, b, 0.5)
+        lora.load_adapter(m, 2, random_adapter(base, 8, 3), 1.5)
     lora.enable_premerge(pre)
     assert lora.premerge_bytes(pre) == 3 * sum(
         mod.base.weight.numel() * 4 for mod in pre.modules() if isinstance(mod, lora.LoRALinear))
@@ -211,6 +212,10 @@ def test_premerged_weights_give_the_same_outputs_as_atmm():
 
     want, got = both()
     assert torch.allclose(got, want, atol=1e-5)
+    for layout in ([-1, 0, 1, 2, -1, -1], [0, 0, 2, 2, -1, -1]):  # the batched-GEMM path (slot progressions)
+        for c in ctxs:
+            c.set_rows(torch.tensor(layout))
+        assert torch.allclose(forward(pre, x), forward(plain, x), atol=1e-5), layout
     for m in (plain, pre):  # reload slot 1 with another adapter: no stale premerged weights
         lora.load_adapter(m, 1, random_adapter(base, 8, 5), 1.0)
     want2, got2 = both()
