@@ -136,23 +136,41 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor
 
 
 class ActionHead(nn.Module):
+    """Clip classifier over the patch-token grids of clip_len frames.
+
+    spatial="pooled": each frame's grid is averaged to pool x pool cells, then a temporal convolution.
+    spatial="local": a 3-D convolution over (time, rows, cols) of the full grid, then max and mean over
+    the clip: a person one patch wide moving a patch or two per second shows up as features shifting to
+    a neighbouring patch, which pooled cells average away; the max finds the strongest mover.
+    motion=True also feeds frame-to-frame feature differences (direction of travel lives in them).
+    """
+
     def __init__(self, hidden: int, labels: list[str], width: int = 64, pool: int = 4, motion: bool = False,
-                 **_: object):
+                 spatial: str = "pooled", **_: object):
         super().__init__()
-        self.labels, self.pool, self.motion = list(labels), pool, motion
+        if spatial not in ("pooled", "local"):
+            raise ValueError(f"action head: spatial must be 'pooled' or 'local', got {spatial!r}")
+        self.labels, self.pool, self.motion, self.spatial = list(labels), pool, motion, spatial
         self.project = nn.Sequential(nn.Conv2d(hidden, width, 1), nn.GELU())
-        # motion=True also feeds frame-to-frame differences: direction of travel lives in how features
-        # move between frames, which a conv over the raw sequence learns slowly from little data.
-        self.temporal = nn.Conv1d(width * pool * pool * (2 if motion else 1), 256, kernel_size=3, padding=1)
-        self.classify = nn.Linear(512, len(labels))
+        channels = width * (2 if motion else 1)
+        if spatial == "local":
+            self.temporal = nn.Conv3d(channels, 2 * width, kernel_size=3, padding=1)
+            self.classify = nn.Linear(4 * width, len(labels))
+        else:
+            self.temporal = nn.Conv1d(channels * pool * pool, 256, kernel_size=3, padding=1)
+            self.classify = nn.Linear(512, len(labels))
 
     def forward(self, feats: Features, clip_len: int) -> torch.Tensor:
         """feats holds B*clip_len frames, clip-major; returns label logits [B, L]."""
-        x = self.project(F.adaptive_avg_pool2d(feats.grid, self.pool)).flatten(1)  # [B*T, width*pool²]
-        x = x.reshape(-1, clip_len, x.shape[-1]).transpose(1, 2)  # [B, C, T]
+        grid = feats.grid if self.spatial == "local" else F.adaptive_avg_pool2d(feats.grid, self.pool)
+        x = self.project(grid)                                          # [B*T, C, h, w]
+        x = x.reshape(-1, clip_len, *x.shape[1:]).transpose(1, 2)       # [B, C, T, h, w]
         if self.motion:
-            x = torch.cat([x, F.pad(x[..., 1:] - x[..., :-1], (1, 0))], dim=1)
-        x = F.gelu(self.temporal(x))
+            x = torch.cat([x, F.pad(x[:, :, 1:] - x[:, :, :-1], (0, 0, 0, 0, 1, 0))], dim=1)
+        if self.spatial == "local":
+            x = F.gelu(self.temporal(x)).flatten(2)                      # [B, 2w, T*h*w]
+        else:
+            x = F.gelu(self.temporal(x.transpose(1, 2).flatten(2).transpose(1, 2)))  # [B, 256, T]
         return self.classify(torch.cat([x.mean(-1), x.amax(-1)], dim=1))
 
     @torch.no_grad()

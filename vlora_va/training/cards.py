@@ -80,8 +80,7 @@ def action_card(spec: Spec, row: dict, counts: dict) -> str:
     return f"""# Adapter `{spec.name}` — activity recognition on 1-s clips ({spec.clip_len} frames)
 
 LoRA (rank {spec.lora.rank}, alpha {spec.lora.alpha:g}) on backbone layers {spec.lora.layers} of `{spec.backbone}` and a clip
-classifier head (per-frame pooled patch features and their frame-to-frame differences, temporal convolution,
-mean+max over time; head params {json.dumps(spec.head)}).
+classifier head ({_action_head_words(spec.head)}; head params {json.dumps(spec.head)}).
 Input {spec.image_size}×{spec.image_size} letterbox, as served.
 
 ## Labels (how they are made — read this before trusting the numbers)
@@ -105,9 +104,28 @@ Chance level: always answering the most frequent training label would score
 
 ## Training
 {row['steps']} steps, {row['train_seconds']:.0f} s on CPU (1 thread, frozen layers < {spec.split} cached).
+{_seed_runs(row)}
 
 Reproduce: `{_reproduce(spec)}`
 """
+
+
+def _seed_runs(row: dict) -> str:
+    if not row.get("runs"):
+        return ""
+    lines = [f"This adapter is seed {row['runs'][0]['seed']} (saved before any held-out score was seen). "
+             f"The same spec trained with {len(row['runs'])} seeds, held-out top-1:"]
+    lines += [f"- seed {r['seed']}: " + ", ".join(f"{w} {v:.3f}" for w, v in r["top1"].items()) for r in row["runs"]]
+    lines.append("- mean: " + ", ".join(f"{w} {v:.3f}" for w, v in row["mean_top1"].items()))
+    return "\n".join(lines)
+
+
+def _action_head_words(head: dict) -> str:
+    motion = " and their frame-to-frame differences" if head.get("motion") else ""
+    if head.get("spatial") == "local":
+        return (f"the full patch grid of every frame{motion}, a 3-D convolution over time, rows and columns, "
+                "mean+max over the clip")
+    return f"per-frame pooled patch features{motion}, temporal convolution, mean+max over time"
 
 
 def _majority(counts: dict) -> str:
@@ -122,7 +140,11 @@ def _majority(counts: dict) -> str:
 def _row_cells(row: dict) -> list[tuple[str, str, str]]:
     cells = []
     for where, rep in row.get("test", {}).items():
-        if "top1" in rep:
+        if "top1" in rep and row.get("runs"):
+            scores = [r["top1"][where] for r in row["runs"]]
+            cells.append((where, "top-1", f"{rep['top1']:.3f}; seeds {', '.join(str(r['seed']) for r in row['runs'])}: "
+                                          f"mean {row['mean_top1'][where]:.3f}, range {min(scores):.3f}–{max(scores):.3f}"))
+        elif "top1" in rep:
             cells.append((where, "top-1", f"{rep['top1']:.3f}"))
         else:
             for c, m in rep.items():

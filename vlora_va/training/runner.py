@@ -3,13 +3,16 @@
 Detection: one adapter with LoRA + head on all sources (or, with `fusion: true`, the fewest adapters that
 keep every source's task at its requirement), plus the comparison rows on the same held-out data: the
 head-only model (frozen backbone), LoRA + head per source, and a classical teacher where one exists.
-Action: LoRA + head and the head-only baseline. Everything is measured on `test` ranges only after
+Action: LoRA + head and the head-only baseline, each trained `train_options.repeats` times (seeds seed,
+seed+1, ...) and reported per run and as a mean; the first seed's adapter is saved. Everything is measured on `test` ranges only after
 `val` chose the score threshold; test frames are never trained on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -164,12 +167,22 @@ def train_action_spec(spec: Spec) -> dict:
         P.cache_clip_features(spec, train, lay, spec.opts.flip)
         for cs in tests.values():
             P.cache_clip_features(spec, cs, lay, False)
-        res = P.train_action(spec, train, labels, lora, deadline, tag=name.split()[0].lower())
-        row = {"model": name, "train_seconds": round(res.seconds, 1), "steps": res.steps, "complete": res.complete,
-               "test": {w: P.evaluate_action(spec, res.model, res.head, cs, lora) for w, cs in tests.items()}}
+        runs = []
+        for k in range(spec.opts.repeats):  # seeds seed, seed+1, ...: the first run is the one saved
+            run_spec = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, seed=spec.opts.seed + k))
+            res = P.train_action(run_spec, train, labels, lora, deadline, tag=name.split()[0].lower())
+            test = {w: P.evaluate_action(spec, res.model, res.head, cs, lora) for w, cs in tests.items()}
+            runs.append({"seed": run_spec.opts.seed, "train_seconds": round(res.seconds, 1),
+                         "top1": {w: t["top1"] for w, t in test.items()}})
+            if k == 0:
+                row = {"model": name, "train_seconds": round(res.seconds, 1), "steps": res.steps,
+                       "complete": res.complete, "test": test}
+                if saved is None:
+                    saved = _save_action(spec, res, labels, row)
+        if len(runs) > 1:
+            row["runs"] = runs
+            row["mean_top1"] = {w: round(statistics.mean(r["top1"][w] for r in runs), 4) for w in tests}
         rows.append(row)
-        if saved is None:
-            saved = _save_action(spec, res, labels, row)
     counts = {"train": {lab: train.labels.count(lab) for lab in labels},
               **{w: {lab: cs.labels.count(lab) for lab in sorted(set(cs.labels))} for w, cs in tests.items()}}
     report = {"spec": spec.name, "task": "action", "image_size": spec.image_size, "lora": spec.lora.__dict__,

@@ -41,11 +41,11 @@ def build_model(backbone: str | nn.Module, lora: LoraSpec, seed: int = 0) -> nn.
     model = load_backbone(backbone) if isinstance(backbone, str) else backbone
     for p in model.parameters():
         p.requires_grad_(False)
+    torch.manual_seed(seed)  # LoRA init and the head built next: a run is reproducible from its seed
     if not lora.layers:
         return model
     from peft import LoraConfig, get_peft_model
 
-    torch.manual_seed(seed)
     cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=target_names(lora), lora_dropout=0.0,
                      bias="none")
     return get_peft_model(model, cfg)

@@ -38,3 +38,17 @@ def test_parse_range():
     assert (r.start, r.end, r.step) == (5.0, 10.0, 0.2)
     r = parse_range(v, 0.5)
     assert (r.start, r.end, r.step) == (0.0, None, 0.5)
+
+
+def test_repeats_are_checked(tmp_path):
+    p = tmp_path / "s.yaml"
+    base = "name: x\noutput: out\nsources: [{name: a, kind: activity}]\ntrain: [{video: %s}]\n" % (
+        ROOT / "sample_videos" / "bikes.mp4")
+    p.write_text(base + "task: action\ntrain_options: {repeats: 3}\n")
+    assert load_spec(p).opts.repeats == 3
+    p.write_text(base + "task: action\ntrain_options: {repeats: 0}\n")
+    with pytest.raises(SpecError, match="train_options.repeats: expected an integer >= 1, got 0"):
+        load_spec(p)
+    p.write_text(base + "task: detection\ntrain_options: {repeats: 2}\n")
+    with pytest.raises(SpecError, match="only action specs"):
+        load_spec(p)

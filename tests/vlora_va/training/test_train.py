@@ -84,3 +84,15 @@ def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
         raw_a = first.head(Features.from_hidden(peft_out, SIDE, 14))
         raw_b = adapter.head(Features.from_hidden(merged_out, SIDE, 14))
         assert torch.allclose(raw_a[0], raw_b[0], atol=1e-3)
+
+
+def test_a_seed_fixes_the_head_init_with_or_without_lora(tiny_backbone):
+    """Head-only runs used to start from whatever the RNG held; now every run is reproducible from its seed."""
+    def head_after(layers, seed):
+        model = T.build_model(tiny_backbone, LoraSpec(rank=2, layers=layers), seed)
+        torch.rand(7)  # unrelated RNG use between runs must not matter
+        return T.new_head("action", ["a", "b"], 32, SIDE, {"width": 4})[0].state_dict()
+
+    for layers in ([], [1]):
+        a, b, c = head_after(layers, 3), head_after(layers, 3), head_after(layers, 4)
+        assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
