@@ -142,8 +142,9 @@ def _row_cells(row: dict) -> list[tuple[str, str, str]]:
     for where, rep in row.get("test", {}).items():
         if "top1" in rep and row.get("runs"):
             scores = [r["top1"][where] for r in row["runs"]]
-            cells.append((where, "top-1", f"{rep['top1']:.3f}; seeds {', '.join(str(r['seed']) for r in row['runs'])}: "
-                                          f"mean {row['mean_top1'][where]:.3f}, range {min(scores):.3f}–{max(scores):.3f}"))
+            seeds = ", ".join(str(r["seed"]) for r in row["runs"])
+            cells.append((where, "top-1", f"{rep['top1']:.3f}; seeds {seeds}: mean {row['mean_top1'][where]:.3f}, "
+                                          f"range {min(scores):.3f}–{max(scores):.3f}"))
         elif "top1" in rep:
             cells.append((where, "top-1", f"{rep['top1']:.3f}"))
         else:

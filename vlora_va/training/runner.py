@@ -4,8 +4,8 @@ Detection: one adapter with LoRA + head on all sources (or, with `fusion: true`,
 keep every source's task at its requirement), plus the comparison rows on the same held-out data: the
 head-only model (frozen backbone), LoRA + head per source, and a classical teacher where one exists.
 Action: LoRA + head and the head-only baseline, each trained `train_options.repeats` times (seeds seed,
-seed+1, ...) and reported per run and as a mean; the first seed's adapter is saved. Everything is measured on `test` ranges only after
-`val` chose the score threshold; test frames are never trained on.
+seed+1, ...) and reported per run and as a mean; the first seed's adapter is saved. Everything is measured
+on `test` ranges only after `val` chose the score threshold; test frames are never trained on.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def train_action_spec(spec: Spec) -> dict:
             res = P.train_action(run_spec, train, labels, lora, deadline, tag=name.split()[0].lower())
             test = {w: P.evaluate_action(spec, res.model, res.head, cs, lora) for w, cs in tests.items()}
             runs.append({"seed": run_spec.opts.seed, "train_seconds": round(res.seconds, 1),
-                         "top1": {w: t["top1"] for w, t in test.items()}})
+                         "complete": res.complete, "top1": {w: t["top1"] for w, t in test.items()}})
             if k == 0:
                 row = {"model": name, "train_seconds": round(res.seconds, 1), "steps": res.steps,
                        "complete": res.complete, "test": test}

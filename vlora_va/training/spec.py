@@ -171,6 +171,6 @@ def load_spec(path: str | Path) -> Spec:
     if not isinstance(spec.opts.repeats, int) or spec.opts.repeats < 1:
         raise SpecError(f"train_options.repeats: expected an integer >= 1, got {spec.opts.repeats!r}")
     if spec.opts.repeats > 1 and spec.task != "action":
-        raise SpecError("train_options.repeats: only action specs train repeated seeds (a detection run takes minutes "
-                        "per model and its held-out F1 is far less seed-sensitive)")
+        raise SpecError("train_options.repeats: only action specs train repeated seeds (not implemented for detection, "
+                        "where one run takes 8+ minutes per model)")
     return spec
