@@ -20,14 +20,30 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def missing_inputs(cfg) -> list[str]:
-    """Files the pipeline names that are not there (a running pipeline logs these and keeps going)."""
+def input_warnings(cfg) -> list[str]:
+    """What in the pipeline will not work as asked, though it runs: files that are not there (a running pipeline
+    logs these and keeps going), and action tasks that send clips of another length than their adapter learnt."""
+    import json
     from pathlib import Path
 
     problems = [f"streams[{i}].source: no such file {s.source}" for i, s in enumerate(cfg.streams)
                 if not s.is_rtsp and not Path(s.source).is_file()]
     problems += [f"adapters.{name}: no adapter_config.json in {path}" for name, path in cfg.adapters.items()
                  if not (Path(path) / "adapter_config.json").is_file()]
+    clip_lens = {}
+    for name, path in cfg.adapters.items():
+        try:
+            head = json.loads((Path(path) / "head_config.json").read_text())
+        except (OSError, ValueError):
+            continue  # a broken adapter is the daemon's to report, with the reason
+        if isinstance(head, dict) and head.get("task") == "action" and isinstance(head.get("clip_len"), int):
+            clip_lens[name] = head["clip_len"]
+    for i, s in enumerate(cfg.streams):
+        for j, t in enumerate(s.tasks):
+            want = clip_lens.get(t.adapter)
+            if want is not None and t.frames_per_chunk != want:
+                problems.append(f"streams[{i}].tasks[{j}].frames_per_chunk: {t.frames_per_chunk}, but adapter "
+                                f"{t.adapter!r} learnt {want}-frame clips (its accuracy was measured on those)")
     return problems
 
 
@@ -39,7 +55,7 @@ def cmd_validate(args) -> int:
     except ConfigError as e:
         print(f"invalid: {e}", file=sys.stderr)
         return 2
-    for problem in missing_inputs(cfg):
+    for problem in input_warnings(cfg):
         print(f"warning: {problem}", file=sys.stderr)
     tasks = sum(len(s.tasks) for s in cfg.streams)
     print(f"{args.config}: OK ({len(cfg.streams)} streams, {tasks} tasks, {len(cfg.adapters)} adapters, "
@@ -67,7 +83,9 @@ def _load(path: str, endpoint: str | None = None):
 def cmd_run(args) -> int:
     from .runner import run_pipeline
 
-    _load(args.config)  # fail fast, before any process starts
+    cfg = _load(args.config)  # fail fast, before any process starts
+    for problem in input_warnings(cfg):
+        log.warning("%s", problem)
     return run_pipeline(args.config, args.log_level)
 
 

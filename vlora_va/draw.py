@@ -1,4 +1,5 @@
-"""`vlora-va draw`: draw a result row's detections (and the stream's action label) on the source frame."""
+"""`vlora-va draw`: draw a result row's detections (and the stream's action label and per-person activities)
+on the source frame."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import cv2
 import numpy as np
 
 COLOURS = [(0, 200, 255), (255, 120, 0), (0, 220, 0), (220, 0, 220), (255, 255, 0)]
+PERSON_COLOUR = (255, 255, 255)  # BGR: action persons are thin white boxes, the activity written under them
 
 
 def frame_at(video: str | Path, ts: float) -> np.ndarray:
@@ -32,8 +34,15 @@ def read_rows(results: str | Path, stream: str) -> list[dict]:
         return [r for r in map(json.loads, f) if r.get("stream") == stream and "error" not in r]
 
 
-def annotate(image: np.ndarray, detections: list[dict], caption: str = "") -> np.ndarray:
+def annotate(image: np.ndarray, detections: list[dict], caption: str = "",
+             persons: list[dict] | None = None) -> np.ndarray:
     out = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    for p in persons or []:  # first, so detections stay on top
+        x1, y1, x2, y2 = (int(round(v)) for v in p["box"])
+        cv2.rectangle(out, (x1, y1), (x2, y2), PERSON_COLOUR, 1)
+        # "walking_left" -> "left": people are ~30 px wide here, long labels would overlap
+        cv2.putText(out, p["activity"].removeprefix("walking_"), (x1, y2 + 11),
+                    cv2.FONT_HERSHEY_SIMPLEX, 0.38, PERSON_COLOUR, 1, cv2.LINE_AA)
     classes = sorted({d["class"] for d in detections})
     for d in detections:
         x1, y1, x2, y2 = (int(round(v)) for v in d["box"])
@@ -59,7 +68,7 @@ def draw(results: str | Path, video: str | Path, stream: str, ts: float | None, 
         t, dets, row = min(frames, key=lambda f: abs(f[0] - ts))
     label = next((r for r in rows if "label" in r and r["chunk"] == row["chunk"]), None)
     caption = f"{stream} t={t:.1f}s" + (f"  {label['task']}: {label['label']} {label['score']:.2f}" if label else "")
-    image = annotate(frame_at(video, t), dets, caption)
+    image = annotate(frame_at(video, t), dets, caption, label.get("persons") if label else None)
     if not cv2.imwrite(str(out), image):
         raise ValueError(f"cannot write {out}")
     return t, len(dets)

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Output:
     request: Request
-    result: dict  # "frames": [...] for detection, "label"/"score"/"scores" for action
+    result: dict  # "frames": [...] for detection; "label"/"score"/"scores" (+ "persons") for action
     batch_images: int
 
 
@@ -145,7 +145,7 @@ class Engine:
             if isinstance(head, DetectionHead):
                 self._detect(head, batch, idxs, spans, feats, results, size)
             else:
-                self._classify(head, batch, idxs, spans, feats, results)
+                self._classify(head, batch, idxs, spans, feats, results, size)
 
     def _detect(self, head: DetectionHead, batch, idxs, spans, feats: Features, results, size: int) -> None:
         rows = torch.tensor([j for i in idxs for j in range(*spans[i])], device=self.device)
@@ -160,14 +160,17 @@ class Engine:
                                      for ts, d in zip(r.frame_ts, dets[k:k + r.num_images])]}
             k += r.num_images
 
-    def _classify(self, head: ActionHead, batch, idxs, spans, feats: Features, results) -> None:
+    def _classify(self, head: ActionHead, batch, idxs, spans, feats: Features, results, size: int) -> None:
         # Clips of equal length go through the head together.
         by_len: dict[int, list[int]] = {}
         for i in idxs:
             by_len.setdefault(batch[i].num_images, []).append(i)
         for clip_len, group in by_len.items():
             rows = torch.tensor([j for i in group for j in range(*spans[i])], device=self.device)
-            for i, res in zip(group, head.decode(head(feats.select(rows), clip_len))):
+            # A clip's frames share one letterbox: persons are placed through it, as detections are.
+            lbs = [_rescaled(batch[i].letterbox, size / batch[i].frames[0].shape[0]) for i in group]
+            sizes = [batch[i].orig_size for i in group]
+            for i, res in zip(group, head.decode(head(feats.select(rows), clip_len), lbs, sizes)):
                 results[i] = res
 
 

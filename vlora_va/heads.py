@@ -7,8 +7,9 @@ adapter as `head_config.json` + `head.safetensors` (see vlora_va/adapters.py). T
   predicts per-class centre scores and the distances (left, top, right, bottom) from the cell centre to
   the box sides in model pixels. Decoding keeps 3×3 local maxima above the score threshold, then
   class-wise NMS, then maps boxes back to original-frame pixels through the letterbox.
-- `ActionHead`: a clip classifier. Each frame's patch grid is pooled to 4×4 and projected, a temporal
-  convolution mixes frames, mean+max over time gives one vector, a linear layer gives label logits.
+- `ActionHead`: a clip classifier over the patch grids of a clip's frames (a temporal or 3-D convolution,
+  mean+max over the clip, a linear layer gives label logits), optionally with a per-person branch: where
+  each person is over the clip and what that person is doing.
 """
 
 from __future__ import annotations
@@ -135,22 +136,33 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor
     return order[torch.tensor(keep, dtype=torch.long)]
 
 
+PERSON_FIELDS = 5  # per cell: person-centre logit, centre offset x/y in the cell, log box width/height in cells
+
+
 class ActionHead(nn.Module):
-    """Clip classifier over the patch-token grids of clip_len frames.
+    """Clip classifier over the patch-token grids of clip_len frames, optionally with per-person activities.
 
     spatial="pooled": each frame's grid is averaged to pool x pool cells, then a temporal convolution.
     spatial="local": a 3-D convolution over (time, rows, cols) of the full grid, then max and mean over
     the clip: a person one patch wide moving a patch or two per second shows up as features shifting to
     a neighbouring patch, which pooled cells average away; the max finds the strongest mover.
     motion=True also feeds frame-to-frame feature differences (direction of travel lives in them).
+    persons=True (spatial="local" only) adds a per-person branch on the same features pooled over time at
+    every cell: a person-centre score, the centre's offset in its cell, the box size, and that person's
+    activity. Decoding keeps 3x3 local maxima above `score_threshold`, like the detection head, and gives
+    each person its box (where it was on average over the clip) and activity.
     """
 
     def __init__(self, hidden: int, labels: list[str], width: int = 64, pool: int = 4, motion: bool = False,
-                 spatial: str = "pooled", **_: object):
+                 spatial: str = "pooled", persons: bool = False, image_size: int = 224, score_threshold: float = 0.3,
+                 max_persons: int = 50, **_: object):
         super().__init__()
         if spatial not in ("pooled", "local"):
             raise ValueError(f"action head: spatial must be 'pooled' or 'local', got {spatial!r}")
+        if persons and spatial != "local":
+            raise ValueError("action head: persons=true needs spatial 'local' (per-person outputs need the full grid)")
         self.labels, self.pool, self.motion, self.spatial = list(labels), pool, motion, spatial
+        self.image_size, self.score_threshold, self.max_persons = image_size, score_threshold, max_persons
         self.project = nn.Sequential(nn.Conv2d(hidden, width, 1), nn.GELU())
         channels = width * (2 if motion else 1)
         if spatial == "local":
@@ -159,27 +171,77 @@ class ActionHead(nn.Module):
         else:
             self.temporal = nn.Conv1d(channels * pool * pool, 256, kernel_size=3, padding=1)
             self.classify = nn.Linear(512, len(labels))
+        self.person_labels = [lab for lab in self.labels if lab != "no_person"] if persons else []
+        if persons:
+            self.person_mix = nn.Sequential(nn.Conv2d(4 * width, 2 * width, 3, padding=1), nn.GELU())
+            self.person_out = nn.Conv2d(2 * width, PERSON_FIELDS + len(self.person_labels), 1)
+            # Every cell starts at ~1% person-centre score (focal-loss prior): an untrained branch sees nobody.
+            nn.init.constant_(self.person_out.bias[:1], -math.log(99.0))
 
-    def forward(self, feats: Features, clip_len: int) -> torch.Tensor:
-        """feats holds B*clip_len frames, clip-major; returns label logits [B, L]."""
+    @property
+    def persons(self) -> bool:
+        return bool(self.person_labels)
+
+    def forward(self, feats: Features, clip_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """feats holds B*clip_len frames, clip-major. Returns (label logits [B, L], person maps
+        [B, PERSON_FIELDS + activities, h, w] or None without the persons branch)."""
         grid = feats.grid if self.spatial == "local" else F.adaptive_avg_pool2d(feats.grid, self.pool)
         x = self.project(grid)                                          # [B*T, C, h, w]
         x = x.reshape(-1, clip_len, *x.shape[1:]).transpose(1, 2)       # [B, C, T, h, w]
         if self.motion:
             x = torch.cat([x, F.pad(x[:, :, 1:] - x[:, :, :-1], (0, 0, 0, 0, 1, 0))], dim=1)
-        if self.spatial == "local":
-            x = F.gelu(self.temporal(x)).flatten(2)                      # [B, 2w, T*h*w]
-        else:
+        if self.spatial == "pooled":
             x = F.gelu(self.temporal(x.transpose(1, 2).flatten(2).transpose(1, 2)))  # [B, 256, T]
-        return self.classify(torch.cat([x.mean(-1), x.amax(-1)], dim=1))
+            return self.classify(torch.cat([x.mean(-1), x.amax(-1)], dim=1)), None
+        x = F.gelu(self.temporal(x))                                     # [B, 2w, T, h, w]
+        flat = x.flatten(2)
+        logits = self.classify(torch.cat([flat.mean(-1), flat.amax(-1)], dim=1))
+        if not self.persons:
+            return logits, None
+        return logits, self.person_out(self.person_mix(torch.cat([x.mean(2), x.amax(2)], dim=1)))
 
     @torch.no_grad()
-    def decode(self, logits: torch.Tensor) -> list[dict]:
+    def decode(self, raw: tuple[torch.Tensor, torch.Tensor | None], letterboxes: list[Letterbox] | None = None,
+               orig_sizes: list[tuple[int, int]] | None = None) -> list[dict]:
+        """Per clip: {"label", "score", "scores"} and, with the persons branch, "persons": [{"box" (original
+        pixels), "score" (person), "activity", "activity_score"}], best first. Persons need each clip's
+        letterbox and original frame size."""
+        logits, maps = raw
         probs = logits.softmax(-1)
         best = probs.argmax(-1)
-        return [{"label": self.labels[int(k)], "score": round(float(p[k]), 4),
-                 "scores": {lab: round(float(v), 4) for lab, v in zip(self.labels, p.tolist())}}
-                for k, p in zip(best, probs)]
+        out = [{"label": self.labels[int(k)], "score": round(float(p[k]), 4),
+                "scores": {lab: round(float(v), 4) for lab, v in zip(self.labels, p.tolist())}}
+               for k, p in zip(best, probs)]
+        if maps is not None:
+            if letterboxes is None or orig_sizes is None:
+                raise ValueError("action head: decoding persons needs each clip's letterbox and original size")
+            for clip, persons in zip(out, self.decode_persons(maps, letterboxes, orig_sizes)):
+                clip["persons"] = persons
+        return out
+
+    def decode_persons(self, maps: torch.Tensor, letterboxes: list[Letterbox],
+                       orig_sizes: list[tuple[int, int]]) -> list[list[dict]]:
+        score = maps[:, 0].sigmoid()
+        peaks = (score == F.max_pool2d(score[:, None], 3, stride=1, padding=1)[:, 0]) & (score >= self.score_threshold)
+        stride = self.image_size / maps.shape[-1]
+        out = []
+        for i in range(maps.shape[0]):
+            yy, xx = peaks[i].nonzero().unbind(1)
+            s = score[i, yy, xx]
+            order = s.argsort(descending=True)[: self.max_persons]
+            yy, xx, s = yy[order], xx[order], s[order]
+            cx = (xx + 0.5 + maps[i, 1, yy, xx]) * stride
+            cy = (yy + 0.5 + maps[i, 2, yy, xx]) * stride
+            w, h = maps[i, 3, yy, xx].exp() * stride, maps[i, 4, yy, xx].exp() * stride
+            boxes = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
+            activity = maps[i, PERSON_FIELDS:, yy, xx].softmax(0)                # [activities, K]
+            persons = _to_original(boxes, s, torch.zeros_like(yy), ["person"], letterboxes[i], orig_sizes[i])
+            for p, a in zip(persons, activity.T):
+                k = int(a.argmax())
+                del p["class"]
+                p.update(activity=self.person_labels[k], activity_score=round(float(a[k]), 4))
+            out.append(persons)
+        return out
 
 
 HEAD_TYPES = {"detection": DetectionHead, "action": ActionHead}
@@ -192,4 +254,5 @@ def build_head(config: dict, hidden: int) -> nn.Module:
     params = dict(config.get("params", {}))
     if kind == "detection":
         return DetectionHead(hidden, config["classes"], **params)
-    return ActionHead(hidden, config["labels"], **params)
+    # The person branch places boxes on the grid of the image size the adapter was trained at.
+    return ActionHead(hidden, config["labels"], **{"image_size": config.get("image_size", 224), **params})

@@ -51,6 +51,16 @@ def test_validate_warns_about_missing_videos_and_adapters(tmp_path):
     assert "warning" not in run("validate", "pipelines.yaml").stderr
 
 
+def test_validate_warns_when_a_task_sends_clips_of_another_length_than_its_adapter_learnt(tmp_path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(open("pipelines.yaml").read().replace("frames_per_chunk: 8", "frames_per_chunk: 4")
+                   .replace("adapters/", f"{__import__('os').getcwd()}/adapters/"))
+    proc = run("validate", str(cfg))
+    assert proc.returncode == 0
+    assert ("warning: streams[0].tasks[1].frames_per_chunk: 4, but adapter 'actions' learnt 8-frame clips"
+            in proc.stderr)
+
+
 def test_ingest_endpoint_override_is_used(tmp_path):
     # Nothing listens there: the worker reports the endpoint it connects to, then its chunks cannot leave.
     cfg = tmp_path / "p.yaml"

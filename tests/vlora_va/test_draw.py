@@ -31,3 +31,21 @@ def test_draws_the_boxes_of_the_nearest_result_frame(tmp_path):
     assert img.shape == (272, 640, 3)
     assert tuple(img[100, 100]) == (0, 200, 255)  # the box's left edge, in the first class colour (BGR)
     assert tuple(img[100, 150]) != (0, 200, 255)  # inside the box the picture is untouched
+
+
+def test_draws_each_persons_activity_from_the_action_row_of_the_same_chunk(tmp_path):
+    rows = [
+        {"stream": "bikes", "chunk": 1, "task": "detect", "frames": [{"ts": 1.5, "detections": []}]},
+        {"stream": "bikes", "chunk": 1, "task": "activity", "label": "walking_left", "score": 0.8,
+         "persons": [{"box": [300, 60, 340, 140], "score": 0.9, "activity": "walking_left", "activity_score": 0.7}]},
+        {"stream": "bikes", "chunk": 2, "task": "activity", "label": "standing", "score": 0.8,
+         "persons": [{"box": [500, 60, 540, 140], "score": 0.9, "activity": "standing", "activity_score": 0.7}]},
+    ]
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "f.png"
+    draw(results, BIKES, "bikes", 1.5, out)
+    img = cv2.imread(str(out))
+    assert tuple(img[100, 300]) == (255, 255, 255)  # chunk 1's person: white box edge
+    assert (img[141:152, 300:340] > 200).all(axis=-1).any()  # its activity written under the box
+    assert tuple(img[100, 500]) != (255, 255, 255)  # chunk 2's person is not on this frame

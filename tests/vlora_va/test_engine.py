@@ -128,3 +128,35 @@ def test_each_adapter_runs_at_its_own_image_size(tiny_backbone_dir, tiny_adapter
     assert together[0].result["scores"] == pytest.approx(alone[0].result["scores"], abs=1e-4)
     assert together[1].result == alone[1].result
     assert together[0].batch_images == 4
+
+
+def test_person_activities_come_back_in_original_pixels_at_any_adapter_size(tiny_backbone_dir, tiny_adapters, tmp_path):
+    """A persons head at 28 px behind a 56-px daemon: persons are the head's own decode through the clip's
+    letterbox, rescaled to the adapter's size, in the request's original frame."""
+    import shutil
+
+    from vlora_va.heads import build_head
+
+    path = tmp_path / "persons"
+    shutil.copytree(tiny_adapters["actions"], path)
+    cfg = json.loads((path / "head_config.json").read_text())
+    cfg.update(image_size=28, params={"spatial": "local", "motion": True, "width": 8, "persons": True,
+                                      "score_threshold": 0.0})
+    (path / "head_config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(0)
+    head = build_head(cfg, 32)
+    torch.nn.init.normal_(head.person_out.weight, std=1.0)  # scores that vary from cell to cell: some peaks
+    save_file(head.state_dict(), str(path / "head.safetensors"))
+    adapters = {"detect": load_adapter_dir("detect", tiny_adapters["detect"], 32),
+                "persons": load_adapter_dir("persons", path, 32)}
+    engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
+    req = request("persons", 2, 11)
+    req.letterbox, req.orig_size = Letterbox(0.5, 0.0, 7.0), (112, 84)  # a 112x84 frame letterboxed into 56x56
+    (out,) = engine.run([req])
+    feats = engine.features(req.frames, [engine.slots["persons"]] * 2, 28)
+    head = adapters["persons"].head
+    with torch.inference_mode():
+        want = head.decode(head(feats, 2), [Letterbox(0.25, 0.0, 3.5)], [(112, 84)])
+    assert out.result["persons"] and out.result["persons"] == want[0]["persons"]
+    assert all(0 <= p["box"][0] <= p["box"][2] <= 112 and 0 <= p["box"][1] <= p["box"][3] <= 84
+               for p in out.result["persons"])

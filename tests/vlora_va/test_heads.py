@@ -49,8 +49,11 @@ def test_decode_maps_a_peak_through_the_letterbox_to_original_pixels():
 def test_action_head_scores_each_clip():
     head = ActionHead(16, ["a", "b", "c"])
     feats = Features(torch.zeros(6, 16), torch.randn(6, 16, 4, 4))
-    out = head.decode(head(feats, clip_len=3))
+    logits, persons = head(feats, clip_len=3)
+    assert logits.shape == (2, 3) and persons is None  # no person branch unless asked for
+    out = head.decode((logits, persons))
     assert len(out) == 2 and all(o["label"] in "abc" and abs(sum(o["scores"].values()) - 1) < 1e-3 for o in out)
+    assert all("persons" not in o for o in out)
 
 
 def moving_blob_clips(n: int, T: int = 8, hidden: int = 8, size: int = 16, seed: int = 0):
@@ -74,11 +77,11 @@ def test_local_action_head_learns_direction_of_a_one_patch_mover():
     train, y = moving_blob_clips(32)
     for _ in range(60):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(head(train, 8), y).backward()
+        torch.nn.functional.cross_entropy(head(train, 8)[0], y).backward()
         opt.step()
     test, y_test = moving_blob_clips(32, seed=1)
     with torch.no_grad():
-        acc = (head(test, 8).argmax(-1) == y_test).float().mean().item()
+        acc = (head(test, 8)[0].argmax(-1) == y_test).float().mean().item()
     assert acc >= 0.9
 
 
@@ -86,9 +89,42 @@ def test_action_head_clips_are_independent_and_bad_spatial_is_named():
     head = ActionHead(8, ["a", "b"], width=4, motion=True, spatial="local")
     feats, _ = moving_blob_clips(3)
     with torch.no_grad():
-        before = head(feats, 8)
+        before = head(feats, 8)[0]
         feats.grid[16:] += 1.0  # change only the third clip's frames
-        after = head(feats, 8)
+        after = head(feats, 8)[0]
     assert torch.equal(before[:2], after[:2]) and not torch.allclose(before[2], after[2])
     with pytest.raises(ValueError, match="spatial must be 'pooled' or 'local', got 'global'"):
         ActionHead(8, ["a"], spatial="global")
+
+
+def test_untrained_person_branch_sees_nobody():
+    head = ActionHead(8, ["no_person", "standing", "walking_left"], width=4, motion=True, spatial="local", persons=True)
+    feats = Features(torch.zeros(8, 8), torch.randn(8, 8, 6, 6))
+    out = head.decode(head(feats, 4), [Letterbox(1, 0, 0)] * 2, [(84, 84)] * 2)
+    assert [o["persons"] for o in out] == [[], []]
+    assert head.person_labels == ["standing", "walking_left"]  # no_person is a clip label, not a person's
+
+
+def test_person_decode_maps_a_peak_through_the_letterbox_to_original_pixels():
+    head = ActionHead(8, ["no_person", "standing", "walking_left"], spatial="local", persons=True, image_size=56)
+    maps = torch.zeros(1, 5 + 2, 4, 4)  # 4x4 cells of 14 px
+    maps[0, 0] = -10.0
+    maps[0, 0, 2, 2] = 2.0  # one person centred in cell (y=2, x=2) ...
+    maps[0, 1:5, 2, 2] = torch.tensor([0.25, -0.5, math.log(1.0), math.log(2.0)])  # ... offset, 14x28 px box
+    maps[0, 5:, 2, 2] = torch.tensor([0.0, 3.0])  # walking_left
+    lb = Letterbox(scale=0.5, pad_x=0.0, pad_y=7.0)
+    (out,) = head.decode((torch.zeros(1, 3), maps), [lb], [(112, 84)])
+    (p,) = out["persons"]
+    cx, cy = (2 + 0.5 + 0.25) * 14, (2 + 0.5 - 0.5) * 14  # model px
+    assert p["box"] == pytest.approx([(cx - 7) / 0.5, (cy - 14 - 7) / 0.5, (cx + 7) / 0.5, (cy + 14 - 7) / 0.5], abs=0.1)
+    assert p["score"] == pytest.approx(1 / (1 + math.exp(-2)), abs=1e-4)
+    assert p["activity"] == "walking_left" and p["activity_score"] == pytest.approx(1 / (1 + math.exp(-3)), abs=1e-4)
+
+
+def test_person_branch_needs_the_local_grid_and_each_clips_letterbox():
+    with pytest.raises(ValueError, match="persons=true needs spatial 'local'"):
+        ActionHead(8, ["a"], spatial="pooled", persons=True)
+    head = ActionHead(8, ["a", "b"], width=4, spatial="local", persons=True)
+    feats = Features(torch.zeros(4, 8), torch.randn(4, 8, 4, 4))
+    with pytest.raises(ValueError, match="needs each clip's letterbox"):
+        head.decode(head(feats, 4))

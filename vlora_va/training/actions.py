@@ -1,19 +1,21 @@
-"""The action-label source: an activity label per clip, derived from teacher person boxes over time.
+"""The action-label source: the activity of every person in a clip, derived from teacher boxes over time.
 
 No pretrained action model and no labelled action data exist offline, so labels are made by a documented
 rule from the detection teacher's output on *every* frame of the clip's time window:
 
 1. Tracking: person boxes with score >= `min_score` are linked frame to frame greedily by IoU (>= 0.3,
    highest IoU first); a track that misses up to 2 frames may continue.
-2. Main subject: among tracks present in >= 60% of the window's frames, the one with the largest mean
-   box height (the most visible person). No such track -> "no_person".
-3. Its motion: displacement of the box centre between the first and last third of the window, in box
-   heights per second (scale-free: near and far people walk at similar heights/s).
+2. People: the tracks present in >= 60% of the window's frames. Each is one labelled person, at its mean
+   box over the window.
+3. Each person's motion: displacement of the box centre between the first and last third of its frames, in
+   box heights per second (scale-free: near and far people walk at similar heights/s).
    - "cycling" if a teacher bicycle box overlaps the person (IoU >= 0.1 or bicycle centre inside the
      person box's lower half) in >= 50% of the frames — checked first;
    - "standing" if the speed < `still_speed` (0.12 heights/s);
    - otherwise by dominant direction: "walking_left" / "walking_right" when |dx| >= |dy|, else
      "walking_toward" (down the image, towards the camera) / "walking_away".
+4. The clip's label is its *main subject's*: the person with the largest mean box height (the most
+   visible one); no person -> "no_person".
 The rule is exact and deterministic, so labels can be regenerated; their quality is that of the teacher
 and tracker (e.g. an identity switch mid-clip can flip a label), and evaluation is against these labels.
 """
@@ -23,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 ACTION_LABELS = ["no_person", "standing", "walking_left", "walking_right", "walking_toward", "walking_away", "cycling"]
+PERSON_ACTIVITIES = ACTION_LABELS[1:]  # what one person can be doing
+MIRRORED = {"walking_left": "walking_right", "walking_right": "walking_left"}  # the label of a mirrored clip
 
 
 def _iou(a: list[float], b: list[float]) -> float:
@@ -60,29 +64,47 @@ def _rides(person: list[float], bikes: list[list[float]]) -> bool:
     return False
 
 
-def clip_label(labels: list[list[dict]], fps: float, min_score: float = 0.4, still_speed: float = 0.12) -> dict:
-    """The activity of one clip from the teacher labels of every frame in its window (see module doc)."""
-    persons = [[b for b in f if b["class"] == "person" and b["score"] >= min_score] for f in labels]
-    bikes = [[b["box"] for b in f if b["class"] in ("bicycle", "motorcycle") and b["score"] >= 0.3] for f in labels]
-    n = len(labels)
-    tracks = [t for t in track(persons) if len(t) >= 0.6 * n]
-    if not tracks:
-        return {"label": "no_person", "speed": 0.0, "tracks": 0}
-    main = max(tracks, key=lambda t: np.mean([b[3] - b[1] for b in t.values()]))
-    idx = sorted(main)
+def _activity(boxes: dict[int, list[float]], bikes: list[list[list[float]]], fps: float, still_speed: float) -> dict:
+    """One person's activity from its track {frame index: box} (rule 3 of the module doc)."""
+    idx = sorted(boxes)
     third = max(1, len(idx) // 3)
     first, last = idx[:third], idx[-third:]
-    centre = lambda ks: np.mean([[(main[k][0] + main[k][2]) / 2, (main[k][1] + main[k][3]) / 2] for k in ks], 0)
-    height = float(np.mean([main[k][3] - main[k][1] for k in idx]))
+    centre = lambda ks: np.mean([[(boxes[k][0] + boxes[k][2]) / 2, (boxes[k][1] + boxes[k][3]) / 2] for k in ks], 0)
+    height = float(np.mean([boxes[k][3] - boxes[k][1] for k in idx]))
     dt = (np.mean(last) - np.mean(first)) / fps
     dx, dy = (centre(last) - centre(first)) / max(height, 1.0) / max(dt, 1e-6)
     speed = float(np.hypot(dx, dy))
-    info = {"speed": round(speed, 3), "dx": round(float(dx), 3), "dy": round(float(dy), 3), "tracks": len(tracks),
-            "height": round(height, 1)}
-    if sum(_rides(main[k], bikes[k]) for k in idx) >= 0.5 * len(idx):
-        return {"label": "cycling", **info}
-    if speed < still_speed:
-        return {"label": "standing", **info}
-    if abs(dx) >= abs(dy):
-        return {"label": "walking_right" if dx > 0 else "walking_left", **info}
-    return {"label": "walking_toward" if dy > 0 else "walking_away", **info}
+    if sum(_rides(boxes[k], bikes[k]) for k in idx) >= 0.5 * len(idx):
+        label = "cycling"
+    elif speed < still_speed:
+        label = "standing"
+    elif abs(dx) >= abs(dy):
+        label = "walking_right" if dx > 0 else "walking_left"
+    else:
+        label = "walking_toward" if dy > 0 else "walking_away"
+    mean_box = [round(float(v), 1) for v in np.mean([boxes[k] for k in idx], 0)]
+    return {"label": label, "box": mean_box, "speed": round(speed, 3), "dx": round(float(dx), 3),
+            "dy": round(float(dy), 3), "height": round(height, 1)}
+
+
+def person_activities(labels: list[list[dict]], fps: float, min_score: float = 0.4,
+                      still_speed: float = 0.12) -> list[dict]:
+    """Every person tracked through >= 60% of the window, with its activity and mean box; largest first."""
+    persons = [[b for b in f if b["class"] == "person" and b["score"] >= min_score] for f in labels]
+    bikes = [[b["box"] for b in f if b["class"] in ("bicycle", "motorcycle") and b["score"] >= 0.3] for f in labels]
+    tracks = [t for t in track(persons) if len(t) >= 0.6 * len(labels)]
+    return sorted((_activity(t, bikes, fps, still_speed) for t in tracks), key=lambda p: -p["height"])
+
+
+def clip_label(labels: list[list[dict]], fps: float, min_score: float = 0.4, still_speed: float = 0.12) -> dict:
+    """The activity of one clip (its main subject's) from the teacher labels of every frame in its window."""
+    return main_subject(person_activities(labels, fps, min_score, still_speed))
+
+
+def main_subject(people: list[dict]) -> dict:
+    """The clip label from `person_activities` (largest first): the main subject's activity, or no_person."""
+    if not people:
+        return {"label": "no_person", "speed": 0.0, "tracks": 0}
+    main = people[0]
+    return {"label": main["label"], "speed": main["speed"], "dx": main["dx"], "dy": main["dy"], "tracks": len(people),
+            "height": main["height"]}

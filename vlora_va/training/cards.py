@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 
 from .. import jsonfmt
+from .metrics import fmt_ratio
 from .spec import Spec
 
 
 def _ranges(ranges) -> str:
     return "; ".join(f"`{r.video.name}` {r.start:g}–{'end' if r.end is None else f'{r.end:g}'} s"
                      f"{'' if r.step is None else f', every {r.step:g} s'}" for r in ranges) or "none"
+
+
+def lora_summary(spec: Spec) -> dict:
+    """The spec's LoRA settings for reports, with init_from relative to the adapters' folder (no machine paths)."""
+    out = dict(spec.lora.__dict__)
+    if out.get("init_from"):
+        out["init_from"] = os.path.relpath(out["init_from"], spec.output.parent)
+    return out
+
+
+def _started_from(spec: Spec) -> str:
+    return f", starting from the `{lora_summary(spec)['init_from']}` adapter's LoRA" if spec.lora.init_from else ""
 
 
 def _reproduce(spec: Spec) -> str:
@@ -43,7 +57,7 @@ def detection_card(spec: Spec, name: str, sources, row: dict) -> str:
     return f"""# Adapter `{name}` — object detection ({', '.join(classes)})
 
 LoRA (rank {spec.lora.rank}, alpha {spec.lora.alpha:g}) on backbone layers {spec.lora.layers} ({', '.join(spec.lora.modules)})
-of `{spec.backbone}`, plus a dense anchor-free detection head on the patch grid. Input: {spec.image_size}×{spec.image_size}
+of `{spec.backbone}`{_started_from(spec)}, plus a dense anchor-free detection head on the patch grid. Input: {spec.image_size}×{spec.image_size}
 letterbox (pad 114), ImageNet normalisation — exactly what the daemon feeds it.
 
 ## Knowledge sources (pseudo-labels; no human labels exist offline)
@@ -61,7 +75,7 @@ F1 at the adapter's score threshold; a detection matches a label at IoU ≥ 0.5;
 Full comparison (head-only, per-source, fused, classical teacher): `adapters/REPORT-{spec.name}.md`.
 
 ## Training
-{row['steps']} steps, {row['train_seconds']:.0f} s on {platform.machine()} CPU (1 thread, shared machine, frozen layers < {spec.split} cached once;
+{row['steps']} steps, {row['train_seconds']:.0f} s on {platform.machine()} CPU ({_threads(spec)}, shared machine, frozen layers < {spec.split} cached once;
 feature caching and teacher labelling not included){'' if row['complete'] else ' — stopped by the time budget'}.
 
 Reproduce: `{_reproduce(spec)}` (needs the `train` extra and the CenterNet teacher in `../shared/assets/teachers`).
@@ -69,54 +83,88 @@ Evaluate: `vlora-va eval adapters/{name} --on sample_videos/pedestrians.mp4:55-7
 """
 
 
-def action_card(spec: Spec, row: dict, counts: dict) -> str:
-    tables = []
-    for where, rep in row["test"].items():
-        labs = rep["labels"]
-        t = [f"**{where}**: top-1 {rep['top1']:.3f} over {rep['clips']} clips", "",
-             "| reference \\ predicted | " + " | ".join(labs) + " |", "|---" * (len(labs) + 1) + "|"]
-        t += [f"| {lab} | " + " | ".join(str(v) for v in r) + " |" for lab, r in zip(labs, rep["confusion"])]
-        tables.append("\n".join(t))
+def _confusion(rows: list[str], cols: list[str], cm: list[list[int]]) -> list[str]:
+    lines = ["| reference \\ predicted | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    return lines + [f"| {lab} | " + " | ".join(str(v) for v in r) + " |" for lab, r in zip(rows, cm)]
+
+
+def _action_tables(rep: dict, where: str) -> str:
+    t = [f"**{where}**, per clip (main subject): top-1 {rep['top1']:.3f} over {rep['clips']} clips", "",
+         *_confusion(rep["labels"], rep["labels"], rep["confusion"])]
+    p = rep.get("persons")
+    if p and not p["persons"]:
+        t += ["", f"**{where}**, per person: no labelled person in these clips; the head reported {p['predicted']} "
+                  f"(false alarms, at person score ≥ {p['threshold']:g})"]
+    elif p:
+        t += ["", f"**{where}**, per person: top-1 **{p['top1']:.3f}** over {p['persons']} persons (a missed person "
+                  f"counts as wrong); {fmt_ratio(p['top1_found'])} of the persons found; found {p['recall']:.3f} of them, "
+                  f"precision {fmt_ratio(p['precision'])} (person score ≥ {p['threshold']:g})", "",
+              *_confusion(p["activities"], [*p["activities"], "missed"], p["confusion"])]
+    return "\n".join(t)
+
+
+def action_card(spec: Spec, row: dict, counts: dict, person_counts: dict | None = None) -> str:
+    persons = bool(spec.head.get("persons"))
+    tables = [_action_tables(rep, where) for where, rep in row["test"].items()]
+    person_words = (" and a per-person branch (where each person is over the clip, and that person's activity)"
+                    if persons else "")
+    person_line = f"\n\nPerson counts: {json.dumps(person_counts)}" if person_counts else ""
     return f"""# Adapter `{spec.name}` — activity recognition on 1-s clips ({spec.clip_len} frames)
 
-LoRA (rank {spec.lora.rank}, alpha {spec.lora.alpha:g}) on backbone layers {spec.lora.layers} of `{spec.backbone}` and a clip
-classifier head ({_action_head_words(spec.head)}; head params {json.dumps(spec.head)}).
+LoRA (rank {spec.lora.rank}, alpha {spec.lora.alpha:g}) on backbone layers {spec.lora.layers} of `{spec.backbone}`{_started_from(spec)}, and a clip
+classifier head ({_action_head_words(spec.head)}; head params {json.dumps(spec.head)}){person_words}.
 Input {spec.image_size}×{spec.image_size} letterbox, as served.
 
 ## Labels (how they are made — read this before trusting the numbers)
 {chr(10).join(_source_line(s) for s in spec.sources)}
-The label describes the clip's *main subject* (the largest person tracked through ≥ 60% of the clip): `standing`
-(moves < 0.12 body heights/s), `walking_left/right` (mostly horizontal motion), `walking_toward/away` (mostly
-vertical: down/up the image), `cycling` (a bicycle box rides with the person), `no_person`. Labels are as good as
-the teacher and the IoU tracker; the accuracy below is agreement with this rule on held-out clips.
+Every person tracked through ≥ 60% of the clip gets an activity: `standing` (moves < 0.12 body heights/s),
+`walking_left/right` (mostly horizontal motion), `walking_toward/away` (mostly vertical: down/up the image),
+`cycling` (a bicycle box rides with the person). The clip's label is its *main subject's* (the largest such
+person), or `no_person`. Labels are as good as the teacher and the IoU tracker; the accuracy below is agreement
+with this rule on held-out clips.
 
-Clip counts: {json.dumps(counts)}
+Clip counts: {json.dumps(counts)}{person_line}
 
 ## Data
 - training: {_ranges(spec.train)} (a clip starts every `step` s{'; mirrored clips swap left/right' if spec.opts.flip else ''})
+- validation (person score threshold): {_ranges(spec.val)}
 - held out, never trained on: {_ranges(spec.test)}
 
 ## Accuracy on held-out clips
 {(chr(10) * 2).join(tables)}
 
 Chance level: always answering the most frequent training label would score
-{_majority(counts)} on the first held-out range. The head-only baseline and its numbers are in `adapters/REPORT-{spec.name}.md`.
+{_majority(counts)} per clip on the first held-out range. The head-only baseline and its numbers are in
+`adapters/REPORT-{spec.name}.md`.
 
 ## Training
-{row['steps']} steps, {row['train_seconds']:.0f} s on CPU (1 thread, frozen layers < {spec.split} cached).
+{row['steps']} steps, {row['train_seconds']:.0f} s on CPU ({_threads(spec)}, frozen layers < {spec.split} cached){'' if row['complete'] else ' — stopped by the time budget'}.
 {_seed_runs(row)}
 
 Reproduce: `{_reproduce(spec)}`
 """
 
 
+def _threads(spec: Spec) -> str:
+    return f"{spec.opts.threads} thread{'s' if spec.opts.threads > 1 else ''}"
+
+
 def _seed_runs(row: dict) -> str:
     if not row.get("runs"):
         return ""
+    persons = "person_top1" in row["runs"][0]
     lines = [f"This adapter is seed {row['runs'][0]['seed']} (saved before any held-out score was seen). "
-             f"The same spec trained with {len(row['runs'])} seeds, held-out top-1:"]
-    lines += [f"- seed {r['seed']}: " + ", ".join(f"{w} {v:.3f}" for w, v in r["top1"].items()) for r in row["runs"]]
-    lines.append("- mean: " + ", ".join(f"{w} {v:.3f}" for w, v in row["mean_top1"].items()))
+             f"The same spec trained with {len(row['runs'])} seeds, held-out top-1 per clip"
+             f"{' / per person' if persons else ''}:"]
+
+    def scores(r: dict, clip: str, person: str) -> str:
+        def person_score(w: str) -> str:
+            return f" / {r[person][w]:.3f}" if w in r[person] else " / n/a (no labelled person)"
+
+        return ", ".join(f"{w} {v:.3f}" + (person_score(w) if persons else "") for w, v in r[clip].items())
+
+    lines += [f"- seed {r['seed']}: " + scores(r, "top1", "person_top1") for r in row["runs"]]
+    lines.append("- mean: " + scores(row, "mean_top1", "mean_person_top1"))
     return "\n".join(lines)
 
 
@@ -137,16 +185,25 @@ def _majority(counts: dict) -> str:
     return f"{held[0].get(top, 0) / max(sum(held[0].values()), 1):.3f} (`{top}`)"
 
 
+def _seed_cell(row: dict, where: str, run_key: str, mean_key: str, shipped: float) -> str:
+    if not row.get("runs"):
+        return f"{shipped:.3f}"
+    scores = [r[run_key][where] for r in row["runs"]]
+    seeds = ", ".join(str(r["seed"]) for r in row["runs"])
+    return f"{shipped:.3f}; seeds {seeds}: mean {row[mean_key][where]:.3f}, range {min(scores):.3f}–{max(scores):.3f}"
+
+
 def _row_cells(row: dict) -> list[tuple[str, str, str]]:
     cells = []
     for where, rep in row.get("test", {}).items():
-        if "top1" in rep and row.get("runs"):
-            scores = [r["top1"][where] for r in row["runs"]]
-            seeds = ", ".join(str(r["seed"]) for r in row["runs"])
-            cells.append((where, "top-1", f"{rep['top1']:.3f}; seeds {seeds}: mean {row['mean_top1'][where]:.3f}, "
-                                          f"range {min(scores):.3f}–{max(scores):.3f}"))
-        elif "top1" in rep:
-            cells.append((where, "top-1", f"{rep['top1']:.3f}"))
+        if "top1" in rep:
+            cells.append((where, "top-1 per clip", _seed_cell(row, where, "top1", "mean_top1", rep["top1"])))
+            p = rep.get("persons")
+            if p and p["top1"] is None:
+                cells.append((where, "top-1 per person", f"n/a: no labelled person, {p['predicted']} false alarms"))
+            elif p:
+                cells.append((where, "top-1 per person", _seed_cell(row, where, "person_top1", "mean_person_top1",
+                                                                     p["top1"])))
         else:
             for c, m in rep.items():
                 cells.append((where, c, f"{m['f1']:.3f} / {m['ap50']:.3f}"))

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from .. import jsonfmt
+from .metrics import fmt_ratio
 from .spec import Range, SpecError, load_spec
 
 _RANGE = re.compile(r"^(?P<video>.+?)(?::(?P<start>[\d.]+)?-(?P<end>[\d.]+)?)?(?:@(?P<step>[\d.]+))?$")
@@ -31,7 +32,7 @@ def main_train(argv: list[str] | None = None) -> int:
     ap.add_argument("spec", help="training spec, e.g. adapters/specs/detect.yaml")
     ap.add_argument("--budget-minutes", type=float, help="override the spec's time budget")
     ap.add_argument("--no-baselines", action="store_true", help="skip the head-only / per-source comparison runs")
-    ap.add_argument("--threads", type=int, help="torch threads (default: the spec's, 2)")
+    ap.add_argument("--threads", type=int, help="torch threads (default: the spec's, else 1)")
     args = ap.parse_args(argv)
     try:
         spec = load_spec(args.spec)
@@ -79,6 +80,14 @@ def main_eval(argv: list[str] | None = None) -> int:
         if "top1" in rep:
             print(f"{where}: top-1 {rep['top1']:.3f} over {rep['clips']} clips; confusion (rows = reference) "
                   f"{rep['labels']}: {rep['confusion']}")
+            p = rep.get("persons")
+            if p and p["top1"] is None:
+                print(f"{where}: per person: no labelled person; {p['predicted']} reported (false alarms)")
+            elif p:
+                print(f"{where}: per person: top-1 {p['top1']:.3f} over {p['persons']} persons (a missed person counts "
+                      f"wrong), {fmt_ratio(p['top1_found'])} of those found; found {p['recall']:.3f}, precision "
+                      f"{fmt_ratio(p['precision'])}; confusion (rows = reference, last column = missed) "
+                      f"{p['activities']}: {p['confusion']}")
         else:
             for c, m in rep["per_class"].items():
                 print(f"{where} {c}: F1@0.5 {m['f1']:.3f} AP50 {m['ap50']:.3f} P {m['precision']:.3f} R {m['recall']:.3f} "

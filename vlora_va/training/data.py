@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .actions import clip_label
+from .actions import main_subject, person_activities
 from .frames import Frame, iter_frames, read_frames
 from .spec import Range, Source, Spec
 from .teachers import (CenterNetTeacher, HaarTeacher, HogPeopleTeacher, Teacher, default_cache_dir,
@@ -74,8 +74,10 @@ class Clip:
     video: str
     start: float
     frames: list[Frame]  # the clip_len frames the model sees
-    label: str
+    label: str  # the main subject's activity (actions.py)
     info: dict
+    persons: list[dict] = field(default_factory=list)  # every labelled person: activity + mean box (original px)
+    seen: list[list[float]] = field(default_factory=list)  # every teacher person box in the window: don't-care areas
 
 
 def pick(n: int, k: int) -> list[int]:
@@ -96,10 +98,12 @@ def activity_clips(source: Source, ranges: list[Range], spec: Spec, progress: bo
         while frames and t0 + 1.0 <= frames[-1].t + 1e-3 + 1 / fps:
             window = [f for f in frames if t0 - 1e-6 <= f.t < t0 + 1.0 - 1e-6]
             if len(window) >= 2:
-                info = clip_label([labels[f.key] for f in window], fps,
-                                  min_score=source.score_threshold)
+                boxes = [labels[f.key] for f in window]
+                people = person_activities(boxes, fps, min_score=source.score_threshold)
+                info = main_subject(people)
+                seen = [b["box"] for f in boxes for b in f if b["class"] == "person"]
                 clips.append(Clip(window[0].video, t0, [window[i] for i in pick(len(window), spec.clip_len)],
-                                  info.pop("label"), info))
+                                  info.pop("label"), info, people, seen))
             t0 = round(t0 + step, 6)
         del frames  # only the clips' frames keep their pixels
     return clips

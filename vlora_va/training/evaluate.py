@@ -19,7 +19,7 @@ from ..models import load_backbone, patch_size
 from .data import activity_clips, detection_labels, frame_lookup, merge_labels
 from .features import full_hidden
 from .frames import Frame, model_input
-from .metrics import action_report, detection_report
+from .metrics import action_report, detection_report, person_activity_report, with_unknown
 from .spec import Range, Source, Spec
 
 
@@ -74,14 +74,19 @@ def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range]
     clips = [c for s in sources_of(adapter) for c in activity_clips(s, ranges, spec)]
     frames, idx = frame_lookup(clips)
     model = merged_backbone(backbone, adapter)
-    feats, _ = features(model, frames, side)
+    feats, lbs = features(model, frames, side)
     head, clip_len = adapter.head, adapter.clip_len
     pred = []
     for c in idx:
-        pred += [d["label"] for d in head.decode(head(feats.select(torch.tensor(c)), clip_len))]
+        raw = head(feats.select(torch.tensor(c)), clip_len)
+        pred += head.decode(raw, [lbs[c[0]]], [frames[c[0]].size])
     true = [c.label for c in clips]
-    labels = list(head.labels) + sorted({t for t in true if t not in head.labels})
-    return action_report(pred, true, labels)
+    report = action_report([p["label"] for p in pred], true, with_unknown(head.labels, true))
+    if head.persons:
+        refs = [c.persons for c in clips]
+        activities = with_unknown(head.person_labels, (p["label"] for r in refs for p in r))
+        report["persons"] = person_activity_report([p["persons"] for p in pred], refs, activities, head.score_threshold)
+    return report
 
 
 def evaluate_adapter(path: str | Path, ranges: list[Range], backbone: str = "dinov2-small",

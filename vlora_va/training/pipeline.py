@@ -17,12 +17,13 @@ from ..adapters import save_adapter_dir
 from ..models import resolve
 from ..wire import Letterbox
 from . import train as T
+from .actions import MIRRORED
 from .data import activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels
 from .features import FeatureCache
 from .frames import Frame, letterbox_params
-from .metrics import action_report, best_f1_threshold, detection_report
+from .metrics import action_report, best_f1_threshold, detection_report, person_activity_report, with_unknown
 from .spec import LoraSpec, Source, Spec
-from .targets import build_targets
+from .targets import build_targets, person_targets
 
 
 def cache_root(spec: Spec) -> Path:
@@ -91,7 +92,8 @@ def train_detection(spec: Spec, train: Split, sources: list[Source], lora: LoraS
     lower = torch.cat(lower)
     split = min(lora.layers) if lora.layers else 12
     loss_fn = T.detection_loss_fn(lower, targets, split, spec.image_size, patch)
-    fp = T._fingerprint(spec.name, tag, classes, lora.__dict__, spec.opts.__dict__, spec.image_size, len(lower))
+    fp = T._fingerprint(spec.name, tag, classes, lora.__dict__, T.run_settings(spec.opts), spec.image_size, len(lower),
+                        spec.head)
     ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
     return T.run(model, head, len(lower), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
 
@@ -127,17 +129,30 @@ def save_detection(spec: Spec, out: Path, result: T.RunResult, lora: LoraSpec, s
 
 # --- action ------------------------------------------------------------------------------------------------
 
-FLIP_LABEL = {"walking_left": "walking_right", "walking_right": "walking_left"}
-
-
 @dataclass
 class ClipSet:
     frames: list[Frame]
     clips: list[list[int]]
     labels: list[str]
     starts: list[tuple[str, float]] = field(default_factory=list)
+    persons: list[list[dict]] = field(default_factory=list)  # per clip: labelled persons (actions.person_activities)
+    seen: list[list[list[float]]] = field(default_factory=list)  # per clip: every teacher person box (don't care)
     lower: torch.Tensor | None = None
     lower_flip: torch.Tensor | None = None
+    side: int = 224
+
+    @property
+    def letterboxes(self) -> list[Letterbox]:
+        """One per clip (its frames share a video, hence a letterbox)."""
+        return [letterbox_params(*self.frames[c[0]].size, self.side) for c in self.clips]
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        return [self.frames[c[0]].size for c in self.clips]
+
+    def activities(self) -> list[str]:
+        """Every label a clip or a person of this set has."""
+        return sorted(set(self.labels) | {p["label"] for ps in self.persons for p in ps})
 
 
 def action_clipset(spec: Spec, ranges, progress: bool = True) -> ClipSet:
@@ -145,7 +160,8 @@ def action_clipset(spec: Spec, ranges, progress: bool = True) -> ClipSet:
     for s in spec.sources:
         clips += activity_clips(s, ranges, spec, progress) if s.kind == "activity" else manifest_clips(s, ranges, spec)
     frames, idx = frame_lookup(clips)
-    return ClipSet(frames, idx, [c.label for c in clips], [(c.video, c.start) for c in clips])
+    return ClipSet(frames, idx, [c.label for c in clips], [(c.video, c.start) for c in clips],
+                   [c.persons for c in clips], [c.seen for c in clips], side=spec.image_size)
 
 
 def cache_clip_features(spec: Spec, cs: ClipSet, layer: int, flip: bool, progress: bool = True) -> None:
@@ -160,27 +176,57 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
     hidden = (model.get_base_model() if hasattr(model, "get_base_model") else model).config.hidden_size
     head, _ = T.new_head("action", labels, hidden, spec.image_size, spec.head, clip_len=spec.clip_len)
     lower, clips, y = cs.lower, list(cs.clips), [labels.index(lab) for lab in cs.labels]
+    flips = [False] * len(clips)
     if cs.lower_flip is not None:  # mirrored clips: left and right swap
         n = len(cs.frames)
         lower = torch.cat([cs.lower, cs.lower_flip])
         clips += [[j + n for j in c] for c in cs.clips]
-        y += [labels.index(FLIP_LABEL.get(lab, lab)) for lab in cs.labels]
+        y += [labels.index(MIRRORED.get(lab, lab)) for lab in cs.labels]
+        flips += [True] * len(cs.clips)
     y = torch.tensor(y)
-    counts = torch.bincount(y, minlength=len(labels)).float().clamp(min=1)
-    weight = (counts.sum() / counts).sqrt()  # inverse-sqrt frequency: rare activities still count
+    persons = None
+    if head.persons:
+        grid = spec.image_size // T.backbone_patch(model)
+        n_clips, lbs = len(cs.clips), cs.letterboxes
+        persons = [person_targets(cs.persons[k % n_clips], cs.seen[k % n_clips], lbs[k % n_clips], spec.image_size,
+                                  grid, head.person_labels, flip) for k, flip in enumerate(flips)]
     split = min(lora.layers) if lora.layers else 12
-    loss_fn = T.action_loss_fn(lower, clips, y, weight / weight.mean(), split, spec.image_size,
-                               T.backbone_patch(model), spec.clip_len)
-    fp = T._fingerprint(spec.name, tag, labels, lora.__dict__, spec.opts.__dict__, spec.image_size, len(clips))
+    loss_fn = T.action_loss_fn(lower, clips, y, _balanced(y, len(labels)), split, spec.image_size,
+                               T.backbone_patch(model), spec.clip_len, persons,
+                               None if persons is None else _balanced(torch.cat([t[3][t[3] >= 0] for t in persons]),
+                                                                      len(head.person_labels)))
+    fp = T._fingerprint(spec.name, tag, labels, lora.__dict__, T.run_settings(spec.opts), spec.image_size, len(clips),
+                        spec.head, spec.clip_len)
     ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
     return T.run(model, head, len(clips), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
 
 
-def evaluate_action(spec: Spec, model, head, cs: ClipSet, lora: LoraSpec) -> dict:
+def _balanced(y: torch.Tensor, n: int) -> torch.Tensor:
+    """Class weights ∝ 1/sqrt(frequency), mean 1: rare activities still count."""
+    counts = torch.bincount(y, minlength=n).float().clamp(min=1)
+    weight = (counts.sum() / counts).sqrt()
+    return weight / weight.mean()
+
+
+def predict_action(spec: Spec, model, head, cs: ClipSet, lora: LoraSpec) -> list[dict]:
+    """The head's decoded output per clip (label, scores and, with the persons branch, persons)."""
     layer = min(lora.layers) if lora.layers else 12
-    pred = T.predict_action(model, head, cs.lower, cs.clips, layer, spec.image_size, T.backbone_patch(model),
-                            spec.clip_len)
-    return action_report(pred, cs.labels, head.labels)
+    return T.predict_action(model, head, cs.lower, cs.clips, layer, spec.image_size, T.backbone_patch(model),
+                            spec.clip_len, cs.letterboxes, cs.sizes)
+
+
+def evaluate_action(spec: Spec, head, cs: ClipSet, pred: list[dict]) -> dict:
+    """Clip top-1 and confusion; with persons, the per-person activity report at the head's threshold."""
+    report = action_report([p["label"] for p in pred], cs.labels, with_unknown(head.labels, cs.labels))
+    if head.persons:
+        report["persons"] = person_activity_report([p["persons"] for p in pred], cs.persons,
+                                                   person_activities_of(head, cs), head.score_threshold)
+    return report
+
+
+def person_activities_of(head, cs: ClipSet) -> list[str]:
+    """The head's person activities, plus any a reference person has that the head never learnt."""
+    return with_unknown(head.person_labels, (p["label"] for ps in cs.persons for p in ps))
 
 
 def deadline_after(minutes: float) -> float:

@@ -4,7 +4,8 @@ Detection: one adapter with LoRA + head on all sources (or, with `fusion: true`,
 keep every source's task at its requirement), plus the comparison rows on the same held-out data: the
 head-only model (frozen backbone), LoRA + head per source, and a classical teacher where one exists.
 Action: LoRA + head and the head-only baseline, each trained `train_options.repeats` times (seeds seed,
-seed+1, ...) and reported per run and as a mean; the first seed's adapter is saved. Everything is measured
+seed+1, ...) and reported per run and as a mean; the first seed's adapter is saved. With the head's persons
+branch, each run's person-score threshold is chosen on `val`, and every person's activity is scored too. Everything is measured
 on `test` ranges only after `val` chose the score threshold; test frames are never trained on.
 """
 
@@ -20,9 +21,10 @@ import torch
 
 from .. import jsonfmt
 from . import pipeline as P
-from .cards import action_card, detection_card, write_report
+from .actions import MIRRORED
+from .cards import action_card, detection_card, lora_summary, write_report
 from .fusion import fuse
-from .metrics import detection_report
+from .metrics import best_person_threshold, detection_report
 from .spec import LoraSpec, Spec
 from .teachers import HogPeopleTeacher
 
@@ -116,7 +118,7 @@ def train_detection_spec(spec: Spec) -> dict:
         saved.append(str(out))
     if spec.baselines:
         rows += _baselines(spec, train, val, tests, deadline)
-    report = {"spec": spec.name, "task": "detection", "image_size": spec.image_size, "lora": spec.lora.__dict__,
+    report = {"spec": spec.name, "task": "detection", "image_size": spec.image_size, "lora": lora_summary(spec),
               "rows": rows, "fusion": fusion_log, "adapters": saved, "seconds": round(time.monotonic() - t0, 1)}
     write_report(spec.output.parent / f"REPORT-{spec.name}", report)
     return report
@@ -152,28 +154,52 @@ def _baselines(spec: Spec, train, val, tests, deadline) -> list[dict]:
     return rows
 
 
+def _action_labels(train: P.ClipSet, persons: bool) -> list[str]:
+    """The head's labels: the clip labels (and, with the persons branch, every person's activity), mirrored."""
+    seen = set(train.activities() if persons else train.labels)
+    return sorted(seen | {MIRRORED.get(x, x) for x in seen}, key=lambda x: (x not in ("no_person", "standing"), x))
+
+
+def _action_run(spec: Spec, res, lora: LoraSpec, val: P.ClipSet | None, tests: dict[str, P.ClipSet]) -> dict:
+    """Pick the person threshold on val (persons branch only), then score every test range."""
+    head = res.head
+    if head.persons and val is not None:
+        persons = [p["persons"] for p in P.predict_action(spec, res.model, head, val, lora)]
+        head.score_threshold = best_person_threshold(persons, val.persons, P.person_activities_of(head, val))
+    return {w: P.evaluate_action(spec, head, cs, P.predict_action(spec, res.model, head, cs, lora))
+            for w, cs in tests.items()}
+
+
+def _scores(test: dict[str, dict]) -> dict:
+    out = {"top1": {w: t["top1"] for w, t in test.items()}}
+    if any("persons" in t for t in test.values()):
+        out["person_top1"] = {w: t["persons"]["top1"] for w, t in test.items()
+                              if "persons" in t and t["persons"]["top1"] is not None}
+    return out
+
+
 def train_action_spec(spec: Spec) -> dict:
     deadline = P.deadline_after(spec.budget_minutes)
     t0 = time.monotonic()
     train = P.action_clipset(spec, spec.train)
+    val = P.action_clipset(spec, spec.val) if spec.val else None
     tests = {_range_name(r): P.action_clipset(spec, [r]) for r in spec.test}
-    labels = sorted(set(train.labels) | {P.FLIP_LABEL.get(x, x) for x in train.labels},
-                    key=lambda x: (x not in ("no_person", "standing"), x))
+    labels = _action_labels(train, bool(spec.head.get("persons")))
     rows = []
     variants = [("LoRA+head", spec.lora)] + ([("head only (frozen backbone)", LoraSpec(layers=[]))] if spec.baselines else [])
     saved = None
     for name, lora in variants:
         lay = min(lora.layers) if lora.layers else 12
         P.cache_clip_features(spec, train, lay, spec.opts.flip)
-        for cs in tests.values():
+        for cs in [*tests.values(), *([val] if val else [])]:
             P.cache_clip_features(spec, cs, lay, False)
         runs = []
         for k in range(spec.opts.repeats):  # seeds seed, seed+1, ...: the first run is the one saved
             run_spec = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, seed=spec.opts.seed + k))
             res = P.train_action(run_spec, train, labels, lora, deadline, tag=name.split()[0].lower())
-            test = {w: P.evaluate_action(spec, res.model, res.head, cs, lora) for w, cs in tests.items()}
-            runs.append({"seed": run_spec.opts.seed, "train_seconds": round(res.seconds, 1),
-                         "complete": res.complete, "top1": {w: t["top1"] for w, t in test.items()}})
+            test = _action_run(spec, res, lora, val, tests)
+            runs.append({"seed": run_spec.opts.seed, "train_seconds": round(res.seconds, 1), "complete": res.complete,
+                         **_scores(test)})
             if k == 0:
                 row = {"model": name, "train_seconds": round(res.seconds, 1), "steps": res.steps,
                        "complete": res.complete, "test": test}
@@ -182,21 +208,35 @@ def train_action_spec(spec: Spec) -> dict:
         if len(runs) > 1:
             row["runs"] = runs
             row["mean_top1"] = {w: round(statistics.mean(r["top1"][w] for r in runs), 4) for w in tests}
+            if "person_top1" in runs[0]:
+                row["mean_person_top1"] = {w: round(statistics.mean(r["person_top1"][w] for r in runs), 4)
+                                           for w in runs[0]["person_top1"]}
         rows.append(row)
     counts = {"train": {lab: train.labels.count(lab) for lab in labels},
               **{w: {lab: cs.labels.count(lab) for lab in sorted(set(cs.labels))} for w, cs in tests.items()}}
-    report = {"spec": spec.name, "task": "action", "image_size": spec.image_size, "lora": spec.lora.__dict__,
-              "rows": rows, "clip_counts": counts, "adapters": [saved], "seconds": round(time.monotonic() - t0, 1)}
+    person_counts = ({w: _person_counts(cs) for w, cs in {"train": train, **tests}.items()}
+                     if spec.head.get("persons") else None)
+    report = {"spec": spec.name, "task": "action", "image_size": spec.image_size, "lora": lora_summary(spec),
+              "rows": rows, "clip_counts": counts, "person_counts": person_counts, "adapters": [saved],
+              "seconds": round(time.monotonic() - t0, 1)}
     write_report(spec.output.parent / f"REPORT-{spec.name}", report)
-    (spec.output / "README.md").write_text(action_card(spec, rows[0], counts))
+    (spec.output / "README.md").write_text(action_card(spec, rows[0], counts, person_counts))
     return report
+
+
+def _person_counts(cs: P.ClipSet) -> dict[str, int]:
+    labels = [p["label"] for ps in cs.persons for p in ps]
+    return {lab: labels.count(lab) for lab in sorted(set(labels))}
 
 
 def _save_action(spec: Spec, res, labels: list[str], row: dict) -> str:
     from ..adapters import save_adapter_dir
     from . import train as T
 
-    cfg = T.head_config("action", labels, spec.image_size, dict(spec.head), spec.clip_len)
+    params = dict(spec.head)
+    if res.head.persons:
+        params["score_threshold"] = res.head.score_threshold  # chosen on the validation range
+    cfg = T.head_config("action", labels, spec.image_size, params, spec.clip_len)
     cfg["metrics"] = {"test": row["test"]}
     cfg["label_sources"] = [dict(s.__dict__) for s in spec.sources]
     save_adapter_dir(spec.output, lora=T.lora_weights(res.model, spec.lora), rank=spec.lora.rank, alpha=spec.lora.alpha,

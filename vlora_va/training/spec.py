@@ -43,6 +43,9 @@ class LoraSpec:
     alpha: float = 16
     layers: list[int] = field(default_factory=lambda: [8, 9, 10, 11])  # [] = head only
     modules: list[str] = field(default_factory=lambda: list(LORA_MODULES))
+    # A PEFT adapter directory whose LoRA weights training starts from (same rank, alpha and targets), e.g. the
+    # detect adapter for actions: it already learnt where people are, which the frozen backbone lacks.
+    init_from: str | None = None
 
 
 @dataclass
@@ -168,9 +171,32 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"lora.modules: unknown {bad} (known: {', '.join(LORA_MODULES)})")
     if any(not 0 <= layer < 12 for layer in spec.lora.layers):
         raise SpecError("lora.layers: layer indices must be in 0..11")
+    if spec.lora.init_from is not None:
+        spec.lora.init_from = str((root / spec.lora.init_from).resolve())
+        _check_init_from(spec.lora)
     if not isinstance(spec.opts.repeats, int) or spec.opts.repeats < 1:
         raise SpecError(f"train_options.repeats: expected an integer >= 1, got {spec.opts.repeats!r}")
     if spec.opts.repeats > 1 and spec.task != "action":
         raise SpecError("train_options.repeats: only action specs train repeated seeds (not implemented for detection, "
                         "where one run takes 8+ minutes per model)")
     return spec
+
+
+def _check_init_from(lora: LoraSpec) -> None:
+    """The starting adapter must have exactly this spec's LoRA shape: otherwise its weights mean something else."""
+    from ..adapters import AdapterError, read_lora
+    from .train import target_names
+
+    if not lora.layers:
+        raise SpecError("lora.init_from: needs lora.layers (a head-only model has no LoRA to start from)")
+    try:
+        rank, scale, _, weights = read_lora(Path(lora.init_from))
+    except AdapterError as e:
+        raise SpecError(f"lora.init_from: {e}") from None
+    if rank != lora.rank or abs(scale - lora.alpha / lora.rank) > 1e-9:
+        raise SpecError(f"lora.init_from: {lora.init_from} has r={rank}, scale {scale:g}; this spec has r={lora.rank}, "
+                        f"scale {lora.alpha / lora.rank:g}")
+    missing = [n for n in target_names(lora) if n not in weights or weights[n][0].shape[0] != rank]
+    if missing:
+        raise SpecError(f"lora.init_from: {lora.init_from} has no rank-{rank} LoRA on {', '.join(missing[:3])}"
+                        f"{' …' if len(missing) > 3 else ''}")

@@ -1,4 +1,5 @@
-"""Detection training targets (CenterNet-style) and losses for `heads.DetectionHead`.
+"""Training targets (CenterNet-style) and losses for `heads.DetectionHead` and the person branch of
+`heads.ActionHead`.
 
 For each labelled box (mapped into the letterboxed model frame):
 - class heatmap: a Gaussian peak at the box centre (sigma from the box size, as in CenterNet), so the
@@ -6,6 +7,13 @@ For each labelled box (mapped into the letterboxed model frame):
 - box regression: the (left, top, right, bottom) distances from each cell centre to the box sides, on the
   cells near the centre (where the heatmap >= `reg_min`), weighted by the heatmap value.
 Losses: penalty-reduced focal loss on the heatmap, GIoU on the boxes, both normalised by object count.
+
+For each labelled person of a clip (`actions.person_activities`: an activity and the mean box over the clip):
+- person-centre heatmap: the same Gaussian peak at the mean box's centre cell;
+- at that cell: the centre's offset in the cell and log width/height in cells (L1);
+- the person's activity on that cell and its 4 neighbours (class-weighted cross-entropy);
+- "don't care": cells holding the centre of any teacher person box of the clip that is not a labelled
+  person (a weak box, or someone seen in under 60% of the clip) get no penalty for a centre score.
 """
 
 from __future__ import annotations
@@ -13,8 +21,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
+from ..heads import PERSON_FIELDS
 from ..wire import Letterbox
+from .actions import MIRRORED
 
 
 def to_model_boxes(labels: list[dict], lb: Letterbox, side: int, flip: bool) -> list[tuple[list[float], str]]:
@@ -64,12 +75,15 @@ def build_targets(labels: list[dict], lb: Letterbox, side: int, grid: int, class
     return heat, box, weight, n
 
 
-def focal_loss(logits: torch.Tensor, heat: torch.Tensor, alpha: float = 2.0, beta: float = 4.0) -> torch.Tensor:
-    """CenterNet's penalty-reduced focal loss (sum; caller normalises)."""
+def focal_loss(logits: torch.Tensor, heat: torch.Tensor, alpha: float = 2.0, beta: float = 4.0,
+               care: torch.Tensor | None = None) -> torch.Tensor:
+    """CenterNet's penalty-reduced focal loss (sum; caller normalises); care = 0 exempts negatives."""
     p = logits.sigmoid().clamp(1e-4, 1 - 1e-4)
     pos = heat.eq(1).float()
     pos_loss = -torch.log(p) * (1 - p) ** alpha * pos
     neg_loss = -torch.log(1 - p) * p ** alpha * (1 - heat) ** beta * (1 - pos)
+    if care is not None:
+        neg_loss = neg_loss * care
     return pos_loss.sum() + neg_loss.sum()
 
 
@@ -101,4 +115,49 @@ def detection_loss(raw: tuple[torch.Tensor, torch.Tensor], heat: torch.Tensor, b
         p = pred.permute(0, 2, 3, 1)[m]
         t = box.permute(0, 2, 3, 1)[m]
         loss = loss + box_weight * (giou_loss(p, t) * weight[m]).sum() / weight[m].sum().clamp(min=1)
+    return loss
+
+
+def person_targets(persons: list[dict], seen: list[list[float]], lb: Letterbox, side: int, grid: int,
+                   activities: list[str], flip: bool = False) -> tuple[torch.Tensor, ...]:
+    """(heat [G, G], reg [4, G, G] = offset x, offset y, log w, log h in cells, centre mask [G, G],
+    activity [G, G] (index, -1 = none), care [G, G]) for one clip; flip mirrors it (left and right swap)."""
+    stride = side / grid
+    heat, reg, mask = torch.zeros(grid, grid), torch.zeros(4, grid, grid), torch.zeros(grid, grid)
+    activity = torch.full((grid, grid), -1, dtype=torch.long)
+    care = torch.ones(grid, grid)
+    ys = (torch.arange(grid, dtype=torch.float32) + 0.5)[:, None].expand(grid, grid)
+    xs = (torch.arange(grid, dtype=torch.float32) + 0.5)[None, :].expand(grid, grid)
+    for (x1, y1, x2, y2), _ in to_model_boxes([{"box": b, "class": "person"} for b in seen], lb, side, flip):
+        care[min(int((y1 + y2) / 2 / stride), grid - 1), min(int((x1 + x2) / 2 / stride), grid - 1)] = 0
+    # Largest first, so a smaller (farther) person keeps its own cells where two meet.
+    boxes = to_model_boxes([{"box": p["box"], "class": p["label"]} for p in persons], lb, side, flip)
+    for (x1, y1, x2, y2), label in sorted(boxes, key=lambda b: b[0][1] - b[0][3]):
+        if x2 - x1 < 1 or y2 - y1 < 1:
+            continue
+        cx, cy = (x1 + x2) / 2 / stride, (y1 + y2) / 2 / stride
+        px, py = min(int(cx), grid - 1), min(int(cy), grid - 1)
+        sigma = gaussian_sigma(x2 - x1, y2 - y1, stride)
+        heat = torch.maximum(heat, torch.exp(-((xs - (px + 0.5)) ** 2 + (ys - (py + 0.5)) ** 2) / (2 * sigma ** 2)))
+        reg[:, py, px] = torch.tensor([cx - px - 0.5, cy - py - 0.5, math.log((x2 - x1) / stride),
+                                       math.log((y2 - y1) / stride)])
+        mask[py, px] = 1
+        k = activities.index(MIRRORED.get(label, label) if flip else label)
+        for dy, dx in ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)):
+            if 0 <= py + dy < grid and 0 <= px + dx < grid:
+                activity[py + dy, px + dx] = k
+    care[heat >= 0.3] = 1  # near a labelled person the target itself says what is right
+    return heat, reg, mask, activity, care
+
+
+def person_loss(maps: torch.Tensor, heat: torch.Tensor, reg: torch.Tensor, mask: torch.Tensor, activity: torch.Tensor,
+                care: torch.Tensor, activity_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """maps = the action head's person maps [B, PERSON_FIELDS + A, G, G]; targets batched (person_targets)."""
+    loss = focal_loss(maps[:, 0], heat, care=care) / mask.sum().clamp(min=1)
+    m = mask.bool()
+    if m.any():
+        loss = loss + F.l1_loss(maps[:, 1:PERSON_FIELDS].permute(0, 2, 3, 1)[m], reg.permute(0, 2, 3, 1)[m])
+    a = activity >= 0
+    if a.any():
+        loss = loss + F.cross_entropy(maps[:, PERSON_FIELDS:].permute(0, 2, 3, 1)[a], activity[a], weight=activity_weight)
     return loss

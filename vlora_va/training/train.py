@@ -48,7 +48,23 @@ def build_model(backbone: str | nn.Module, lora: LoraSpec, seed: int = 0) -> nn.
 
     cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=target_names(lora), lora_dropout=0.0,
                      bias="none")
-    return get_peft_model(model, cfg)
+    model = get_peft_model(model, cfg)
+    if lora.init_from:
+        _start_from(model, lora)
+    return model
+
+
+def _start_from(model: nn.Module, lora: LoraSpec) -> None:
+    """Load lora.init_from's A and B into the fresh LoRA (load_spec checked that the shapes match)."""
+    from ..adapters import read_lora
+
+    _, _, _, weights = read_lora(Path(lora.init_from))
+    base = model.get_base_model()
+    with torch.no_grad():
+        for name in target_names(lora):
+            m = base.get_submodule(name)
+            m.lora_A["default"].weight.copy_(weights[name][0])
+            m.lora_B["default"].weight.copy_(weights[name][1])
 
 
 def lora_weights(model: nn.Module, lora: LoraSpec) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -105,6 +121,13 @@ class RunResult:
 
 def _fingerprint(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_settings(opts: TrainSpec) -> dict:
+    """The training options that change what one run computes (its checkpoint's identity). How many seeds
+    a spec repeats, how often it checkpoints and how many threads it uses do not: a run trained by another
+    spec or process with the same settings is resumed, not redone."""
+    return {k: v for k, v in opts.__dict__.items() if k not in ("repeats", "ckpt_every", "threads")}
 
 
 def _save_ckpt(path: Path, model, head, opt, sched, step: int, fingerprint: str, seconds: float) -> None:
@@ -206,13 +229,21 @@ def detection_loss_fn(lower: torch.Tensor, targets: list[tuple], split: int, ima
 
 
 def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Tensor, class_weight: torch.Tensor,
-                   split: int, image_size: int, patch: int, clip_len: int):
-    """clips[i] = indices into `lower` of sample i's frames; labels[i] its class index."""
+                   split: int, image_size: int, patch: int, clip_len: int, persons: list[tuple] | None = None,
+                   person_weight: torch.Tensor | None = None):
+    """clips[i] = indices into `lower` of sample i's frames; labels[i] its class index; persons[i] its
+    person-branch targets (targets.person_targets) when the head has that branch."""
+    from .targets import person_loss
 
     def loss_fn(model, head, idx):
         frames = torch.tensor([j for i in idx.tolist() for j in clips[i]])
         feats = features_from(model, lower[frames], split, image_size, patch)
-        return F.cross_entropy(head(feats, clip_len), labels[idx], weight=class_weight, label_smoothing=0.05)
+        logits, maps = head(feats, clip_len)
+        loss = F.cross_entropy(logits, labels[idx], weight=class_weight, label_smoothing=0.05)
+        if maps is not None:
+            targets = (torch.stack([persons[i][k] for i in idx.tolist()]) for k in range(5))
+            loss = loss + person_loss(maps, *targets, activity_weight=person_weight)
+        return loss
 
     return loss_fn
 
@@ -232,12 +263,15 @@ def predict_detection(model, head: DetectionHead, lower: torch.Tensor, letterbox
 
 @torch.no_grad()
 def predict_action(model, head: ActionHead, lower: torch.Tensor, clips: list[list[int]], split: int, image_size: int,
-                   patch: int, clip_len: int, batch: int = 4) -> list[str]:
+                   patch: int, clip_len: int, letterboxes, sizes, threshold: float = 0.05, batch: int = 4) -> list[dict]:
+    """Decoded clips; persons at a low threshold (the report reads them at the chosen one)."""
+    old, head.score_threshold = head.score_threshold, threshold
     out = []
     for i in range(0, len(clips), batch):
         frames = torch.tensor([j for c in clips[i:i + batch] for j in c])
         feats = features_from(model, lower[frames], split, image_size, patch)
-        out += [d["label"] for d in head.decode(head(feats, clip_len))]
+        out += head.decode(head(feats, clip_len), letterboxes[i:i + batch], sizes[i:i + batch])
+    head.score_threshold = old
     return out
 
 

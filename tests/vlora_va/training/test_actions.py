@@ -2,7 +2,7 @@
 
 import pytest
 
-from vlora_va.training.actions import clip_label, track
+from vlora_va.training.actions import clip_label, person_activities, track
 
 
 def person(x, y, h=100, score=0.9):
@@ -40,3 +40,14 @@ def test_tracker_links_by_iou_across_a_gap():
     frames[2] = []
     tracks = track(frames)
     assert len(tracks) == 1 and sorted(tracks[0]) == [0, 1, 3, 4]
+
+
+def test_every_person_tracked_through_most_of_the_clip_gets_its_activity():
+    frames = [[person(100 + 10 * i, 100, h=150), person(500, 100 + 5 * i, h=50), person(800, 300, h=80)] for i in range(10)]
+    for f in frames[4:]:
+        f.pop()  # the third person is seen in 4 of 10 frames: under 60%, not a labelled person
+    people = person_activities(frames, fps=10)
+    assert [p["label"] for p in people] == ["walking_right", "walking_toward"]  # largest first
+    assert people[0]["box"] == pytest.approx([145, 100, 205, 250])  # the mean box over the clip
+    assert people[1]["speed"] == pytest.approx(1.0, abs=0.01)  # 5 px/frame on a 50-px person at 10 fps
+    assert clip_label(frames, fps=10)["label"] == "walking_right" and clip_label(frames, fps=10)["tracks"] == 2

@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from vlora_va.training.metrics import action_report, average_precision, detection_report, match_image
+from vlora_va.training.metrics import (action_report, average_precision, best_person_threshold, detection_report,
+                                      match_image, person_activity_report)
 
 
 def box(x, y, w=10, h=20, cls="person", score=1.0, **kw):
@@ -39,3 +40,49 @@ def test_action_report_confusion_rows_are_reference():
     rep = action_report(["a", "b", "b"], ["a", "a", "b"], ["a", "b"])
     assert rep["confusion"] == [[1, 1], [0, 1]]
     assert rep["top1"] == pytest.approx(2 / 3, abs=1e-4)
+
+
+def person(x, y, label=None, activity=None, score=1.0):
+    """A 10x40 person box at (x, y): a reference (label) or a prediction (activity, score)."""
+    return {"box": [x, y, x + 10, y + 40], **({"label": label} if label else {"activity": activity, "score": score})}
+
+
+def test_person_activity_report_counts_misses_as_wrong_exactly():
+    acts = ["standing", "walking_left"]
+    refs = [[person(0, 0, "walking_left"), person(100, 0, "standing"), person(200, 0, "walking_left")],
+            [person(0, 0, "standing")]]
+    preds = [[person(5, 10, activity="walking_left", score=0.9),  # 11 px from ref 0's centre (< 20 = half its height)
+              person(100, 25, activity="walking_left", score=0.8),  # 25 px from ref 1: too far, a false positive
+              person(300, 0, activity="standing", score=0.7)],     # nobody there
+             [person(0, 0, activity="walking_left", score=0.2)]]    # below the threshold: not a prediction
+    rep = person_activity_report(preds, refs, acts, threshold=0.5)
+    assert rep["confusion"] == [[0, 0, 2], [0, 1, 1]]  # rows: reference; last column: missed
+    assert (rep["persons"], rep["predicted"]) == (4, 3)
+    assert rep["top1"] == 0.25 and rep["top1_found"] == 1.0 and rep["recall"] == 0.25
+    assert rep["precision"] == pytest.approx(1 / 3, abs=1e-4)
+    rep = person_activity_report(preds, refs, acts, threshold=0.1)
+    assert rep["confusion"] == [[0, 1, 1], [0, 1, 1]] and rep["top1_found"] == 0.5
+
+
+def test_person_report_without_labelled_persons_is_undefined_not_zero():
+    # Clips with nobody in them: top-1 and recall have no meaning, every prediction is a false alarm.
+    rep = person_activity_report([[person(0, 0, activity="standing", score=0.9)], []], [[], []], ["standing"], 0.5)
+    assert (rep["top1"], rep["top1_found"], rep["recall"]) == (None, None, None)
+    assert (rep["persons"], rep["predicted"], rep["precision"]) == (0, 1, 0.0)
+    assert person_activity_report([[]], [[]], ["standing"], 0.5)["precision"] is None
+
+
+def test_person_matching_gives_each_reference_to_one_prediction_best_first():
+    refs = [[person(0, 0, "standing"), person(12, 0, "walking_left")]]
+    # Both predictions are in reach of both references; the better one takes its nearest, the other gets the rest.
+    preds = [[person(11, 0, activity="walking_left", score=0.9), person(1, 0, activity="standing", score=0.6)]]
+    rep = person_activity_report(preds, refs, ["standing", "walking_left"], threshold=0.5)
+    assert rep["confusion"] == [[1, 0, 0], [0, 1, 0]]
+
+
+def test_best_person_threshold_separates_people_from_noise():
+    refs = [[person(0, 0, "standing")], [person(0, 0, "standing")]]
+    preds = [[person(0, 0, activity="standing", score=0.7), person(200, 0, activity="standing", score=0.35)],
+             [person(0, 0, activity="standing", score=0.6), person(300, 0, activity="standing", score=0.3)]]
+    t = best_person_threshold(preds, refs, ["standing"])
+    assert 0.35 < t <= 0.6

@@ -8,7 +8,7 @@ from vlora_va.training.spec import SpecError, load_spec
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("name", ["detect", "actions"])
+@pytest.mark.parametrize("name", ["detect", "actions", "actions-persons"])
 def test_shipped_specs_load(name):
     spec = load_spec(ROOT / "adapters" / "specs" / f"{name}.yaml")
     assert spec.train and spec.test and spec.output == (ROOT / "adapters" / name).resolve()
@@ -51,4 +51,36 @@ def test_repeats_are_checked(tmp_path):
         load_spec(p)
     p.write_text(base + "task: detection\ntrain_options: {repeats: 2}\n")
     with pytest.raises(SpecError, match="only action specs"):
+        load_spec(p)
+
+
+def test_init_from_must_be_an_adapter_of_the_same_lora_shape(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    def adapter(path, r, layers):
+        path.mkdir()
+        (path / "adapter_config.json").write_text('{"peft_type": "LORA", "r": %d, "lora_alpha": %d}' % (r, 2 * r))
+        shapes = {"A": (r, 4), "B": (4, r)}
+        save_file({f"base_model.model.encoder.layer.{i}.attention.{m}.lora_{ab}.weight": torch.zeros(shape)
+                   for i in layers for m in ("q_proj", "v_proj") for ab, shape in shapes.items()},
+                  str(path / "adapter_model.safetensors"))
+
+    adapter(tmp_path / "good", 4, [10, 11])
+    adapter(tmp_path / "rank2", 2, [10, 11])
+    adapter(tmp_path / "upper", 4, [11])
+    p = tmp_path / "s.yaml"
+    base = ("name: x\ntask: action\noutput: out\nsources: [{name: a, kind: activity}]\ntrain: [{video: %s}]\n"
+            % (ROOT / "sample_videos" / "bikes.mp4"))
+    lora = "lora: {rank: 4, alpha: 8, layers: [10, 11], modules: [q_proj, v_proj], init_from: %s}\n"
+    p.write_text(base + lora % "good")  # relative to the spec file, like output
+    assert load_spec(p).lora.init_from == str(tmp_path / "good")
+    for where, error in (("rank2", "has r=2, scale 2; this spec has r=4"),
+                         ("upper", "no rank-4 LoRA on encoder.layer.10.attention.q_proj"),
+                         ("missing", "lora.init_from: .*missing")):
+        p.write_text(base + lora % where)
+        with pytest.raises(SpecError, match=error):
+            load_spec(p)
+    p.write_text(base + "lora: {layers: [], init_from: good}\n")
+    with pytest.raises(SpecError, match="needs lora.layers"):
         load_spec(p)

@@ -1,12 +1,15 @@
 """Targets and decoding agree on geometry: a head that outputs exactly the targets decodes to the labels."""
 
-import torch
-
-from vlora_va.heads import DetectionHead
-from vlora_va.training.frames import letterbox, letterbox_params, model_input
-from vlora_va.training.targets import build_targets, detection_loss
+import math
 
 import numpy as np
+import pytest
+import torch
+
+from vlora_va.heads import ActionHead, DetectionHead, Features
+from vlora_va.training.frames import letterbox, letterbox_params, model_input
+from vlora_va.training.metrics import person_activity_report
+from vlora_va.training.targets import build_targets, detection_loss, person_loss, person_targets
 
 
 def test_letterbox_is_centred_and_padded_with_114():
@@ -53,3 +56,91 @@ def test_loss_is_finite_and_lower_for_the_right_answer():
     bad = (torch.zeros(1, 1, 32, 32), torch.full((1, 4, 32, 32), 10.0))
     lg, lbad = detection_loss(good, *t, 224), detection_loss(bad, *t, 224)
     assert torch.isfinite(lg) and lg < lbad
+
+
+# --- the action head's person branch ------------------------------------------------------------------------
+
+ACTS = ["standing", "walking_left", "walking_right"]
+
+
+def person_maps(targets, n_acts: int) -> torch.Tensor:
+    """The person maps a perfect head would output for these targets."""
+    heat, reg, mask, activity, _ = targets
+    acts = torch.full((n_acts, *heat.shape), -10.0)
+    for k in range(n_acts):
+        acts[k][activity == k] = 10.0
+    return torch.cat([torch.logit(heat.clamp(1e-4, 1 - 1e-4))[None], reg, acts])[None]
+
+
+def test_person_targets_exactly():
+    lb = letterbox_params(224, 224, 224)  # identity: 16x16 cells of 14 px
+    persons = [{"box": [30, 40, 44, 68], "label": "walking_left"}]  # centre (37, 54): cell x=2, y=3
+    seen = [[30, 40, 44, 68], [150, 150, 160, 170]]  # the labelled person, and someone never labelled
+    heat, reg, mask, activity, care = person_targets(persons, seen, lb, 224, 16, ACTS)
+    assert heat[3, 2] == 1 and (heat == 1).sum() == 1 and mask.sum() == 1 and mask[3, 2] == 1
+    assert reg[:, 3, 2] == pytest.approx([37 / 14 - 2.5, 54 / 14 - 3.5, math.log(1.0), math.log(2.0)])
+    assert sorted(map(tuple, (activity == 1).nonzero().tolist())) == [(2, 2), (3, 1), (3, 2), (3, 3), (4, 2)]
+    assert (activity >= 0).sum() == 5
+    assert care[11, 11] == 0 and care.sum() == 16 * 16 - 1  # only the unlabelled person's centre is exempt
+    heat_f, reg_f, _, activity_f, care_f = person_targets(persons, seen, lb, 224, 16, ACTS, flip=True)
+    assert torch.equal(heat_f, heat.flip(-1)) and torch.equal(care_f, care.flip(-1))
+    assert torch.equal(activity_f >= 0, (activity >= 0).flip(-1)) and set(activity_f[activity_f >= 0].tolist()) == {2}
+
+
+def test_perfect_person_maps_decode_back_to_the_persons():
+    side, lb = 336, letterbox_params(768, 576, 336)
+    persons = [{"box": [100, 80, 140, 200], "label": "walking_right"}, {"box": [500, 300, 530, 380], "label": "standing"}]
+    targets = person_targets(persons, [], lb, side, 24, ACTS)
+    head = ActionHead(8, ["no_person", *ACTS], spatial="local", persons=True, image_size=side, score_threshold=0.5)
+    (out,) = head.decode((torch.zeros(1, 4), person_maps(targets, 3)), [lb], [(768, 576)])
+    got = sorted((p["activity"], [round(v) for v in p["box"]]) for p in out["persons"])
+    assert got == [("standing", [500, 300, 530, 380]), ("walking_right", [100, 80, 140, 200])]
+
+
+def test_person_loss_is_lower_for_the_right_answer():
+    lb = letterbox_params(224, 224, 224)
+    targets = person_targets([{"box": [30, 40, 44, 68], "label": "walking_left"}], [], lb, 224, 16, ACTS)
+    batched = [t[None] for t in targets]
+    good = person_maps(targets, 3)
+    wrong_activity = good.clone()
+    wrong_activity[:, 5:] = wrong_activity[:, 5:].roll(1, dims=1)
+    nobody = good.clone()
+    nobody[:, 0] = -10.0
+    lg = person_loss(good, *batched)
+    assert torch.isfinite(lg) and lg < person_loss(wrong_activity, *batched) and lg < person_loss(nobody, *batched)
+
+
+def test_person_branch_learns_each_movers_activity_from_these_targets():
+    """Head + targets + loss together: two one-patch movers per clip, each left, right or still, anywhere."""
+
+    def clips(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        grids = torch.randn(n, 4, 8, 16, 16, generator=g) * 0.3
+        refs = []
+        for i in range(n):
+            people = []
+            for row in (int(torch.randint(2, 6, (1,), generator=g)), int(torch.randint(9, 13, (1,), generator=g))):
+                col, k = int(torch.randint(4, 12, (1,), generator=g)), int(torch.randint(0, 3, (1,), generator=g))
+                step = [0, -1, 1][k]
+                for t in range(4):
+                    grids[i, t, :, row, col + step * t] += 2.0
+                mean_col = col + step * 1.5
+                people.append({"box": [mean_col * 14, row * 14 - 7, mean_col * 14 + 14, row * 14 + 21], "label": ACTS[k]})
+            refs.append(people)
+        return Features(torch.zeros(n * 4, 8), grids.reshape(n * 4, 8, 16, 16)), refs
+
+    lb = letterbox_params(224, 224, 224)
+    torch.manual_seed(0)
+    head = ActionHead(8, ["no_person", *ACTS], width=8, motion=True, spatial="local", persons=True)
+    train, refs = clips(24, seed=0)
+    targets = [torch.stack(t) for t in zip(*(person_targets(r, [], lb, 224, 16, ACTS) for r in refs))]
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for _ in range(40):
+        opt.zero_grad()
+        person_loss(head(train, 4)[1], *targets).backward()
+        opt.step()
+    test, test_refs = clips(16, seed=1)
+    with torch.no_grad():
+        out = head.decode(head(test, 4), [lb] * 16, [(224, 224)] * 16)
+    report = person_activity_report([o["persons"] for o in out], test_refs, ACTS, threshold=0.3)
+    assert report["recall"] >= 0.9 and report["top1"] >= 0.9, report

@@ -1,5 +1,6 @@
 """LoRA + head training end to end on a tiny random backbone: checkpoints, resume, budget, save, load, merge."""
 
+import dataclasses
 import time
 
 import numpy as np
@@ -65,6 +66,12 @@ def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
     assert first.steps == 6 and first.complete and np.isfinite(first.losses).all()
     again = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60)
     assert again.steps == 6 and again.losses == []  # resumed from the final checkpoint: nothing left to do
+    # Seeds repeated, checkpoint period and threads do not change what a run computes: still the same run ...
+    same = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, repeats=3, ckpt_every=5, threads=2))
+    assert train_detection(same, split, same.sources, same.lora, deadline=time.monotonic() + 60).losses == []
+    # ... while another learning rate is another run.
+    other = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, lr=spec.opts.lr / 2))
+    assert len(train_detection(other, split, other.sources, other.lora, deadline=time.monotonic() + 60).losses) == 6
     lora = T.lora_weights(first.model, spec.lora)
     assert set(lora) == {f"encoder.layer.1.{m}" for m in
                          ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "mlp.fc1", "mlp.fc2")}
@@ -96,3 +103,50 @@ def test_a_seed_fixes_the_head_init_with_or_without_lora(tiny_backbone):
     for layers in ([], [1]):
         a, b, c = head_after(layers, 3), head_after(layers, 3), head_after(layers, 4)
         assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_lora_can_start_from_a_saved_adapter(tiny_backbone, tmp_path):
+    from vlora_va.adapters import save_adapter_dir
+
+    lora = LoraSpec(rank=2, alpha=4, layers=[1], modules=["q_proj", "fc2"])
+    rng = torch.Generator().manual_seed(1)
+    backbone = T.build_model(tiny_backbone, LoraSpec(layers=[]))
+    shapes = {n: backbone.get_submodule(n).weight.shape for n in T.target_names(lora)}  # [out, in]
+    saved = {n: (torch.randn(2, i, generator=rng), torch.randn(o, 2, generator=rng)) for n, (o, i) in shapes.items()}
+    head = T.new_head("action", ["a", "b"], 32, SIDE, {"width": 4})[0]
+    save_adapter_dir(tmp_path / "start", lora=saved, rank=2, alpha=4, target_modules=list(saved), base_model="tiny",
+                     head=head, head_config=T.head_config("action", ["a", "b"], SIDE, {"width": 4}))
+    start = dataclasses.replace(lora, init_from=str(tmp_path / "start"))
+    for seed in (0, 5):  # the starting LoRA replaces peft's random init, whatever the seed
+        got = T.lora_weights(T.build_model(tiny_backbone, start, seed), start)
+        assert all(torch.equal(got[n][0], saved[n][0]) and torch.equal(got[n][1], saved[n][1]) for n in saved)
+    fresh = T.lora_weights(T.build_model(tiny_backbone, lora, 0), lora)
+    assert all(b.abs().sum() == 0 for _, b in fresh.values())  # without init_from: peft's B = 0
+
+
+def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, tmp_path):
+    from vlora_va.training import pipeline as P
+    from vlora_va.training.runner import _action_labels, _save_action
+
+    walker = [{"box": [10, 10, 30, 50], "label": "walking_left"}]
+    still = [{"box": [40, 5, 60, 45], "label": "standing"}, {"box": [5, 5, 20, 30], "label": "walking_toward"}]
+    cs = P.ClipSet(frames(8), [[0, 1], [2, 3], [4, 5], [6, 7]], ["walking_left", "standing", "walking_left", "no_person"],
+                   persons=[walker, still, walker, []], seen=[[], [], [], [[10, 10, 30, 50]]], side=SIDE)
+    spec = Spec(name="tiny-act", task="action", output=tmp_path / "out", backbone=tiny_backbone, image_size=SIDE,
+                clip_len=2, sources=[Source("activity", "activity")], cache_dir=tmp_path / "cache",
+                lora=LoraSpec(rank=4, alpha=8, layers=[1]), opts=TrainSpec(epochs=2, batch=2, ckpt_every=1),
+                head={"motion": True, "width": 4, "spatial": "local", "persons": True})
+    labels = _action_labels(cs, persons=True)
+    # a person-only activity (walking_toward) is learnt too; mirroring adds walking_right
+    assert labels == ["no_person", "standing", "walking_left", "walking_right", "walking_toward"]
+    P.cache_clip_features(spec, cs, 1, flip=False, progress=False)
+    res = P.train_action(spec, cs, labels, spec.lora, deadline=time.monotonic() + 60)
+    assert res.complete and res.steps == 4 and np.isfinite(res.losses).all() and res.head.persons
+    report = P.evaluate_action(spec, res.head, cs, P.predict_action(spec, res.model, res.head, cs, spec.lora))
+    assert report["clips"] == 4 and report["persons"]["persons"] == 4
+    res.head.score_threshold = 0.42  # as if chosen on validation data
+    adapter = load_adapter_dir("tiny-act", _save_action(spec, res, labels, {"test": report}), 32)
+    assert adapter.head.persons and adapter.head.score_threshold == 0.42 and adapter.head.image_size == SIDE
+    feats = Features(torch.zeros(4, 32), torch.randn(4, 32, 4, 4))
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(res.head(feats, 2), adapter.head(feats, 2)))
