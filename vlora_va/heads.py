@@ -84,11 +84,11 @@ class DetectionHead(nn.Module):
         """Per image: [{"box": [x1, y1, x2, y2] original pixels, "class": name, "score": p}], best first."""
         logits, dist = raw
         scores = logits.sigmoid()
-        peaks = scores == F.max_pool2d(scores, 3, stride=1, padding=1)
+        peaks = local_peaks(scores, self.score_threshold)
         cy, cx = self.cell_centres(scores.shape[-2], scores.shape[-1], scores.device)
         out = []
         for i in range(scores.shape[0]):
-            keep = (peaks[i] & (scores[i] >= self.score_threshold)).nonzero()  # [K, 3] = class, y, x
+            keep = peaks[i].nonzero()  # [K, 3] = class, y, x
             cls_idx, yy, xx = keep.unbind(1)
             s = scores[i, cls_idx, yy, xx]
             d = dist[i, :, yy, xx]
@@ -96,6 +96,12 @@ class DetectionHead(nn.Module):
             kept = batched_nms(boxes, s, cls_idx, self.nms_iou)[: self.max_detections]
             out.append(_to_original(boxes[kept], s[kept], cls_idx[kept], self.classes, letterboxes[i], orig_sizes[i]))
         return out
+
+
+def local_peaks(scores: torch.Tensor, threshold: float) -> torch.Tensor:
+    """[B, C, H, W] -> bool mask of the cells that are their 3x3 neighbourhood's maximum and >= threshold
+    (CenterNet's NMS-free peak picking: one peak per object centre)."""
+    return (scores == F.max_pool2d(scores, 3, stride=1, padding=1)) & (scores >= threshold)
 
 
 def _to_original(boxes: torch.Tensor, scores: torch.Tensor, cls_idx: torch.Tensor, classes: list[str],
@@ -222,7 +228,7 @@ class ActionHead(nn.Module):
     def decode_persons(self, maps: torch.Tensor, letterboxes: list[Letterbox],
                        orig_sizes: list[tuple[int, int]]) -> list[list[dict]]:
         score = maps[:, 0].sigmoid()
-        peaks = (score == F.max_pool2d(score[:, None], 3, stride=1, padding=1)[:, 0]) & (score >= self.score_threshold)
+        peaks = local_peaks(score[:, None], self.score_threshold)[:, 0]
         stride = self.image_size / maps.shape[-1]
         out = []
         for i in range(maps.shape[0]):

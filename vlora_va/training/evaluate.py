@@ -19,7 +19,7 @@ from ..models import load_backbone, patch_size
 from .data import activity_clips, detection_labels, frame_lookup, merge_labels
 from .features import full_hidden
 from .frames import Frame, model_input
-from .metrics import action_report, detection_report, person_activity_report, with_unknown
+from .metrics import action_report, detection_report, person_activity_report
 from .spec import Range, Source, Spec
 
 
@@ -81,11 +81,10 @@ def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range]
         raw = head(feats.select(torch.tensor(c)), clip_len)
         pred += head.decode(raw, [lbs[c[0]]], [frames[c[0]].size])
     true = [c.label for c in clips]
-    report = action_report([p["label"] for p in pred], true, with_unknown(head.labels, true))
+    report = action_report([p["label"] for p in pred], true, head.labels)
     if head.persons:
-        refs = [c.persons for c in clips]
-        activities = with_unknown(head.person_labels, (p["label"] for r in refs for p in r))
-        report["persons"] = person_activity_report([p["persons"] for p in pred], refs, activities, head.score_threshold)
+        report["persons"] = person_activity_report([p["persons"] for p in pred], [c.persons for c in clips],
+                                                   head.person_labels, head.score_threshold)
     return report
 
 

@@ -94,13 +94,15 @@ def best_f1_threshold(preds: dict[str, list[dict]], refs: dict[str, list[dict]],
     return round(best_t, 3)
 
 
-def with_unknown(known: list[str], seen) -> list[str]:
+def _with_unknown(known: list[str], seen) -> list[str]:
     """known, then every label in seen it lacks: a reference the model never learnt still gets a confusion row."""
     return list(known) + sorted(set(seen) - set(known))
 
 
 def action_report(pred: list[str], true: list[str], labels: list[str]) -> dict:
-    """Top-1 accuracy and the confusion matrix (rows: reference label, columns: predicted)."""
+    """Top-1 accuracy and the confusion matrix (rows: reference label, columns: predicted). `labels` are the
+    model's; a reference label outside them is added (it can only be wrong)."""
+    labels = _with_unknown(labels, true)
     idx = {lab: i for i, lab in enumerate(labels)}
     cm = np.zeros((len(labels), len(labels)), dtype=int)
     for p, t in zip(pred, true):
@@ -140,7 +142,9 @@ def fmt_ratio(x: float | None) -> str:
 def person_activity_report(preds: list[list[dict]], refs: list[list[dict]], activities: list[str],
                            threshold: float) -> dict:
     """Per clip lists of predicted persons ({box, score, activity}) and reference persons ({box, label}).
-    Confusion rows: reference activity; columns: predicted activity, then "missed"."""
+    Confusion rows: reference activity; columns: predicted activity, then "missed". `activities` are the
+    model's; a reference activity outside them is added (it can only be wrong)."""
+    activities = _with_unknown(activities, (r["label"] for ref in refs for r in ref))
     idx = {a: i for i, a in enumerate(activities)}
     cm = np.zeros((len(activities), len(activities) + 1), dtype=int)
     predicted = 0

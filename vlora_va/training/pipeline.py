@@ -21,7 +21,7 @@ from .actions import MIRRORED
 from .data import activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels
 from .features import FeatureCache
 from .frames import Frame, letterbox_params
-from .metrics import action_report, best_f1_threshold, detection_report, person_activity_report, with_unknown
+from .metrics import action_report, best_f1_threshold, detection_report, person_activity_report
 from .spec import LoraSpec, Source, Spec
 from .targets import build_targets, person_targets
 
@@ -217,16 +217,11 @@ def predict_action(spec: Spec, model, head, cs: ClipSet, lora: LoraSpec) -> list
 
 def evaluate_action(spec: Spec, head, cs: ClipSet, pred: list[dict]) -> dict:
     """Clip top-1 and confusion; with persons, the per-person activity report at the head's threshold."""
-    report = action_report([p["label"] for p in pred], cs.labels, with_unknown(head.labels, cs.labels))
+    report = action_report([p["label"] for p in pred], cs.labels, head.labels)
     if head.persons:
-        report["persons"] = person_activity_report([p["persons"] for p in pred], cs.persons,
-                                                   person_activities_of(head, cs), head.score_threshold)
+        report["persons"] = person_activity_report([p["persons"] for p in pred], cs.persons, head.person_labels,
+                                                   head.score_threshold)
     return report
-
-
-def person_activities_of(head, cs: ClipSet) -> list[str]:
-    """The head's person activities, plus any a reference person has that the head never learnt."""
-    return with_unknown(head.person_labels, (p["label"] for ps in cs.persons for p in ps))
 
 
 def deadline_after(minutes: float) -> float:

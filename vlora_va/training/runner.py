@@ -5,8 +5,9 @@ keep every source's task at its requirement), plus the comparison rows on the sa
 head-only model (frozen backbone), LoRA + head per source, and a classical teacher where one exists.
 Action: LoRA + head and the head-only baseline, each trained `train_options.repeats` times (seeds seed,
 seed+1, ...) and reported per run and as a mean; the first seed's adapter is saved. With the head's persons
-branch, each run's person-score threshold is chosen on `val`, and every person's activity is scored too. Everything is measured
-on `test` ranges only after `val` chose the score threshold; test frames are never trained on.
+branch, each run's person-score threshold is chosen on `val`, and every person's activity is scored too.
+Everything is measured on `test` ranges only after `val` chose the score threshold; test frames are never
+trained on.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def _action_run(spec: Spec, res, lora: LoraSpec, val: P.ClipSet | None, tests: d
     head = res.head
     if head.persons and val is not None:
         persons = [p["persons"] for p in P.predict_action(spec, res.model, head, val, lora)]
-        head.score_threshold = best_person_threshold(persons, val.persons, P.person_activities_of(head, val))
+        head.score_threshold = best_person_threshold(persons, val.persons, head.person_labels)
     return {w: P.evaluate_action(spec, head, cs, P.predict_action(spec, res.model, head, cs, lora))
             for w, cs in tests.items()}
 

@@ -43,6 +43,16 @@ def gaussian_sigma(w: float, h: float, stride: float) -> float:
     return max(0.5, 0.15 * math.sqrt(w * h) / stride)
 
 
+def centre_peak(x1: float, y1: float, x2: float, y2: float, stride: float, xs: torch.Tensor,
+                ys: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+    """(column, row) of the cell holding the box centre, and a Gaussian over the grid that is exactly 1 there
+    (the focal loss's positive); xs, ys = the cell-centre coordinates in cells."""
+    grid = xs.shape[1]
+    px, py = min(int((x1 + x2) / 2 / stride), grid - 1), min(int((y1 + y2) / 2 / stride), grid - 1)
+    sigma = gaussian_sigma(x2 - x1, y2 - y1, stride)
+    return px, py, torch.exp(-((xs - (px + 0.5)) ** 2 / (2 * sigma ** 2) + (ys - (py + 0.5)) ** 2 / (2 * sigma ** 2)))
+
+
 def build_targets(labels: list[dict], lb: Letterbox, side: int, grid: int, classes: list[str], flip: bool = False,
                   reg_min: float = 0.3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(heatmap [C, G, G], box [4, G, G] as x1y1x2y2 model px, reg weight [G, G], object count)."""
@@ -59,11 +69,7 @@ def build_targets(labels: list[dict], lb: Letterbox, side: int, grid: int, class
             continue
         n += 1
         c = classes.index(name)
-        cx, cy = (x1 + x2) / 2 / stride, (y1 + y2) / 2 / stride
-        # Peak exactly 1 at the cell holding the centre (the focal loss's positive).
-        px, py = min(int(cx), grid - 1), min(int(cy), grid - 1)
-        sx, sy = gaussian_sigma(x2 - x1, y2 - y1, stride), gaussian_sigma(x2 - x1, y2 - y1, stride)
-        g = torch.exp(-((xs - (px + 0.5)) ** 2 / (2 * sx ** 2) + (ys - (py + 0.5)) ** 2 / (2 * sy ** 2)))
+        _, _, g = centre_peak(x1, y1, x2, y2, stride, xs, ys)
         heat[c] = torch.maximum(heat[c], g)
         # Smaller boxes win overlapping regression cells (they are the harder, rarer ones).
         a = (x2 - x1) * (y2 - y1)
@@ -135,10 +141,9 @@ def person_targets(persons: list[dict], seen: list[list[float]], lb: Letterbox, 
     for (x1, y1, x2, y2), label in sorted(boxes, key=lambda b: b[0][1] - b[0][3]):
         if x2 - x1 < 1 or y2 - y1 < 1:
             continue
+        px, py, g = centre_peak(x1, y1, x2, y2, stride, xs, ys)
+        heat = torch.maximum(heat, g)
         cx, cy = (x1 + x2) / 2 / stride, (y1 + y2) / 2 / stride
-        px, py = min(int(cx), grid - 1), min(int(cy), grid - 1)
-        sigma = gaussian_sigma(x2 - x1, y2 - y1, stride)
-        heat = torch.maximum(heat, torch.exp(-((xs - (px + 0.5)) ** 2 + (ys - (py + 0.5)) ** 2) / (2 * sigma ** 2)))
         reg[:, py, px] = torch.tensor([cx - px - 0.5, cy - py - 0.5, math.log((x2 - x1) / stride),
                                        math.log((y2 - y1) / stride)])
         mask[py, px] = 1

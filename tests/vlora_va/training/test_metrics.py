@@ -42,6 +42,16 @@ def test_action_report_confusion_rows_are_reference():
     assert rep["top1"] == pytest.approx(2 / 3, abs=1e-4)
 
 
+def test_reference_labels_the_model_never_learnt_get_a_row_and_count_as_wrong():
+    rep = action_report(["a", "a"], ["a", "cycling"], ["a", "b"])
+    assert rep["labels"] == ["a", "b", "cycling"] and rep["confusion"] == [[1, 0, 0], [0, 0, 0], [1, 0, 0]]
+    refs = [[person(0, 0, "cycling"), person(100, 0, "standing")]]
+    preds = [[person(0, 0, activity="standing"), person(100, 0, activity="standing")]]
+    rep = person_activity_report(preds, refs, ["standing"], threshold=0.5)
+    assert rep["activities"] == ["standing", "cycling"] and rep["confusion"] == [[1, 0, 0], [1, 0, 0]]
+    assert rep["top1"] == 0.5
+
+
 def person(x, y, label=None, activity=None, score=1.0):
     """A 10x40 person box at (x, y): a reference (label) or a prediction (activity, score)."""
     return {"box": [x, y, x + 10, y + 40], **({"label": label} if label else {"activity": activity, "score": score})}
