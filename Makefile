@@ -8,7 +8,7 @@ $(VENV)/.setup-base: pyproject.toml scripts/setup.sh
 	touch $@
 
 $(VENV)/.setup-test: pyproject.toml scripts/setup.sh scripts/setup-test-system.sh
-	EXTRAS=test bash scripts/setup.sh
+	EXTRAS=test,bench INGEST_VENV=1 bash scripts/setup.sh
 	bash scripts/setup-test-system.sh
 	touch $@
 
@@ -24,4 +24,4 @@ bench: $(VENV)/.setup-base
 	$(VENV)/bin/python bench/atmm.py --threads 2 --batches 8,32
 
 clean:
-	rm -rf $(VENV) results
+	rm -rf $(VENV) .venv-ingest results

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import kernels  # noqa: E402
-from kernels import tuning  # noqa: E402
+from kernels import tuned, tuning  # noqa: E402
 from vlora_va import lora  # noqa: E402
 
 TOKENS = 257  # 224 px, patch 14: 16x16 patches + CLS
@@ -133,7 +133,7 @@ def bench_ops(repeats: int, full: bool, log) -> list[dict]:
             x3 = x.view(len(slots), TOKENS, n_in)
             names = [f"s{s}" for s in slots]
             einsum = make_einsum(A, B, slots, scale, TOKENS, x.shape[0])
-            choice = tuning.lookup_cpu(n_in, n_out, seg, slot_ranks)
+            choice = tuned.lookup_cpu(n_in, n_out, seg, slot_ranks)
             with torch.no_grad():
                 fns = {
                     "atmm": lambda: kernels.atmm(y, x, A, B, seg, scale, slot_ranks),
@@ -314,7 +314,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.time()
-    res = {"machine": tuning.device_kind(), "platform": platform.platform(), "torch": torch.__version__,
+    res = {"machine": tuned.device_kind(), "platform": platform.platform(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "repeats": a.repeats, "bb_repeats": a.bb_repeats}
     if "ops" not in skip:
         log("LoRA part alone, per layer shape and batch composition:")

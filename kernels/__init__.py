@@ -9,7 +9,7 @@ The Triton module is imported lazily (only on CUDA tensors), so ``TRITON_INTERPR
 from .ops import atmm, delta_weights
 from .reference import atmm_reference, delta_weights_reference
 from .segments import NO_ADAPTER, Segments
-from .tuning import device_kind
+from .tuned import device_kind
 
 __all__ = ["atmm", "delta_weights", "atmm_reference", "delta_weights_reference", "Segments", "NO_ADAPTER",
            "device_kind"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu, tuning
+from . import cpu, tuned
+from .einsum import atmm_einsum
 from .reference import as_float_list, atmm_reference
 from .segments import Segments
 
@@ -27,7 +28,8 @@ def atmm(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, idx
 
     x [N, in]; A [S, R, in] and B [S, out, R]: slot stacks (PEFT orientation), zero beyond each slot's rank;
     idx: LongTensor [N] or a prebuilt ``Segments``; scale, ranks: per slot (list or tensor; ranks default R).
-    impl: "triton" | "cpu" | "reference" (default: triton on CUDA, cpu otherwise). config: a CPU strategy name
+    impl: "triton" | "cpu" | "einsum" | "reference" (default: triton on CUDA, cpu otherwise; "einsum" is the
+    dLoRA-style one-hot baseline, any device). config: a CPU strategy name
     or a ``TritonConfig``; default from the tuned table. device_params: optional cached (scale float32 [S],
     ranks int32 [S]) tensors on the device, for the Triton path.
     """
@@ -42,10 +44,14 @@ def atmm(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, idx
     passes = [(seg, 1.0)]
     if delora_slot is not None:
         passes = [(seg.without(delora_slot), 1.0), (seg.delora(delora_slot), -1.0)]
+    if impl == "einsum":
+        for s, sign in passes:
+            atmm_einsum(y, x, A, B, s, scale_l if sign > 0 else [-v for v in scale_l], ranks_l)
+        return y
     if impl == "cpu":
         for s, sign in passes:
             sc = scale_l if sign > 0 else [-v for v in scale_l]
-            choice = config or tuning.lookup_cpu(x.shape[1], y.shape[1], s, ranks_l)
+            choice = config or tuned.lookup_cpu(x.shape[1], y.shape[1], s, ranks_l)
             cpu.atmm_cpu(y, x, A, B, s, sc, ranks_l, choice)
         return y
     if impl == "triton":
@@ -54,10 +60,10 @@ def atmm(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, idx
             device_params = (torch.tensor(scale_l, dtype=torch.float32, device=x.device),
                              torch.tensor(ranks_l, dtype=torch.int32, device=x.device))
         for s, sign in passes:
-            choice = config or tuning.lookup_triton(x.shape[1], y.shape[1], s, ranks_l, x.device)
+            choice = config or tuned.lookup_triton(x.shape[1], y.shape[1], s, ranks_l, x.device)
             atmm_triton(y, x, A, B, s, device_params[0], device_params[1], choice, sign)
         return y
-    raise ValueError(f"unknown ATMM impl {impl!r} (expected 'triton', 'cpu' or 'reference')")
+    raise ValueError(f"unknown ATMM impl {impl!r} (expected 'triton', 'cpu', 'einsum' or 'reference')")
 
 
 def _segments_to_idx(seg: Segments, device) -> torch.Tensor:

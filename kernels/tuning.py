@@ -1,17 +1,12 @@
-"""Profile-based choice of the ATMM configuration per shape bucket (`vlora-va tune`).
-
-A table per device kind (``kernels/tables/<kind>.json``) maps a shape bucket to the best choice measured on
-that device: a CPU strategy name, or a Triton tile config. Lookup is one dict access (memoised per batch
-layout); shapes the table has not seen get a rule-based default.
+"""`vlora-va tune`: profile the ATMM configurations per shape bucket on this device and write its table
+(kernels/tuned.py reads it at run time): a CPU strategy name, or a Triton tile config, per bucket.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
-import platform
 import random
 import statistics
 import sys
@@ -22,74 +17,7 @@ import torch
 
 from . import cpu
 from .segments import Segments
-
-TABLE_DIR = Path(__file__).parent / "tables"
-_TABLES: dict[str, dict] = {}
-
-
-# ---- device kind, buckets, tables -----------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _device_kind(device: str) -> str:
-    device = torch.device(device)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return "cuda-" + "-".join(name.lower().replace("_", " ").split())
-    cap = torch.backends.cpu.get_cpu_capability().lower()
-    return f"cpu-{platform.machine().lower()}-{cap}"
-
-
-def device_kind(device: torch.device | str | None = None) -> str:
-    """'cpu-x86_64-avx512' or 'cuda-nvidia-h100-80gb-hbm3': what a table is valid for (cached)."""
-    return _device_kind(str(device or "cpu"))
-
-
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << math.ceil(math.log2(n))
-
-
-def bucket_key(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
-    """Shape bucket: layer dims exact; rows, runs and max rank rounded up to powers of two."""
-    used = seg.used_slots
-    rmax = max((ranks[s] for s in used), default=0)
-    return (f"{n_in}x{n_out}/rows{_pow2(seg.n_rows)}/runs{_pow2(seg.n_runs)}/ad{_pow2(len(used))}"
-            f"/r{_pow2(rmax)}/{'g' if seg.is_grouped else 'u'}")
-
-
-def table_path(kind: str) -> Path:
-    return TABLE_DIR / f"{kind}.json"
-
-
-def load_table(kind: str) -> dict:
-    """The table for a device kind ({} entries when none is shipped or tuned)."""
-    if kind not in _TABLES:
-        p = table_path(kind)
-        _TABLES[kind] = json.loads(p.read_text()) if p.exists() else {"entries": {}}
-    return _TABLES[kind]
-
-
-def _lookup(kind: str, n_in: int, n_out: int, seg: Segments, ranks: list[int]):
-    """Memoised on the Segments object (one per forward), so each layer shape is bucketed once."""
-    memo_key = ("choice", kind, n_in, n_out, tuple(ranks[s] for s in seg.used_slots))
-    if memo_key in seg._cache:
-        return seg._cache[memo_key]
-    entry = load_table(kind)["entries"].get(bucket_key(n_in, n_out, seg, ranks))
-    seg._cache[memo_key] = entry["choice"] if entry else None
-    return seg._cache[memo_key]
-
-
-def lookup_cpu(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
-    choice = _lookup(device_kind("cpu"), n_in, n_out, seg, ranks)
-    return choice if choice in cpu.STRATEGIES else cpu.default_strategy(seg)
-
-
-def lookup_triton(n_in: int, n_out: int, seg: Segments, ranks: list[int], device):
-    from .triton_atmm import DEFAULT_CONFIG, TritonConfig
-    choice = _lookup(device_kind(device), n_in, n_out, seg, ranks)
-    if choice is None:
-        return DEFAULT_CONFIG
-    if isinstance(choice, dict):  # parse once, keep the parsed config in the memo
-        choice = TritonConfig.from_json(choice)
-    return choice
+from .tuned import _TABLES, bucket_key, device_kind, table_path
 
 
 # ---- the tuner ------------------------------------------------------------------------------------

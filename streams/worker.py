@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Union
 import cv2
 import zmq
 
-from vlora_va.config import PipelineConfig, StreamConfig
-from vlora_va.wire import encode_chunk
+from contracts.config import PipelineConfig, StreamConfig
+from contracts.wire import encode_chunk
 
 from .chunker import Chunker, ReadyChunk, plan_chunk
 from .source import FrameSource, SourceError

@@ -11,6 +11,10 @@
 
 An adapter trained with plain peft (`model.save_pretrained`) plus a head in this format loads unchanged.
 Only safetensors are read: never pickle.
+
+Module names: adapters are written under the canonical names of transformers >= 5.18 (`attention.q_proj`, ...),
+whichever version trained them; files with the legacy names (`attention.attention.query`, ...) load too.
+`fit_module_names` translates an adapter's names to the backbone it meets (see models.py, "two namings").
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from . import jsonfmt
 from .heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, build_head
+from .models import canonical_name, legacy_name, renamed_for
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
 
@@ -110,6 +116,72 @@ def read_lora(path: Path) -> tuple[int, float, list[str], dict[str, tuple[torch.
     return r, scale, targets, lora
 
 
+def fit_module_names(lora: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                     linear_names: Iterable[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The LoRA dict with each module named as the backbone names it (legacy or canonical DINOv2 naming).
+
+    linear_names: the backbone's nn.Linear qualified names (models.linear_names). Names that already match
+    stay; a module that is not a linear layer under either naming raises AdapterError naming it."""
+    available = set(linear_names)
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for module, ab in lora.items():
+        name = renamed_for(module, available)
+        if name is None:
+            raise AdapterError(f"LoRA targets {module!r}, which is not a linear layer of this backbone (another backbone?)")
+        if name in out:
+            raise AdapterError(f"LoRA targets {name!r} twice (under both its legacy and its canonical name)")
+        out[name] = ab
+    return out
+
+
+def canonical_module_names(
+        lora: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The LoRA dict under canonical (transformers >= 5.18) module names, as adapters are saved."""
+    out = {canonical_name(m): ab for m, ab in lora.items()}
+    if len(out) != len(lora):
+        raise AdapterError("LoRA names some modules twice (under both their legacy and their canonical name)")
+    return out
+
+
+def _suffix_match(name: str, target: str) -> bool:
+    """PEFT's rule for a target_modules list entry: the full name, or a suffix of whole dotted segments."""
+    return name == target or name.endswith("." + target)
+
+
+def _fit_target(target: str, names: list[str]) -> list[str] | None:
+    """target as one or more target_modules entries selecting the same layers among names; None: none fits."""
+    def selects(entry: str) -> set[str]:
+        return {n for n in names if _suffix_match(n, entry)}
+
+    if selects(target):
+        return [target]
+    want = {n for n in names if any(_suffix_match(alt, target) for alt in {canonical_name(n), legacy_name(n)} - {n})}
+    if not want:
+        return None
+    # The entry renamed whole (e.g. a full name), else the shortest suffix that selects exactly these layers.
+    segments = min(want).split(".")
+    suffixes = (".".join(segments[-k:]) for k in range(1, len(segments)))
+    candidates = (canonical_name(target), legacy_name(target), *suffixes)
+    fit = next((c for c in candidates if selects(c) == want), None)
+    return [fit] if fit is not None else sorted(want)
+
+
+def fit_target_modules(targets: Iterable[str], linear_names: Iterable[str]) -> list[str]:
+    """PEFT-style target_modules entries (`q_proj`, `attention.q_proj`, full names) as this backbone names them.
+
+    An entry that matches a linear layer stays. One that matches only under the other naming is replaced by
+    entries that select exactly those layers here (e.g. `q_proj` -> `query` on transformers < 5.18, and
+    back). An entry that matches under neither raises AdapterError naming it."""
+    names = list(linear_names)
+    out: list[str] = []
+    for t in targets:
+        fit = _fit_target(t, names)
+        if fit is None:
+            raise AdapterError(f"LoRA target module {t!r} matches no linear layer of this backbone (another backbone?)")
+        out += fit
+    return out
+
+
 def load_adapter_dir(name: str, path: str | Path, hidden: int) -> Adapter:
     """Read an adapter directory fully (LoRA + head) or raise AdapterError naming the problem."""
     p = Path(path)
@@ -134,12 +206,15 @@ def load_adapter_dir(name: str, path: str | Path, hidden: int) -> Adapter:
 
 def save_adapter_dir(path: str | Path, *, lora: dict[str, tuple[torch.Tensor, torch.Tensor]], rank: int, alpha: float,
                      target_modules: list[str], base_model: str, head: torch.nn.Module, head_config: dict) -> Path:
-    """Write an adapter in the format above (PEFT-compatible LoRA part)."""
+    """Write an adapter in the format above (PEFT-compatible LoRA part), under canonical module names."""
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
+    lora = canonical_module_names(lora)
+    # Entries spelled the legacy way (`query`) become the canonical ones that select the same saved modules.
+    targets = {e for t in target_modules for e in (_fit_target(t, list(lora)) or [canonical_name(t)])}
     peft_cfg = {
         "peft_type": "LORA", "task_type": None, "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0,
-        "target_modules": sorted(set(target_modules)), "bias": "none", "use_rslora": False,
+        "target_modules": sorted(targets), "bias": "none", "use_rslora": False,
         "base_model_name_or_path": base_model, "inference_mode": True, "fan_in_fan_out": False,
         "modules_to_save": None, "init_lora_weights": True,
     }

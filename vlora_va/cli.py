@@ -48,7 +48,7 @@ def input_warnings(cfg) -> list[str]:
 
 
 def cmd_validate(args) -> int:
-    from .config import ConfigError, load_config
+    from contracts.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config)
@@ -60,6 +60,27 @@ def cmd_validate(args) -> int:
     tasks = sum(len(s.tasks) for s in cfg.streams)
     print(f"{args.config}: OK ({len(cfg.streams)} streams, {tasks} tasks, {len(cfg.adapters)} adapters, "
           f"{len(cfg.sinks)} sinks)")
+    if args.profile:
+        return _print_capacity(cfg)
+    return 0
+
+
+def _print_capacity(cfg) -> int:
+    """Build the daemon's engine, measure (or load the cached) cost profile, and say what the configured load
+    needs on this machine."""
+    from .admission import estimate
+    from .daemon import build_engine, cost_model
+    from .models import ModelError
+
+    try:
+        engine, failed = build_engine(cfg)
+    except (ModelError, RuntimeError, ValueError) as e:
+        print(f"cannot build the engine: {e}", file=sys.stderr)
+        return 1
+    for name, why in failed.items():
+        print(f"warning: adapter {name} cannot be served: {why}", file=sys.stderr)
+    costs = cost_model(cfg, engine)
+    print(f"capacity: {estimate(cfg, engine.catalog(), costs).message}")
     return 0
 
 
@@ -68,7 +89,7 @@ def _load(path: str, endpoint: str | None = None):
     ingest on another host connects to tcp://daemon-host:5555)."""
     import dataclasses
 
-    from .config import ConfigError, load_config
+    from contracts.config import ConfigError, load_config
 
     try:
         cfg = load_config(path)
@@ -127,13 +148,18 @@ def cmd_models_fetch(args) -> int:
 
 def cmd_adapters_init(args) -> int:
     """Create an untrained adapter (B = 0 LoRA + random head): for trying a pipeline before training."""
-    from .adapters import init_untrained
-    from .models import load_backbone
+    from .adapters import AdapterError, fit_target_modules, init_untrained
+    from .models import linear_names, load_backbone
 
     backbone = load_backbone(args.backbone)
     targets = args.targets.split(",")
-    shapes = {n: tuple(m.weight.shape) for n, m in backbone.named_modules()
-              if isinstance(m, __import__("torch").nn.Linear) and n.rsplit(".", 1)[-1] in targets}
+    try:  # `q_proj` is `query` under transformers < 5.18: select by the installed names, save the canonical ones
+        here = fit_target_modules(targets, linear_names(backbone))
+    except AdapterError as e:
+        log.error("%s", e)
+        return 1
+    shapes = {n: tuple(backbone.get_submodule(n).weight.shape) for n in linear_names(backbone)
+              if any(n == t or n.endswith("." + t) for t in here)}
     names = args.names.split(",")
     path = init_untrained(args.dir, task=args.task, names=names, base_model=args.backbone,
                           hidden=backbone.config.hidden_size, target_modules=targets, module_shapes=shapes,
@@ -188,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ingest)
     p = sub.add_parser("validate", help="check a pipeline file without running it")
     p.add_argument("config")
+    p.add_argument("--profile", action="store_true",
+                   help="also measure this machine (or use its cached profile) and say whether the load fits")
     p.set_defaults(func=cmd_validate)
 
     models = sub.add_parser("models", help="backbones in the local model cache").add_subparsers(dest="what", required=True)

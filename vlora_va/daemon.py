@@ -1,53 +1,47 @@
-"""The inference daemon: receive chunks over ZeroMQ, batch requests across streams, run the engine, write results.
+"""The inference daemon: moves data between transport, scheduler, engine and sinks; decides nothing itself.
 
-One thread, one loop (simple and deterministic):
-    poll the PULL socket ─► decode each message (malformed: log + count, never fatal) ─► requests queue
-    ─► when the batch is full or its oldest request has waited max_wait_ms: pick requests earliest
-       deadline first ─► Engine.run ─► result records ─► sinks
-On stop the daemon drains: it reads what is still in flight, serves every queued request and flushes sinks.
+    transport (own thread: receive, decode, validate) ─► requests ─► admission (overload control)
+    ─► scheduler (queue, credits, deadlines, shedding, mode) ─► BatchPlan ─► engine.execute(plan)
+    ─► result records (ok / shed / error: every request gets exactly one) ─► sinks
+
+Start-up: load the backbone and adapters, measure (or load the cached) cost profile, warm up every plan
+key the policy can produce, say whether the configured load fits this machine, then report ready. On stop
+the daemon drains: it reads what is still in flight, answers every request it holds and flushes the sinks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 from contextlib import ExitStack
-import dataclasses
-from dataclasses import dataclass
 
 import torch
-import zmq
 
+from contracts.config import PipelineConfig
+from contracts.requests import Request
+from contracts.results import not_served, served
+
+from . import costs as C
 from .adapters import Adapter, AdapterError, load_adapter_dir
-from .config import PipelineConfig
+from .admission import estimate
 from .engine import Engine
-from .metrics import DaemonMetrics
+from .lora import LoRAMode
+from .metrics import DaemonMetrics, Totals
 from .models import load_backbone
-from .requests import Request, requests_from_chunk
-from .results import error_record, result_record
+from .plan import BatchPlan
+from .scheduling import POLICIES, OverloadControl, Settings, Shed
 from .sinks import ZmqPubSink, make_sink
-from .wire import WireError, decode_chunk
+from .transport import Malformed, Received, Transport
 
 log = logging.getLogger(__name__)
 
 DRAIN_QUIET_S = 0.3  # on stop, keep reading until the socket has been quiet this long...
 DRAIN_MAX_S = 30.0  # ...but stop reading new messages after this long
-QUEUE_BATCHES = 2  # the request queue holds at most this many batches' worth of images
-
-
-@dataclass
-class DaemonStats:
-    chunks: int = 0
-    malformed: int = 0
-    results: int = 0
-    errors: int = 0
-    deadline_missed: int = 0
-    images: int = 0
-    batches: int = 0
-    ingest_dropped: int = 0
-    max_queue_images: int = 0  # high-water mark of the request queue
+QUEUE_BATCHES = 4  # the daemon holds at most this many batches' worth of images (memory bound)
+IDLE_WAIT_S = 0.05
 
 
 def pick_device(name: str) -> str:
@@ -73,136 +67,185 @@ def load_adapters(config: PipelineConfig, hidden: int) -> tuple[dict[str, Adapte
     return loaded, failed
 
 
-def select_batch(queue: list[Request], max_images: int) -> list[Request]:
-    """Earliest deadline first, up to max_images frames (always at least one request). Removes them from queue."""
-    queue.sort(key=lambda r: (r.deadline_wall, r.ready_wall, r.stream, r.seq))
-    batch, images = [], 0
-    while queue and (not batch or images + queue[0].num_images <= max_images):
-        images += queue[0].num_images
-        batch.append(queue.pop(0))
-    return batch
+def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
+    """The engine for a pipeline, and the adapters that could not be served (name -> why)."""
+    d = config.daemon
+    device = pick_device(d.device)
+    torch.set_num_threads(d.threads or os.cpu_count() or 1)
+    backbone = load_backbone(d.backbone, d.allow_download, device)
+    adapters, failed = load_adapters(config, backbone.config.hidden_size)
+    engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, device, d.premerge_max_mb,
+                    d.max_batch_images)
+    failed.update(engine.rejected)
+    return engine, failed
+
+
+def cost_model(config: PipelineConfig, engine: Engine) -> C.CostModel:
+    """The cost profile for this engine on this machine: the cached one, or measured now (and cached)."""
+    catalog = engine.catalog()
+    ranks = {n: a.rank for n, a in engine.adapters.items()}
+    modes = C.MEASURED_MODES[config.daemon.policy]
+    key = C.profile_key(engine.device, config.daemon.backbone, engine.backbone, catalog, ranks, modes)
+    return C.CostModel(C.load_or_measure(engine, catalog, key, C.profile_dir(config.daemon.profile_cache), modes))
 
 
 class Daemon:
-    def __init__(self, config: PipelineConfig, engine: Engine | None = None):
+    def __init__(self, config: PipelineConfig, engine: Engine | None = None, costs: C.CostModel | None = None):
         self.config = config
         d = config.daemon
         self.metrics = DaemonMetrics()
-        self.stats = DaemonStats()
         self.failed_adapters: dict[str, str] = {}
         if engine is None:
-            device = pick_device(d.device)
-            torch.set_num_threads(d.threads or os.cpu_count() or 1)
-            backbone = load_backbone(d.backbone, d.allow_download, device)
-            adapters, self.failed_adapters = load_adapters(config, backbone.config.hidden_size)
-            engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, device, d.premerge_max_mb)
-            self.failed_adapters.update(engine.rejected)
+            engine, self.failed_adapters = build_engine(config)
         self.engine = engine
-        self.queue: list[Request] = []
+        self.catalog = engine.catalog()
+        self.costs = costs or cost_model(config, engine)
+        settings = Settings(d.max_batch_images, d.max_wait_ms / 1000.0, d.starvation_ms / 1000.0)
+        self.scheduler = POLICIES[d.policy](self.catalog, self.costs, settings, engine.weights_slot)
+        self.overload = OverloadControl(d.degrade)
+        self.warmed: set = set()
+        self.estimate = estimate(config, self.catalog, self.costs) if self.catalog.adapters else None
         self._last_log = time.monotonic()
-        self._logged = DaemonStats()
+        self._logged = Totals()
+        self._causes: dict[int, str] = {}
+
+    @property
+    def stats(self) -> Totals:
+        return self.metrics.totals
+
+    # ------------------------------------------------------------------ start-up
+    def warm_up(self) -> None:
+        """Every plan key the policy can produce, once: ready is reported only after this."""
+        t0 = time.perf_counter()
+        modes = {}
+        for size in self.catalog.sizes:
+            slot = next(a.slot for a in self.catalog.adapters.values() if a.size == size)
+            modes[size] = self.scheduler.warmup_modes(slot)
+        cuda = self.engine.device.type == "cuda"
+        self.warmed = C.warm_up(self.engine, self.catalog, modes, C.batch_sizes(self.engine.device,
+                                self.catalog.max_batch_images), bucketed=cuda)
+        self.engine.switch(LoRAMode("premerged") if self.catalog.can_premerge else LoRAMode("unmerged"))
+        self.scheduler.weights_slot = self.engine.weights_slot
+        log.info("warmed up %d plan keys in %.1f s", len(self.warmed), time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ receive
-    def _queued_images(self) -> int:
-        return sum(r.num_images for r in self.queue)
-
-    def _queue_full(self) -> bool:
-        # Bounded: a slow daemon must leave chunks in ZeroMQ, where backpressure reaches ingest and its
-        # drop policy, instead of piling them up here as latency (and memory).
-        return self._queued_images() >= QUEUE_BATCHES * self.config.daemon.max_batch_images
-
-    def _receive(self, sock: zmq.Socket, timeout_ms: int, sinks) -> int:
-        """Read the messages available while the queue has room (waiting up to timeout_ms for the first).
-        Returns messages read."""
-        n = 0
-        while not self._queue_full() and sock.poll(timeout_ms if n == 0 else 0):
-            parts = sock.recv_multipart(copy=False)
-            n += 1
-            self._accept(parts, sinks)
-        return n
-
-    def _accept(self, parts, sinks) -> None:
-        now = time.time()
-        try:
-            chunk = decode_chunk(parts)
-        except WireError as e:
-            self.stats.malformed += 1
-            self.metrics.malformed.inc()
-            log.error("malformed message rejected (%d parts): %s", len(parts), e)
+    def _accept(self, item, sinks) -> None:
+        if isinstance(item, Malformed):
+            self.metrics.malformed()
+            log.error("malformed message rejected (%d parts): %s", item.parts, item.reason)
             return
-        h = chunk.header
-        self.stats.chunks += 1
-        self.metrics.chunks.labels(h.stream).inc()
-        if h.dropped_before:
-            self.stats.ingest_dropped += h.dropped_before
-            self.metrics.ingest_dropped.labels(h.stream).inc(h.dropped_before)
-            log.warning("stream %s: ingest dropped %d chunk(s) before chunk %d", h.stream, h.dropped_before, h.seq)
-        for req in requests_from_chunk(chunk, now):
+        assert isinstance(item, Received)
+        self.metrics.chunk(item.stream, len(item.requests), item.dropped_before)
+        if item.dropped_before:
+            log.warning("stream %s: ingest dropped %d chunk(s) before chunk %d", item.stream, item.dropped_before,
+                        item.seq)
+        rows = []
+        now = time.time()
+        for req in item.requests:
             problem = self._unservable(req)
             if problem:
-                self._write_error(req, problem, sinks)
-            else:
-                self.queue.append(req)
-        self.stats.max_queue_images = max(self.stats.max_queue_images, self._queued_images())
-        self.metrics.queue_depth.set(len(self.queue))
+                rows.append((not_served(req, "error", problem, now), None))
+                continue
+            if req.best_effort:  # not live: never shed; the transport's backpressure paces its source
+                self.scheduler.add(req)
+                continue
+            info = self.catalog.adapters[req.adapter]
+            mode = LoRAMode("premerged") if self.catalog.can_premerge else LoRAMode("unmerged")
+            cost = self.costs.image_s(info.size, mode) * req.num_images
+            admitted = self.overload.admit(req, cost, now, info.min_frames)
+            if admitted.request is None:
+                rows.append((not_served(req, "shed", admitted.reason, now), "overload"))
+                continue
+            if admitted.thinned_from:
+                admitted.request.degraded = admitted.reason
+            self.scheduler.add(admitted.request)
+        self._write(rows, sinks)
 
     def _unservable(self, req: Request) -> str | None:
         if req.adapter in self.failed_adapters:
             return f"adapter {req.adapter!r} failed to load: {self.failed_adapters[req.adapter]}"
-        if req.adapter not in self.engine.slots:
-            return f"unknown adapter {req.adapter!r} (loaded: {', '.join(self.engine.slots) or 'none'})"
+        if req.adapter not in self.catalog.adapters:
+            return f"unknown adapter {req.adapter!r} (loaded: {', '.join(self.catalog.adapters) or 'none'})"
         shape = req.frames[0].shape
         if shape[0] != self.engine.image_size or shape[1] != self.engine.image_size:
             return f"frames are {shape[1]}x{shape[0]} but the daemon's image_size is {self.engine.image_size}"
         return None
 
-    def _write_error(self, req: Request, message: str, sinks) -> None:
-        self.stats.errors += 1
-        self.metrics.results.labels(req.stream, req.task, "error").inc()
-        log.error("stream %s chunk %d task %s: %s", req.stream, req.seq, req.task, message)
-        for s in sinks:
-            s.write([error_record(req, message, time.time())])
-
     # ------------------------------------------------------------------ serve
-    def _batch_ready(self, stopping: bool) -> bool:
-        if not self.queue:
-            return False
-        if stopping or self._queued_images() >= self.config.daemon.max_batch_images:
-            return True
-        oldest = min(r.received_wall for r in self.queue)
-        return time.time() - oldest >= self.config.daemon.max_wait_ms / 1000.0
-
-    def _serve_one_batch(self, sinks) -> None:
-        batch = select_batch(self.queue, self.config.daemon.max_batch_images)
-        t0 = time.time()
-        try:
-            outputs = self.engine.run(batch)
-        except Exception as e:  # a bad batch must not take the daemon down
-            log.exception("engine failed on a batch of %d requests", len(batch))
-            for req in batch:
-                self._write_error(req, f"inference failed: {type(e).__name__}: {e}", sinks)
+    def _write(self, rows: list, sinks) -> None:
+        if not rows:
             return
-        t1 = time.time()
-        records = []
-        for out in outputs:
-            req = out.request
-            rec = result_record(req, out.result, compute_start=t0, compute_end=t1, batch_images=out.batch_images,
-                                trained=self.engine.adapters[req.adapter].trained)
-            records.append(rec)
-            self.metrics.results.labels(req.stream, req.task, "ok").inc()
-            self.metrics.latency_s.labels(req.task).observe(t1 - req.ready_wall)
-            if not rec["deadline_met"]:
-                self.stats.deadline_missed += 1
-                self.metrics.deadline_missed.labels(req.stream, req.task).inc()
+        for rec, cause in rows:
+            self.metrics.row(rec, cause)
+            if rec.status == "error":
+                log.error("stream %s chunk %d task %s: %s", rec.stream, rec.chunk, rec.task, rec.reason)
+        records = [rec for rec, _ in rows]
         for s in sinks:
             s.write(records)
-        images = outputs[0].batch_images if outputs else 0
-        self.stats.results += len(records)
-        self.stats.images += images
-        self.stats.batches += 1
-        self.metrics.batch_images.observe(images)
-        self.metrics.compute_s.observe(t1 - t0)
-        self.metrics.queue_depth.set(len(self.queue))
+
+    def _shed_rows(self, shed: list[Shed]) -> list:
+        now = time.time()
+        return [(not_served(s.request, "shed", s.reason, now), s.cause) for s in shed]
+
+    def _mode_label(self, mode: LoRAMode) -> str:
+        if mode.slot is None:
+            return str(mode)
+        name = next(n for n, a in self.catalog.adapters.items() if a.slot == mode.slot)
+        return f"{mode.kind}:{name}" + ("" if mode.impl == "atmm" else f"/{mode.impl}")
+
+    def _execute(self, plan: BatchPlan, sinks) -> None:
+        before = self.engine.weights_slot
+        t0 = time.time()
+        try:
+            payloads = self.engine.execute(plan)
+        except Exception as e:  # a bad batch must not take the daemon down
+            log.exception("engine failed on a batch of %d requests", len(plan.requests))
+            self.scheduler.weights_slot = self.engine.weights_slot
+            now = time.time()
+            self._write([(not_served(r, "error", f"inference failed: {type(e).__name__}: {e}", now), None)
+                         for r in plan.requests], sinks)
+            return
+        t1 = time.time()
+        self.costs.observe(plan.raw_s, t1 - t0)
+        label = self._mode_label(plan.mode)
+        rows = [(served(r, p, compute_start=t0, compute_end=t1, batch_images=plan.images, mode=label,
+                        trained=self.catalog.adapters[r.adapter].trained), None)
+                for r, p in zip(plan.requests, payloads)]
+        self.metrics.batch(label, plan.images, t1 - t0, switched=before != self.engine.weights_slot)
+        self._write(rows, sinks)
+
+    def _step(self, transport: Transport, sinks, stopping: bool) -> int:
+        """Take what arrived, then run one batch if one is due. Returns the items taken."""
+        now = time.time()
+        wait = 0.0 if self.scheduler.ready(now, stopping) else self._wait_s(now)
+        items = transport.take(wait)
+        for item in items:
+            self._accept(item, sinks)
+        now = time.time()
+        if self.scheduler.ready(now, stopping):
+            plan, shed = self.scheduler.next_plan(now)
+            self._write(self._shed_rows(shed), sinks)
+            if plan is not None:
+                self._execute(plan, sinks)
+        transport.held_images = self.scheduler.queued_images
+        self._gauges()
+        self._log_progress()
+        return len(items)
+
+    def _wait_s(self, now: float) -> float:
+        if not self.scheduler.queue:
+            return IDLE_WAIT_S
+        oldest = min(r.received for r in self.scheduler.queue)
+        return min(IDLE_WAIT_S, max(0.0, oldest + self.scheduler.settings.max_wait_s - now))
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        m.queue(len(self.scheduler.queue), self.scheduler.queued_images)
+        m.correction.set(self.costs.correction)
+        now = time.time()
+        m.offered_load.set(self.overload.load(now))
+        for tier, f in self.overload.fractions.items():
+            m.degraded.labels(str(tier)).set(f)
 
     def _log_progress(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -210,11 +253,13 @@ class Daemon:
         if not force and dt < self.config.daemon.log_every_s:
             return
         s, p = self.stats, self._logged
-        log.info("%.1f chunks/s, %.1f results/s, %.1f images/s, %d deadline misses, %d ingest drops, "
-                 "%d malformed, queue %d", (s.chunks - p.chunks) / dt, (s.results - p.results) / dt,
-                 (s.images - p.images) / dt, s.deadline_missed - p.deadline_missed,
-                 s.ingest_dropped - p.ingest_dropped, s.malformed - p.malformed, len(self.queue))
-        self._logged = dataclasses.replace(s)
+        log.info("%.1f chunks/s, %.1f results/s, %.1f images/s, %d shed, %d deadline misses, %d errors, "
+                 "%d ingest drops, %d malformed, %d mode switches, queue %d, offered load %.2f s/s, cost x%.2f",
+                 (s.chunks - p.chunks) / dt, (s.ok - p.ok) / dt, (s.images - p.images) / dt, s.shed - p.shed,
+                 s.deadline_missed - p.deadline_missed, s.errors - p.errors, s.ingest_dropped - p.ingest_dropped,
+                 s.malformed - p.malformed, s.switches - p.switches, len(self.scheduler.queue),
+                 self.overload.load(time.time()), self.costs.correction)
+        self._logged = dataclasses.replace(s, shed_by=dict(s.shed_by))
         self._last_log = now
 
     def _sinks(self, stack: ExitStack) -> list:
@@ -224,55 +269,51 @@ class Daemon:
         return sinks
 
     def run(self, stop: threading.Event | None = None, ready: threading.Event | None = None,
-            drained: threading.Event | None = None) -> DaemonStats:
-        """Serve until stop is set, then drain. `ready` is set once the socket is bound, `drained` once
+            drained: threading.Event | None = None) -> Totals:
+        """Serve until stop is set, then drain. `ready` is set once warmed up and listening, `drained` once
         every request received has been answered and the sinks flushed (senders may disconnect then)."""
         stop = stop or threading.Event()
         d = self.config.daemon
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.PULL)
-        sock.setsockopt(zmq.RCVHWM, 4)  # small: backpressure reaches ingest, whose drop policy decides
-        sock.setsockopt(zmq.RCVBUF, 1 << 20)  # the kernel buffer too: chunks hidden there are only latency
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.bind(d.endpoint)
-        if d.metrics_port:
-            self.metrics.serve(d.metrics_port)
-        log.info("daemon listening on %s (image %d px, %d adapter(s) loaded, %d failed)", d.endpoint,
-                 d.image_size, len(self.engine.slots), len(self.failed_adapters))
+        if not self.warmed:
+            self.warm_up()
+        if self.estimate is not None:
+            (log.info if self.estimate.fits else log.warning)("capacity: %s", self.estimate.message)
+        transport = Transport(d.endpoint, d.image_size, QUEUE_BATCHES * d.max_batch_images)
         try:
+            if d.metrics_port:
+                self.metrics.serve(d.metrics_port)
             with ExitStack() as stack:
                 sinks = self._sinks(stack)
+                transport.start()
+                log.info("daemon ready on %s (policy %s, image %d px, %d adapter(s) loaded, %d failed)",
+                         d.endpoint, d.policy, d.image_size, len(self.catalog.adapters), len(self.failed_adapters))
                 if ready is not None:
                     ready.set()
                 while not stop.is_set():
-                    self._receive(sock, 0 if self._batch_ready(False) else 50, sinks)
-                    while self._batch_ready(False):
-                        self._serve_one_batch(sinks)
-                        self._receive(sock, 0, sinks)
-                    self._log_progress()
-                self._drain(sock, sinks)
+                    self._step(transport, sinks, stopping=False)
+                self._drain(transport, sinks)
         finally:
-            sock.close()
-            ctx.term()
+            transport.close()
             if drained is not None:
                 drained.set()
-        log.info("daemon stopped: %d chunks, %d results, %d errors, %d deadline misses, %d malformed messages",
-                 self.stats.chunks, self.stats.results, self.stats.errors, self.stats.deadline_missed,
-                 self.stats.malformed)
-        return self.stats
+        s = self.stats
+        log.info("daemon stopped: %d chunks, %d requests, %d results, %d shed, %d errors, %d deadline misses, "
+                 "%d malformed messages", s.chunks, s.requests, s.ok, s.shed, s.errors, s.deadline_missed,
+                 s.malformed)
+        return s
 
-    def _drain(self, sock: zmq.Socket, sinks) -> None:
-        """Read what is still arriving, then serve every queued request."""
-        log.info("draining: %d request(s) queued", len(self.queue))
-        start = last = time.monotonic()
+    def _drain(self, transport: Transport, sinks) -> None:
+        """Read what is still arriving, then answer every queued request."""
+        log.info("draining: %d request(s) queued", len(self.scheduler.queue))
+        start = time.monotonic()
         while True:
             # Senders stay connected until we are drained, so what is in flight still arrives; a sender
             # that never stops is cut off after DRAIN_MAX_S.
             reading = time.monotonic() - start < DRAIN_MAX_S
-            if reading and self._receive(sock, 0 if self.queue else 50, sinks):
-                last = time.monotonic()
-            if self.queue:
-                self._serve_one_batch(sinks)
-            elif not reading or time.monotonic() - last >= DRAIN_QUIET_S:
+            if not reading:
+                transport.pause()
+            self._step(transport, sinks, stopping=True)
+            quiet = time.monotonic() - transport.last_read >= DRAIN_QUIET_S
+            if not self.scheduler.queue and (quiet or not reading) and not transport.take(0):
                 break
         self._log_progress(force=True)

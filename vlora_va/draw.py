@@ -31,7 +31,7 @@ def frame_at(video: str | Path, ts: float) -> np.ndarray:
 
 def read_rows(results: str | Path, stream: str) -> list[dict]:
     with open(results, encoding="utf-8") as f:
-        return [r for r in map(json.loads, f) if r.get("stream") == stream and "error" not in r]
+        return [r for r in map(json.loads, f) if r.get("stream") == stream and r.get("status", "ok") == "ok"]
 
 
 def annotate(image: np.ndarray, detections: list[dict], caption: str = "",

@@ -1,49 +1,47 @@
-"""The inference engine: one backbone, adapters in LoRA slots (served by ATMM), and their task heads.
+"""The inference engine: executes batch plans. One backbone, adapters in LoRA slots, their task heads.
 
-`Engine.run(batch)` takes requests that may each want a different adapter, runs ONE backbone forward over
-all their frames (every frame carrying its adapter's slot), then each adapter's head on its requests'
-features, and returns one output dict per request.
+`Engine.execute(plan)` makes the base weights hold what the plan's LoRA mode needs (a one-shot switch of all
+layers), runs ONE backbone forward per image size over all the plan's frames (each frame through its own
+adapter, as the mode says), then each adapter's head on its requests' features, and returns each request's
+typed result. It decides nothing: the scheduler chose the requests, the mode and the grouping.
 
 Frames arrive letterboxed to the daemon's `image_size`; an adapter trained at a smaller size (its
 head_config `image_size`) gets them resized to that size, so tasks that need detail (small objects) and
-tasks that do not share one daemon: one backbone forward per image size present in the batch.
+tasks that do not share one daemon.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .adapters import Adapter
+from contracts.requests import Request
+from contracts.results import DetectionResult, FrameDetections, Payload
+
+from .adapters import Adapter, AdapterError, fit_module_names
 from .heads import ActionHead, DetectionHead, Features
-from .lora import enable_premerge, inject_lora, load_adapter, premerge_bytes
+from .lora import (MIXTURE, PREMERGED, UNMERGED, LoRAMode, enable_premerge, inject_lora, load_adapter, premerge_bytes,
+                   switch_weights)
 from .models import normalise, patch_size
-from .requests import Request
-from .wire import Letterbox
+from .plan import AdapterInfo, BatchPlan, Catalog, SizeGroup
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Output:
-    request: Request
-    result: dict  # "frames": [...] for detection; "label"/"score"/"scores" (+ "persons") for action
-    batch_images: int
 
 
 class Engine:
     def __init__(self, backbone: torch.nn.Module, adapters: dict[str, Adapter], image_size: int,
                  max_slots: int = 8, max_rank: int = 64, device: str | torch.device = "cpu",
-                 premerge_max_mb: int = 0):
+                 premerge_max_mb: int = 0, max_batch_images: int = 16):
         if len(adapters) > max_slots:
             raise ValueError(f"{len(adapters)} adapters configured but daemon.max_slots is {max_slots}")
         self.device = torch.device(device)
         self.backbone = backbone.to(self.device).eval()
         self.image_size = image_size
+        self.max_batch_images = max_batch_images
         self.patch = patch_size(backbone)
         # Tokens before the patch grid: CLS plus any register tokens.
         self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)
@@ -61,6 +59,7 @@ class Engine:
                             "it will see upscaled frames", name, size, image_size)
         modules = sorted({m for a in adapters.values() for m in a.lora})
         self.lora_ctx = None
+        self.premerged = False
         if modules:
             self.lora_ctx = inject_lora(self.backbone, modules, num_slots=max(1, len(adapters)), max_rank=max_rank)
             for name, a in adapters.items():
@@ -70,18 +69,23 @@ class Engine:
             a.head.to(self.device).eval()
 
     def _maybe_premerge(self, max_mb: int) -> None:
-        # On CPU, per-adapter merged weights beat base GEMM + LoRA GEMMs (bench/atmm.py); on CUDA the
-        # Triton kernels serve the LoRA instead.
+        # Per-slot merged weights replace the LoRA GEMMs with one GEMM per run of rows (bench/atmm.py): the
+        # cost model then decides when that mode serves a batch best.
         mb = premerge_bytes(self.backbone) / 2**20
-        if self.device.type == "cpu" and 0 < mb <= max_mb:
+        if 0 < mb <= max_mb:
             enable_premerge(self.backbone)
+            self.premerged = True
             log.info("LoRA: premerged weights for %d slot(s), %.0f MB", len(self.slots), mb)
         else:
-            log.info("LoRA: ATMM (premerged weights would take %.0f MB, limit %d MB)", mb, max_mb)
+            log.info("LoRA: no premerged weights (they would take %.0f MB, daemon.premerge_max_mb %d)", mb, max_mb)
 
     def _misfit(self, a: Adapter, max_rank: int) -> str | None:
         """Why this adapter cannot run on this backbone, or None."""
         linear = {n: m for n, m in self.backbone.named_modules() if isinstance(m, torch.nn.Linear)}
+        try:  # adapters name layers as transformers >= 5.18 does; an older one names them otherwise
+            a.lora = fit_module_names(a.lora, linear)
+        except AdapterError as e:
+            return str(e)
         for module, (A, B) in a.lora.items():
             layer = linear.get(module)
             if layer is None:
@@ -96,6 +100,31 @@ class Engine:
             return f"head_config image_size {size!r} is not a positive multiple of the patch size {self.patch}"
         return None
 
+    def catalog(self) -> Catalog:
+        infos = {}
+        for name, a in self.adapters.items():
+            action = isinstance(a.head, ActionHead)
+            min_frames = int(a.head_config.get("min_clip_len", a.clip_len)) if action else 1
+            infos[name] = AdapterInfo(name, self.slots[name], self.sizes[name], "action" if action else "detection",
+                                      min_frames, a.trained, bool(a.lora))
+        return Catalog(infos, self.premerged, self.lora_ctx is not None, self.image_size, self.max_batch_images)
+
+    # ------------------------------------------------------------------ modes
+    @property
+    def weights_slot(self) -> int | None:
+        return self.lora_ctx.weights_slot if self.lora_ctx is not None else None
+
+    def switch(self, mode: LoRAMode) -> float:
+        """Make the base weights hold what `mode` needs; seconds spent (0 when nothing changed)."""
+        if self.lora_ctx is None or self.lora_ctx.weights_slot == mode.weights_slot:
+            return 0.0
+        t0 = time.perf_counter()
+        switch_weights(self.backbone, mode.weights_slot)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ execution
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
         """uint8 [H, W, 3] frames → normalised float [N, 3, size, size]."""
         # np.stack copies: the received buffers stay untouched
@@ -105,62 +134,78 @@ class Engine:
         return x
 
     @torch.inference_mode()
-    def features(self, frames: list[np.ndarray], slots: list[int], size: int | None = None) -> Features:
-        """Backbone features of the frames at size px, frame i through adapter slot slots[i] (-1 = none)."""
+    def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode | None = None,
+                 size: int | None = None) -> Features:
+        """Backbone features of the frames at size px, frame i through adapter slot slots[i] (-1 = none),
+        the LoRA computed as `mode` says (default: the cheapest mode that needs no weight switch)."""
         size = size or frames[0].shape[0]
         # Group frames by slot so each adapter's rows are contiguous for ATMM, then restore the order.
         order = sorted(range(len(frames)), key=lambda i: slots[i])
         if self.lora_ctx is not None:
-            self.lora_ctx.set_rows(torch.tensor([slots[i] for i in order], dtype=torch.long))
-        hidden = self.backbone(pixel_values=self.pixels([frames[i] for i in order], size)).last_hidden_state
+            self.lora_ctx.begin(mode or self.default_mode(), [slots[i] for i in order])
+        try:
+            hidden = self.backbone(pixel_values=self.pixels([frames[i] for i in order], size)).last_hidden_state
+        finally:
+            if self.lora_ctx is not None:
+                self.lora_ctx.clear()
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
         return Features.from_hidden(hidden[inverse.to(hidden.device)], size, self.patch, self.prefix_tokens)
 
-    @torch.inference_mode()
-    def run(self, batch: list[Request]) -> list[Output]:
-        results: list[dict | None] = [None] * len(batch)
-        by_size: dict[int, list[int]] = {}
-        for i, r in enumerate(batch):
-            by_size.setdefault(self.sizes[r.adapter], []).append(i)
-        for size, members in by_size.items():
-            self._run_size(batch, members, size, results)
-        images = sum(r.num_images for r in batch)
-        return [Output(r, res, images) for r, res in zip(batch, results)]
+    def default_mode(self) -> LoRAMode:
+        """Without a plan (tools, tests): premerged when resident, else unmerged through ATMM (mixture while
+        the base weights hold a slot)."""
+        if self.lora_ctx is not None and self.lora_ctx.weights_slot is not None:
+            return LoRAMode(MIXTURE, self.lora_ctx.weights_slot)
+        return LoRAMode(PREMERGED if self.premerged else UNMERGED)
 
-    def _run_size(self, batch: list[Request], members: list[int], size: int, results: list) -> None:
-        """One backbone forward for the requests `members` (all at this image size), then their heads."""
+    @torch.inference_mode()
+    def execute(self, plan: BatchPlan) -> list[Payload]:
+        """Run a plan: each request's typed result, in the plan's order."""
+        self.switch(plan.mode)
+        results: list[Payload | None] = [None] * len(plan.requests)
+        for group in plan.groups:
+            self._run_size(plan, group, results)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return results
+
+    def _run_size(self, plan: BatchPlan, group: SizeGroup, results: list) -> None:
+        """One backbone forward for the group's requests (all at its image size), then their heads."""
+        batch = plan.requests
         frames, slots, spans = [], [], {}
-        for i in members:
+        for i in group.members:
             r = batch[i]
             spans[i] = (len(frames), len(frames) + r.num_images)
             frames.extend(r.frames)
             slots.extend([self.slots[r.adapter]] * r.num_images)
-        feats = self.features(frames, slots, size)
+        feats = self.features(frames, slots, plan.mode, group.size)
         by_adapter: dict[str, list[int]] = {}
-        for i in members:
+        for i in group.members:
             by_adapter.setdefault(batch[i].adapter, []).append(i)
         for name, idxs in by_adapter.items():
             head = self.adapters[name].head
             if isinstance(head, DetectionHead):
-                self._detect(head, batch, idxs, spans, feats, results, size)
+                self._detect(head, batch, idxs, spans, feats, results, group.size)
             else:
-                self._classify(head, batch, idxs, spans, feats, results, size)
+                self._classify(head, batch, idxs, spans, feats, results, group.size)
 
-    def _detect(self, head: DetectionHead, batch, idxs, spans, feats: Features, results, size: int) -> None:
+    def _detect(self, head: DetectionHead, batch: list[Request], idxs, spans, feats: Features, results,
+                size: int) -> None:
         rows = torch.tensor([j for i in idxs for j in range(*spans[i])], device=self.device)
-        lbs = [_rescaled(batch[i].letterbox, size / batch[i].frames[0].shape[0])
+        lbs = [batch[i].letterbox.resized(size / batch[i].frames[0].shape[0])
                for i in idxs for _ in range(batch[i].num_images)]
         sizes = [batch[i].orig_size for i in idxs for _ in range(batch[i].num_images)]
         dets = head.decode(head(feats.select(rows)), lbs, sizes)
         k = 0
         for i in idxs:
             r = batch[i]
-            results[i] = {"frames": [{"ts": round(ts, 4), "detections": d}
-                                     for ts, d in zip(r.frame_ts, dets[k:k + r.num_images])]}
+            results[i] = DetectionResult(tuple(FrameDetections(ts, tuple(d))
+                                               for ts, d in zip(r.frame_ts, dets[k:k + r.num_images])))
             k += r.num_images
 
-    def _classify(self, head: ActionHead, batch, idxs, spans, feats: Features, results, size: int) -> None:
+    def _classify(self, head: ActionHead, batch: list[Request], idxs, spans, feats: Features, results,
+                  size: int) -> None:
         # Clips of equal length go through the head together.
         by_len: dict[int, list[int]] = {}
         for i in idxs:
@@ -168,12 +213,7 @@ class Engine:
         for clip_len, group in by_len.items():
             rows = torch.tensor([j for i in group for j in range(*spans[i])], device=self.device)
             # A clip's frames share one letterbox: persons are placed through it, as detections are.
-            lbs = [_rescaled(batch[i].letterbox, size / batch[i].frames[0].shape[0]) for i in group]
+            lbs = [batch[i].letterbox.resized(size / batch[i].frames[0].shape[0]) for i in group]
             sizes = [batch[i].orig_size for i in group]
             for i, res in zip(group, head.decode(head(feats.select(rows), clip_len), lbs, sizes)):
                 results[i] = res
-
-
-def _rescaled(lb: Letterbox, factor: float) -> Letterbox:
-    """The letterbox of a frame that was resized by factor after letterboxing."""
-    return lb if factor == 1.0 else Letterbox(lb.scale * factor, lb.pad_x * factor, lb.pad_y * factor)

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .wire import Letterbox
+from contracts.geometry import Letterbox
+from contracts.results import ActivityResult, Detection, PersonActivity
 
 HEAD_FORMAT = "vlora-va-head"
 HEAD_FORMAT_VERSION = 1
@@ -80,8 +81,8 @@ class DetectionHead(nn.Module):
 
     @torch.no_grad()
     def decode(self, raw: tuple[torch.Tensor, torch.Tensor], letterboxes: list[Letterbox],
-               orig_sizes: list[tuple[int, int]]) -> list[list[dict]]:
-        """Per image: [{"box": [x1, y1, x2, y2] original pixels, "class": name, "score": p}], best first."""
+               orig_sizes: list[tuple[int, int]]) -> list[list[Detection]]:
+        """Per image: its detections (boxes in original pixels), best first."""
         logits, dist = raw
         scores = logits.sigmoid()
         peaks = local_peaks(scores, self.score_threshold)
@@ -94,7 +95,8 @@ class DetectionHead(nn.Module):
             d = dist[i, :, yy, xx]
             boxes = torch.stack([cx[yy, xx] - d[0], cy[yy, xx] - d[1], cx[yy, xx] + d[2], cy[yy, xx] + d[3]], 1)
             kept = batched_nms(boxes, s, cls_idx, self.nms_iou)[: self.max_detections]
-            out.append(_to_original(boxes[kept], s[kept], cls_idx[kept], self.classes, letterboxes[i], orig_sizes[i]))
+            out.append([Detection(tuple(letterboxes[i].box_to_original(b, orig_sizes[i])), self.classes[c], p)
+                        for b, p, c in zip(boxes[kept].tolist(), s[kept].tolist(), cls_idx[kept].tolist())])
         return out
 
 
@@ -102,16 +104,6 @@ def local_peaks(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     """[B, C, H, W] -> bool mask of the cells that are their 3x3 neighbourhood's maximum and >= threshold
     (CenterNet's NMS-free peak picking: one peak per object centre)."""
     return (scores == F.max_pool2d(scores, 3, stride=1, padding=1)) & (scores >= threshold)
-
-
-def _to_original(boxes: torch.Tensor, scores: torch.Tensor, cls_idx: torch.Tensor, classes: list[str],
-                 lb: Letterbox, orig_size: tuple[int, int]) -> list[dict]:
-    w, h = orig_size
-    b = boxes.clone()
-    b[:, 0::2] = ((b[:, 0::2] - lb.pad_x) / lb.scale).clamp(0, w)
-    b[:, 1::2] = ((b[:, 1::2] - lb.pad_y) / lb.scale).clamp(0, h)
-    return [{"box": [round(v, 1) for v in box], "class": classes[c], "score": round(float(p), 4)}
-            for box, p, c in zip(b.tolist(), scores.tolist(), cls_idx.tolist())]
 
 
 def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -131,15 +123,15 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor
         return order
     # Offsetting boxes per class keeps classes from suppressing each other in one IoU matrix.
     offset = classes.to(boxes.dtype)[:, None] * (boxes.max() + 1)
-    ious = box_iou(boxes + offset, boxes + offset)[order][:, order]
+    over = (box_iou(boxes + offset, boxes + offset)[order][:, order] > iou).cpu()  # one device->host copy
     keep: list[int] = []
     suppressed = torch.zeros(order.numel(), dtype=torch.bool)
     for i in range(order.numel()):
         if suppressed[i]:
             continue
         keep.append(i)
-        suppressed |= ious[i] > iou
-    return order[torch.tensor(keep, dtype=torch.long)]
+        suppressed |= over[i]
+    return order[torch.tensor(keep, dtype=torch.long, device=order.device)]
 
 
 PERSON_FIELDS = 5  # per cell: person-centre logit, centre offset x/y in the cell, log box width/height in cells
@@ -208,25 +200,24 @@ class ActionHead(nn.Module):
 
     @torch.no_grad()
     def decode(self, raw: tuple[torch.Tensor, torch.Tensor | None], letterboxes: list[Letterbox] | None = None,
-               orig_sizes: list[tuple[int, int]] | None = None) -> list[dict]:
-        """Per clip: {"label", "score", "scores"} and, with the persons branch, "persons": [{"box" (original
-        pixels), "score" (person), "activity", "activity_score"}], best first. Persons need each clip's
-        letterbox and original frame size."""
+               orig_sizes: list[tuple[int, int]] | None = None) -> list[ActivityResult]:
+        """Per clip: the label, its probability and every label's, and, with the persons branch, every person
+        found (box in original pixels, best first). Persons need each clip's letterbox and original size."""
         logits, maps = raw
-        probs = logits.softmax(-1)
-        best = probs.argmax(-1)
-        out = [{"label": self.labels[int(k)], "score": round(float(p[k]), 4),
-                "scores": {lab: round(float(v), 4) for lab, v in zip(self.labels, p.tolist())}}
-               for k, p in zip(best, probs)]
+        probs = logits.softmax(-1).tolist()
+        persons: list = [None] * len(probs)
         if maps is not None:
             if letterboxes is None or orig_sizes is None:
                 raise ValueError("action head: decoding persons needs each clip's letterbox and original size")
-            for clip, persons in zip(out, self.decode_persons(maps, letterboxes, orig_sizes)):
-                clip["persons"] = persons
+            persons = [tuple(p) for p in self.decode_persons(maps, letterboxes, orig_sizes)]
+        out = []
+        for p, ps in zip(probs, persons):
+            k = max(range(len(p)), key=p.__getitem__)
+            out.append(ActivityResult(self.labels[k], p[k], dict(zip(self.labels, p)), ps))
         return out
 
     def decode_persons(self, maps: torch.Tensor, letterboxes: list[Letterbox],
-                       orig_sizes: list[tuple[int, int]]) -> list[list[dict]]:
+                       orig_sizes: list[tuple[int, int]]) -> list[list[PersonActivity]]:
         score = maps[:, 0].sigmoid()
         peaks = local_peaks(score[:, None], self.score_threshold)[:, 0]
         stride = self.image_size / maps.shape[-1]
@@ -240,13 +231,11 @@ class ActionHead(nn.Module):
             cy = (yy + 0.5 + maps[i, 2, yy, xx]) * stride
             w, h = maps[i, 3, yy, xx].exp() * stride, maps[i, 4, yy, xx].exp() * stride
             boxes = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
-            activity = maps[i, PERSON_FIELDS:, yy, xx].softmax(0)                # [activities, K]
-            persons = _to_original(boxes, s, torch.zeros_like(yy), ["person"], letterboxes[i], orig_sizes[i])
-            for p, a in zip(persons, activity.T):
-                k = int(a.argmax())
-                del p["class"]
-                p.update(activity=self.person_labels[k], activity_score=round(float(a[k]), 4))
-            out.append(persons)
+            activity = maps[i, PERSON_FIELDS:, yy, xx].softmax(0).T                # [K, activities]
+            best = activity.argmax(1)
+            out.append([PersonActivity(tuple(letterboxes[i].box_to_original(b, orig_sizes[i])), p,
+                                       self.person_labels[k], a[k])
+                        for b, p, k, a in zip(boxes.tolist(), s.tolist(), best.tolist(), activity.tolist())])
         return out
 
 

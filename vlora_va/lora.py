@@ -3,17 +3,25 @@
 ``inject_lora`` wraps the targeted ``nn.Linear`` layers in ``LoRALinear`` and pre-allocates, per group of
 same-shaped layers, contiguous slot stacks ``A [L, S, R, in]`` and ``B [L, S, out, R]`` (PEFT orientation;
 entries past an adapter's rank stay zero). Loading an adapter writes into a slot; nothing is allocated later.
-All wrapped layers share one ``LoRAContext``: the engine describes the batch once per forward
-(``set_rows``) and every layer adds its adapters' LoRA through one ATMM call.
+All wrapped layers share one ``LoRAContext``: the engine describes each forward once (``begin``: the
+``LoRAMode`` and every batch element's slot) and every layer computes its LoRA the way the mode says.
 
-The base weights of each group are also moved into one contiguous ``[L, out, in]`` tensor so that a
-mode switch (``merge_slot`` / ``unmerge``) is one batched GEMM plus one add per group, computed from a
-pristine copy: no drift however many times modes switch.
+The modes (one ``LoRAMode`` object; nothing else decides how a layer computes):
+    premerged   every run of rows through its slot's own W + ΔW (``enable_premerge``; memory per slot)
+    unmerged    base W, plus each row's LoRA through ATMM (or the dLoRA-style einsum, ``impl="einsum"``)
+    merged(s)   W = W0 + ΔW_s holds slot s: rows of s need nothing else (and no other slot may be in the batch)
+    mixture(s)  W holds slot s; every other row adds its own LoRA and subtracts s's (deLoRA)
+
+The base weights of each group are moved into one contiguous ``[L, out, in]`` tensor so that a weight switch
+(``merge_slot`` / ``unmerge``) is one batched GEMM plus one add per group, computed from a pristine copy:
+no drift however many times modes switch. Which slot the weights hold is ``LoRAContext.weights_slot``.
 
 Inject after the model is on its final device and dtype (the stacks are views; ``model.to`` would break them).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -21,52 +29,83 @@ from torch import nn
 import kernels
 from kernels.segments import NO_ADAPTER, Segments
 
+PREMERGED, UNMERGED, MERGED, MIXTURE = "premerged", "unmerged", "merged", "mixture"
+MODE_KINDS = (PREMERGED, UNMERGED, MERGED, MIXTURE)
+LORA_IMPLS = ("atmm", "einsum")
+
+
+@dataclass(frozen=True)
+class LoRAMode:
+    """How one forward computes its LoRA (see the module docstring). `slot`: the adapter the base weights
+    hold (merged / mixture only). `impl`: how unmerged / mixture rows get their LoRA."""
+
+    kind: str
+    slot: int | None = None
+    impl: str = "atmm"
+
+    def __post_init__(self):
+        if self.kind not in MODE_KINDS:
+            raise ValueError(f"LoRA mode must be one of {MODE_KINDS}, got {self.kind!r}")
+        if (self.slot is not None) != (self.kind in (MERGED, MIXTURE)):
+            raise ValueError(f"LoRA mode {self.kind} {'needs a' if self.slot is None else 'takes no'} slot")
+        if self.impl not in LORA_IMPLS:
+            raise ValueError(f"LoRA impl must be one of {LORA_IMPLS}, got {self.impl!r}")
+
+    @property
+    def weights_slot(self) -> int | None:
+        """The slot the base weights must hold for this mode (None: the pristine weights)."""
+        return self.slot
+
+    def __str__(self) -> str:
+        name = self.kind if self.slot is None else f"{self.kind}({self.slot})"
+        return name if self.impl == "atmm" or self.kind in (PREMERGED, MERGED) else f"{name}/{self.impl}"
+
 
 class LoRAContext:
-    """Per-forward batch description shared by every wrapped layer of one model."""
+    """What the wrapped layers of one model share: the slot storage groups, which slot the base weights
+    hold, and the current forward's mode and batch layout."""
 
     def __init__(self, num_slots: int, max_rank: int):
         self.num_slots = num_slots
         self.max_rank = max_rank
         self.groups: list[_Group] = []
+        self.weights_slot: int | None = None  # the slot merged into the base weights (None: pristine)
+        self.mode: LoRAMode | None = None  # None: no LoRA on the next forward
         self._elem_slots: list[int] | None = None
-        self._delora: int | None = None
         self._segments: dict[tuple[int, int], Segments] = {}
 
-    def set_rows(self, row_slots: torch.Tensor, delora_slot: int | None = None) -> None:
-        """row_slots: LongTensor [B], the adapter slot of each batch element of the next forward (-1: none).
-        delora_slot: mixture mode — that slot's adapter is merged in the base weights; every row whose slot
-        != delora_slot additionally gets -scale[m] * (x @ A[m].T) @ B[m].T, so it sees W + ΔW_row only."""
+    def begin(self, mode: LoRAMode, row_slots) -> None:
+        """Describe the next forward: its mode, and the adapter slot of each batch element (-1: none).
+        The base weights must already hold mode.weights_slot (merge_slot / unmerge switch them)."""
         slots = [int(s) for s in (row_slots.tolist() if torch.is_tensor(row_slots) else row_slots)]
         bad = [s for s in slots if not NO_ADAPTER <= s < self.num_slots]
         if bad:
             raise ValueError(f"row slots {sorted(set(bad))} out of range [-1, {self.num_slots})")
-        if delora_slot is not None and not 0 <= delora_slot < self.num_slots:
-            raise ValueError(f"delora_slot {delora_slot} out of range [0, {self.num_slots})")
-        self._elem_slots, self._delora, self._segments = slots, delora_slot, {}
+        if mode.slot is not None and not 0 <= mode.slot < self.num_slots:
+            raise ValueError(f"{mode}: slot out of range [0, {self.num_slots})")
+        if mode.weights_slot != self.weights_slot:
+            raise ValueError(f"{mode} needs the base weights to hold slot {mode.weights_slot}, they hold "
+                             f"{self.weights_slot} (switch first)")
+        if mode.kind == MERGED and any(s != mode.slot for s in slots):
+            raise ValueError(f"{mode}: every row must use slot {mode.slot}, got slots {sorted(set(slots))}")
+        if mode.kind == PREMERGED and any(g.Wm is None for g in self.groups):
+            raise ValueError("premerged mode without premerged weights (enable_premerge first)")
+        self.mode, self._elem_slots, self._segments = mode, slots, {}
 
     def clear(self) -> None:
-        """No LoRA at all on the next forward."""
-        self._elem_slots, self._delora, self._segments = None, None, {}
+        """No LoRA at all on the next forward (only valid while the base weights are pristine)."""
+        self.mode, self._elem_slots, self._segments = None, None, {}
 
-    @property
-    def delora_slot(self) -> int | None:
-        return self._delora
-
-    def segments(self, n_elems: int, n_rows: int) -> Segments | None:
+    def segments(self, n_elems: int, n_rows: int) -> Segments:
         """The batch layout for an input of n_elems batch elements flattened to n_rows rows (cached: all
-        layers of a forward share it). None when there is no LoRA work."""
-        if self._elem_slots is None:
-            return None
+        layers of a forward share it)."""
         if n_elems != len(self._elem_slots):
             raise ValueError(f"LoRA context describes {len(self._elem_slots)} batch elements, "
-                             f"the layer input has {n_elems} (call set_rows for this batch)")
+                             f"the layer input has {n_elems} (call begin for this batch)")
         key = (n_elems, n_rows)
         seg = self._segments.get(key)
         if seg is None:
             seg = self._segments[key] = Segments.from_elements(self._elem_slots, n_rows // max(n_elems, 1))
-        if seg.n_runs == 0 and self._delora is None:
-            return None
         return seg
 
 
@@ -85,7 +124,6 @@ class _Group:
         self.rank_py = [[0] * num_slots for _ in range(L)]
         self.W = torch.stack([lin.weight.detach() for lin in linears])  # [L, out, in], contiguous
         self.W0: torch.Tensor | None = None  # pristine base weights, made on the first merge
-        self.merged: int | None = None
         self.Wm: torch.Tensor | None = None  # [S, L, out, in] per-slot W + ΔW (enable_premerge), or None
         for l, lin in enumerate(linears):
             lin.weight = nn.Parameter(self.W[l], requires_grad=lin.weight.requires_grad)
@@ -122,15 +160,20 @@ class LoRALinear(nn.Module):
         return self._group.B[self._index]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mode = self._ctx.mode
+        if mode is None or mode.kind == MERGED:  # the base weights already are W + ΔW of the batch's slot
+            return self.base(x)
         seg = self._ctx.segments(x.shape[0], x.numel() // self.in_features)
-        if seg is None:
+        if mode.kind == PREMERGED:
+            return self._premerged(x, seg)
+        delora = mode.slot if mode.kind == MIXTURE else None
+        if seg.n_runs == 0 and delora is None:
             return self.base(x)
         g, l = self._group, self._index
-        if g.Wm is not None and g.merged is None and self._ctx.delora_slot is None:
-            return self._premerged(x, seg)
         y = self.base(x)
         kernels.atmm(y.view(-1, self.out_features), x.reshape(-1, self.in_features), g.A[l], g.B[l], seg,
-                     g.scale_py[l], g.rank_py[l], self._ctx.delora_slot, device_params=(g.scale[l], g.rank[l]))
+                     g.scale_py[l], g.rank_py[l], delora, device_params=(g.scale[l], g.rank[l]),
+                     impl="einsum" if mode.impl == "einsum" else None)
         return y
 
     def _premerged(self, x: torch.Tensor, seg: Segments) -> torch.Tensor:
@@ -275,9 +318,9 @@ def clear_slot(model: nn.Module, slot: int) -> None:
     """Empty a slot: zero stacks, rank 0 everywhere (a later load cannot see stale values)."""
     ctx, _ = _context(model)
     _check_slot(ctx, slot)
+    if ctx.weights_slot == slot:
+        raise ValueError(f"slot {slot} is merged into the base weights: unmerge first")
     for g in ctx.groups:
-        if g.merged == slot:
-            raise ValueError(f"slot {slot} is merged into the base weights: unmerge first")
         g.A[:, slot].zero_()
         g.B[:, slot].zero_()
         for l in range(len(g.rank_py)):
@@ -297,7 +340,7 @@ def premerge_bytes(model: nn.Module) -> int:
 def enable_premerge(model: nn.Module) -> None:
     """Keep W + ΔW of every slot (premerge_bytes of memory) so a batch runs each adapter's rows through
     its own merged weights: on CPU this beats base GEMM + LoRA GEMMs (no extra pass over the output).
-    Used when no slot is merged and there is no deLoRA term; loads and clears keep it up to date."""
+    Used in premerged mode (the base weights pristine); loads and clears keep it up to date."""
     ctx, _ = _context(model)
     with torch.no_grad():
         for g in ctx.groups:
@@ -319,8 +362,8 @@ def slot_delta_weights(model: nn.Module, slot: int) -> dict[str, torch.Tensor]:
 
 
 def merge_slot(model: nn.Module, slot: int) -> None:
-    """Merged mode: W = W0 + ΔW_slot for every wrapped layer (one bmm + one add per shape group), computed
-    from the pristine W0, so switching never accumulates rounding error."""
+    """The base weights hold one slot: W = W0 + ΔW_slot for every wrapped layer (one bmm + one add per
+    shape group), computed from the pristine W0, so switching never accumulates rounding error."""
     ctx, _ = _context(model)
     _check_slot(ctx, slot)
     with torch.no_grad():
@@ -329,19 +372,32 @@ def merge_slot(model: nn.Module, slot: int) -> None:
                 g.W0 = g.W.clone()
             dw = kernels.delta_weights(g.A[:, slot], g.B[:, slot], g.scale[:, slot], g.max_rank_of(slot))
             torch.add(g.W0, dw, out=g.W)
-            g.merged = slot
+    ctx.weights_slot = slot
 
 
 def unmerge(model: nn.Module) -> None:
     """Back to the base weights exactly (copy of the pristine W0)."""
     ctx, _ = _context(model)
+    if ctx.weights_slot is None:
+        return
     with torch.no_grad():
         for g in ctx.groups:
-            if g.merged is not None:
-                g.W.copy_(g.W0)
-                g.merged = None
+            g.W.copy_(g.W0)
+    ctx.weights_slot = None
 
 
 def merged_slot(model: nn.Module) -> int | None:
     ctx, _ = _context(model)
-    return ctx.groups[0].merged
+    return ctx.weights_slot
+
+
+def switch_weights(model: nn.Module, slot: int | None) -> bool:
+    """Make the base weights hold `slot` (None: pristine). Returns whether anything changed."""
+    ctx, _ = _context(model)
+    if ctx.weights_slot == slot:
+        return False
+    if slot is None:
+        unmerge(model)
+    else:
+        merge_slot(model, slot)  # from the pristine copy: no unmerge needed in between
+    return True

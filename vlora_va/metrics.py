@@ -1,28 +1,120 @@
-"""Prometheus metrics of the inference daemon (served on daemon.metrics_port when it is set)."""
+"""The daemon's accounting: every event is counted once, here, into Prometheus metrics (served on
+daemon.metrics_port when set) and the running totals the log and the tests read.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from contracts.results import ResultRecord
+
+
+@dataclass
+class Totals:
+    chunks: int = 0
+    requests: int = 0
+    malformed: int = 0
+    ok: int = 0
+    shed: int = 0
+    errors: int = 0
+    deadline_missed: int = 0  # ok rows that were late (shed and error rows never count as in deadline)
+    images: int = 0
+    batches: int = 0
+    switches: int = 0
+    ingest_dropped: int = 0
+    max_queue_images: int = 0  # high-water mark of requests waiting
+    shed_by: dict = field(default_factory=dict)  # (stream, task) -> shed rows
+
+    @property
+    def answered(self) -> int:
+        return self.ok + self.shed + self.errors
 
 
 class DaemonMetrics:
     def __init__(self) -> None:
         # Own registry: several daemons (e.g. in tests) can live in one process.
         self.registry = r = CollectorRegistry()
-        self.chunks = Counter("vlora_chunks_received", "Chunk messages received", ["stream"], registry=r)
-        self.malformed = Counter("vlora_messages_malformed", "Messages rejected as malformed", registry=r)
-        self.ingest_dropped = Counter("vlora_ingest_chunks_dropped", "Chunks dropped by ingest before sending",
-                                      ["stream"], registry=r)
-        self.results = Counter("vlora_results", "Results written", ["stream", "task", "status"], registry=r)
-        self.deadline_missed = Counter("vlora_deadline_missed", "Results that missed their deadline",
-                                       ["stream", "task"], registry=r)
-        self.queue_depth = Gauge("vlora_queue_requests", "Requests waiting for a batch", registry=r)
-        self.batch_images = Histogram("vlora_batch_images", "Images per batch", registry=r,
-                                      buckets=(1, 2, 4, 8, 16, 32, 64))
-        self.compute_s = Histogram("vlora_batch_compute_seconds", "Engine time per batch", registry=r,
-                                   buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5))
-        self.latency_s = Histogram("vlora_result_latency_seconds", "Chunk ready to result", ["task"], registry=r,
-                                   buckets=(0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10))
+        self.totals = Totals()
+        self._chunks = Counter("vlora_chunks_received", "Chunk messages received", ["stream"], registry=r)
+        self._malformed = Counter("vlora_messages_malformed", "Messages rejected as malformed", registry=r)
+        self._ingest_dropped = Counter("vlora_ingest_chunks_dropped", "Chunks dropped by ingest before sending",
+                                       ["stream"], registry=r)
+        self._results = Counter("vlora_results", "Result rows written", ["stream", "task", "status"], registry=r)
+        self._shed = Counter("vlora_requests_shed", "Requests shed before compute", ["stream", "task", "cause"],
+                             registry=r)
+        self._missed = Counter("vlora_deadline_missed", "Served results that missed their deadline",
+                               ["stream", "task"], registry=r)
+        self._switches = Counter("vlora_mode_switches", "Base-weight switches (merge / unmerge)", registry=r)
+        self._batches = Counter("vlora_batches", "Batches run, by LoRA mode", ["mode"], registry=r)
+        self.queue_requests = Gauge("vlora_queue_requests", "Requests waiting for a batch", registry=r)
+        self.queue_images = Gauge("vlora_queue_images", "Images waiting for a batch", registry=r)
+        self.mode = Gauge("vlora_lora_mode", "1 for the LoRA mode of the last batch", ["mode"], registry=r)
+        self.correction = Gauge("vlora_cost_correction", "Observed / profiled batch time (online correction)",
+                                registry=r)
+        self.offered_load = Gauge("vlora_offered_load", "Offered compute, seconds of engine time per second",
+                                  registry=r)
+        self.degraded = Gauge("vlora_priority_served_fraction", "Share of a priority's work admitted under overload",
+                              ["priority"], registry=r)
+        self._batch_images = Histogram("vlora_batch_images", "Images per batch", registry=r,
+                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        self._compute_s = Histogram("vlora_batch_compute_seconds", "Engine time per batch", registry=r,
+                                    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5))
+        self._latency_s = Histogram("vlora_result_latency_seconds", "Chunk ready to result, served rows",
+                                    ["stream", "task"], registry=r, buckets=(0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10))
+        self._modes_seen: set[str] = set()
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+
+    # ------------------------------------------------------------------ events
+    def chunk(self, stream: str, requests: int, dropped_before: int) -> None:
+        t = self.totals
+        t.chunks += 1
+        t.requests += requests
+        self._chunks.labels(stream).inc()
+        if dropped_before:
+            t.ingest_dropped += dropped_before
+            self._ingest_dropped.labels(stream).inc(dropped_before)
+
+    def malformed(self) -> None:
+        self.totals.malformed += 1
+        self._malformed.inc()
+
+    def row(self, rec: ResultRecord, cause: str | None = None) -> None:
+        """One result row written (every request gets exactly one)."""
+        t = self.totals
+        self._results.labels(rec.stream, rec.task, rec.status).inc()
+        if rec.status == "ok":
+            t.ok += 1
+            self._latency_s.labels(rec.stream, rec.task).observe(rec.latency.total_s)
+            if not rec.deadline_met:
+                t.deadline_missed += 1
+                self._missed.labels(rec.stream, rec.task).inc()
+        elif rec.status == "shed":
+            t.shed += 1
+            key = (rec.stream, rec.task)
+            t.shed_by[key] = t.shed_by.get(key, 0) + 1
+            self._shed.labels(rec.stream, rec.task, cause or "deadline").inc()
+        else:
+            t.errors += 1
+
+    def batch(self, mode: str, images: int, seconds: float, switched: bool) -> None:
+        t = self.totals
+        t.batches += 1
+        t.images += images
+        self._batches.labels(mode).inc()
+        self._batch_images.observe(images)
+        self._compute_s.observe(seconds)
+        if switched:
+            t.switches += 1
+            self._switches.inc()
+        for m in self._modes_seen | {mode}:
+            self.mode.labels(m).set(1 if m == mode else 0)
+        self._modes_seen.add(mode)
+
+    def queue(self, requests: int, images: int) -> None:
+        self.queue_requests.set(requests)
+        self.queue_images.set(images)
+        self.totals.max_queue_images = max(self.totals.max_queue_images, images)

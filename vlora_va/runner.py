@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from .config import load_config
+from contracts.config import load_config
 from .logs import setup_logging
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""Result sinks: where result records go. Each sink is a small context manager with `write(records)`."""
+"""Result sinks: where result records go. Each sink is a small context manager with `write(records)`; every
+sink writes the same row, `ResultRecord.to_json()` (schema and example: contracts/results.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import logging
 from pathlib import Path
 from typing import Iterable
 
-from .config import SinkConfig
+from contracts.config import SinkConfig
+from contracts.results import ResultRecord
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +27,9 @@ class JsonlSink:
         log.info("writing results to %s", self.path)
         return self
 
-    def write(self, records: Iterable[dict]) -> None:
+    def write(self, records: Iterable[ResultRecord]) -> None:
         for rec in records:
-            self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            self._file.write(json.dumps(rec.to_json(), separators=(",", ":")) + "\n")
         self._file.flush()
 
     def __exit__(self, *exc) -> None:
@@ -55,12 +57,12 @@ class ZmqPubSink:
         log.info("publishing results on %s", self.endpoint)
         return self
 
-    def write(self, records: Iterable[dict]) -> None:
+    def write(self, records: Iterable[ResultRecord]) -> None:
         import zmq
 
         for rec in records:
             try:
-                self._sock.send_multipart([rec["stream"].encode(), json.dumps(rec).encode()], flags=zmq.NOBLOCK)
+                self._sock.send_multipart([rec.stream.encode(), json.dumps(rec.to_json()).encode()], flags=zmq.NOBLOCK)
             except zmq.Again:
                 pass  # PUB drops for slow subscribers by design
 

@@ -1,29 +1,29 @@
-"""Tuned tables: bucket keys, O(1) lookup with a default for unseen shapes, the shipped CPU table, the tuner."""
+"""kernels/tuned.py and kernels/tuning.py: bucket keys, O(1) lookup with a default for unseen shapes, the shipped CPU table, the tuner."""
 
 import json
 
 import torch
 
-from kernels import Segments, cpu, tuning
+from kernels import Segments, cpu, tuned, tuning
 
 
 def test_bucket_key_rounds_rows_runs_and_rank():
     seg = Segments.from_elements([0, 0, 1, 2, 2], 257)
-    key = tuning.bucket_key(384, 1536, seg, [16, 8, 48])
+    key = tuned.bucket_key(384, 1536, seg, [16, 8, 48])
     assert key == "384x1536/rows2048/runs4/ad4/r64/g"
-    assert tuning.bucket_key(384, 1536, Segments.from_elements([0, 1, 0], 257), [16, 16]).endswith("/u")
+    assert tuned.bucket_key(384, 1536, Segments.from_elements([0, 1, 0], 257), [16, 16]).endswith("/u")
 
 
 def test_unseen_shape_gets_rule_default_and_is_memoised():
     seg = Segments.from_elements([0, 1, 0, 1], 257)
-    assert tuning.lookup_cpu(7, 9, seg, [16, 16]) == cpu.default_strategy(seg) == "runs"
+    assert tuned.lookup_cpu(7, 9, seg, [16, 16]) == cpu.default_strategy(seg) == "runs"
     tiny = Segments.from_row_slots([0, 1, 2] * 20)  # one row per run: two GEMMs over all rows win
     assert cpu.default_strategy(tiny) == "fused"
     assert any(k[0] == "choice" for k in seg._cache)  # second layer of the same shape: one dict hit
 
 
 def test_shipped_cpu_table_is_valid():
-    path = tuning.table_path("cpu-x86_64-avx512")
+    path = tuned.table_path("cpu-x86_64-avx512")
     table = json.loads(path.read_text())
     assert table["entries"], "no entries"
     assert all(e["choice"] in cpu.STRATEGIES for e in table["entries"].values())
@@ -37,7 +37,7 @@ def test_tuner_writes_table_with_progress(tmp_path, capsys):
                       "--out", str(out)])
     assert rc == 0
     table = json.loads(out.read_text())
-    assert table["device_kind"] == tuning.device_kind("cpu") and table["entries"]
+    assert table["device_kind"] == tuned.device_kind("cpu") and table["entries"]
     assert all(e["choice"] in cpu.STRATEGIES for e in table["entries"].values())
     err = capsys.readouterr().err
     assert "[1/" in err and "eta" in err

@@ -8,8 +8,8 @@ import time
 
 import zmq
 
-from vlora_va.config import DaemonConfig, IngestConfig, PipelineConfig, StreamConfig, TaskConfig
-from vlora_va.wire import Chunk, decode_chunk
+from contracts.config import DaemonConfig, IngestConfig, PipelineConfig, StreamConfig, TaskConfig
+from contracts.wire import Chunk, decode_chunk
 
 IMAGE_SIZE = 112  # small model frames keep the tests fast
 

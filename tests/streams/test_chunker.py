@@ -1,4 +1,5 @@
-"""streams.chunker: frame selection, letterbox maths and pixels, chunk headers from real frames."""
+"""streams.chunker: frame selection, letterbox pixels, chunk headers from real frames (the letterbox maths
+itself is contracts.geometry, tested in tests/contracts/test_geometry.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import av
 import numpy as np
 import pytest
 
-from streams.chunker import PAD_VALUE, Chunker, letterbox, letterbox_geometry, plan_chunk, spread
+from contracts.config import TaskConfig, parse_config
+from contracts.wire import TaskRequest
+from streams.chunker import PAD_VALUE, Chunker, letterbox, plan_chunk, spread
 from streams.source import Frame, FrameSource
 from tests.conftest import BIKES
 from tests.streams.ingest_helpers import IMAGE_SIZE, stream, tasks
@@ -39,24 +42,6 @@ def test_plan_chunk_sends_only_the_union_and_indexes_into_it():
     assert [tuple(union[i] for i in idx) for idx in per_task] == [(2, 7), (1, 3, 6, 8), (5,)]
 
 
-@pytest.mark.parametrize("w, h, size, new_wh, scale, pad", [
-    (640, 272, 112, (112, 48), 0.175, (0, 32)),  # wide: pad top and bottom
-    (768, 576, 224, (224, 168), 224 / 768, (0, 28)),
-    (272, 640, 112, (48, 112), 0.175, (32, 0)),  # tall: pad left and right
-    (300, 300, 224, (224, 224), 224 / 300, (0, 0)),  # square: no padding
-    (56, 28, 224, (224, 112), 4.0, (0, 56)),  # upscaling works the same way
-])
-def test_letterbox_geometry(w, h, size, new_wh, scale, pad):
-    new_w, new_h, lb = letterbox_geometry(w, h, size)
-    assert (new_w, new_h) == new_wh
-    assert lb.scale == pytest.approx(scale)
-    assert (lb.pad_x, lb.pad_y) == pad
-    # the image's corners land on the resized area's corners: model = orig * scale + pad
-    assert (0 * lb.scale + lb.pad_x, 0 * lb.scale + lb.pad_y) == pad
-    assert w * lb.scale + lb.pad_x == pytest.approx(pad[0] + new_w, abs=0.5)
-    assert h * lb.scale + lb.pad_y == pytest.approx(pad[1] + new_h, abs=0.5)
-
-
 def test_letterbox_pixels_land_where_the_mapping_says():
     image = np.zeros((272, 640, 3), np.uint8)
     image[100:140, 400:480] = (255, 0, 0)  # a red box: x 400..480, y 100..140
@@ -76,7 +61,8 @@ def real_frames(fps: float, n: int) -> list[Frame]:
 
 
 def test_chunks_from_real_frames():
-    cfg = stream("cam", BIKES, fps=10, tasks=tasks(("det", 2, 250.0), ("act", 4, 1000.0)))
+    cfg = stream("cam", BIKES, fps=10,
+                 tasks=(TaskConfig("det", "detect", 2, 250.0, priority=7), TaskConfig("act", "actions", 4, 1000.0)))
     chunker = Chunker(cfg, IMAGE_SIZE)
     frames = real_frames(10, 25)
     chunks = [c for c in map(chunker.add, frames) if c is not None]
@@ -88,7 +74,11 @@ def test_chunks_from_real_frames():
         assert h.frame_ts == pytest.approx([first[i].ts for i in (1, 2, 3, 6, 7, 8)])
         assert [t.frames for t in h.tasks] == [(1, 4), (0, 2, 3, 5)]
         assert h.ready_wall == first[-1].wall
-        assert [t.deadline_wall - h.ready_wall for t in h.tasks] == pytest.approx([0.25, 1.0])
+        # budgets travel relative to ready_wall, with the task's priority, straight from the config
+        live = not chunker.best_effort
+        assert h.tasks == (TaskRequest("det", "detect", (1, 4), 250.0, 7, best_effort=not live),
+                           TaskRequest("act", "actions", (0, 2, 3, 5), 1000.0, 0, best_effort=not live))
+        assert h.sent_wall == 0.0 and h.dropped_before == 0  # both set by the sender, not the chunker
         assert h.orig_size == (640, 272) and h.frame_shape == (IMAGE_SIZE, IMAGE_SIZE, 3)
         assert h.letterbox.scale == pytest.approx(0.175) and (h.letterbox.pad_x, h.letterbox.pad_y) == (0, 32)
         assert len(chunk.frames) == len(h.frame_ts)
@@ -115,6 +105,36 @@ def test_a_resolution_change_restarts_the_chunk():
     assert h.frame_ts == (1.25,)  # spread(4, 1) == (2,): the third frame of the new chunk
 
 
+def test_task_budgets_and_priorities_come_from_the_parsed_config():
+    """Priority: the task's own, else its stream's; deadline_ms: the task's budget, relative (never a wall time)."""
+    cfg = parse_config(
+        "adapters: {detect: a/detect, actions: a/actions}\n"
+        "streams:\n"
+        "  - id: cam\n    source: x.mp4\n    fps: 4\n    priority: 5\n    tasks:\n"
+        "      - {name: det, adapter: detect, frames_per_chunk: 1, deadline_ms: 750}\n"
+        "      - {name: act, adapter: actions, frames_per_chunk: 2, deadline_ms: 2500, priority: -3}\n")
+    chunker = Chunker(cfg.stream("cam"), IMAGE_SIZE)
+    built = [chunker.add(synthetic(64, 48, t / 4)) for t in range(4)]
+    assert built[:3] == [None, None, None]
+    h = built[3].header
+    # det: spread(4, 1) == (2,), act: spread(4, 2) == (1, 3); sent: frames 1, 2, 3
+    assert h.frame_ts == (0.25, 0.5, 0.75)
+    # a file paced like a camera (realtime: true, the default) is live: not best-effort
+    assert h.tasks == (TaskRequest("det", "detect", (1,), 750.0, 5), TaskRequest("act", "actions", (0, 2), 2500.0, -3))
+    assert h.ready_wall == pytest.approx(time.time(), abs=5.0)
+
+
 def test_a_stream_without_tasks_is_refused():
     with pytest.raises(ValueError, match="no tasks"):
         Chunker(stream("cam", "x.mp4", tasks=()), IMAGE_SIZE)
+
+
+def test_a_file_read_as_fast_as_possible_is_best_effort_a_camera_never():
+    """Deadlines belong to live sources: a file with realtime: false is served when live work leaves room
+    (and its reading waits), never shed; a paced file or an RTSP camera is live."""
+    from dataclasses import replace
+
+    base = stream("cam", BIKES, fps=10, tasks=(TaskConfig("det", "detect", 1, 500.0),))
+    assert Chunker(replace(base, realtime=False), IMAGE_SIZE).best_effort is True
+    assert Chunker(replace(base, realtime=True), IMAGE_SIZE).best_effort is False
+    assert Chunker(replace(base, realtime=False, source="rtsp://127.0.0.1:8554/x"), IMAGE_SIZE).best_effort is False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from transformers import Dinov2Config, Dinov2Model
@@ -49,3 +51,45 @@ def tiny_adapters(tmp_path_factory):
         "actions": make_adapter(root / "actions", "action", ["standing", "walking"],
                                 targets=("attention.q_proj", "mlp.fc1", "mlp.fc2"), rank=8, seed=2),
     }
+
+
+@functools.cache
+def _routed(cls: type, routes: tuple[tuple[str, str], ...]) -> type:
+    """cls whose forward still finds attribute `name` at the dotted path `route` (from the attention block)."""
+    def get(route):
+        def follow(module):
+            obj = getattr(module, "_block", module)
+            for part in route.split("."):
+                obj = getattr(obj, part)
+            return obj
+        return property(follow)
+
+    return type(f"Renamed{cls.__name__}", (cls,), {name: get(route) for name, route in routes})
+
+
+def as_naming(model: torch.nn.Module, naming: str) -> torch.nn.Module:
+    """A Dinov2Model given, in place, the module tree of the other transformers releases when it lacks `naming`:
+    "legacy" (< 5.18, read from the 5.17 wheel): encoder.layer.N.attention.attention.{query,key,value} and
+    .attention.output.dense; "canonical" (>= 5.18): encoder.layer.N.attention.{q,k,v,o}_proj. Same weights and
+    forward, so named_modules, state_dict, peft and LoRA injection see the requested names."""
+    legacy_now = hasattr(model.encoder.layer[0].attention, "output")
+    if (naming == "legacy") == legacy_now:
+        return model
+    for layer in model.encoder.layer:
+        att = layer.attention
+        if naming == "legacy":  # the linears move into attention.attention / attention.output
+            inner, output = torch.nn.Module(), torch.nn.Module()
+            inner.query, inner.key, inner.value = (att._modules.pop(n) for n in ("q_proj", "k_proj", "v_proj"))
+            output.dense = att._modules.pop("o_proj")
+            att.attention, att.output = inner, output
+            att.__class__ = _routed(type(att), (("q_proj", "attention.query"), ("k_proj", "attention.key"),
+                                                ("v_proj", "attention.value"), ("o_proj", "output.dense")))
+        else:  # the linears move up to the attention block; the inner modules' forwards reach them there
+            inner, output = att.attention, att.output
+            att.q_proj, att.k_proj, att.v_proj = (inner._modules.pop(n) for n in ("query", "key", "value"))
+            att.o_proj = output._modules.pop("dense")
+            for m in (inner, output):
+                object.__setattr__(m, "_block", att)  # a plain reference, not a submodule
+            inner.__class__ = _routed(type(inner), (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")))
+            output.__class__ = _routed(type(output), (("dense", "o_proj"),))
+    return model

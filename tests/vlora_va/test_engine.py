@@ -11,11 +11,14 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
 from vlora_va.adapters import load_adapter_dir
+from contracts.geometry import Letterbox
+from contracts.requests import Request
+from contracts.results import ActivityResult, DetectionResult
 from vlora_va.engine import Engine
 from vlora_va.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, DetectionHead
+from vlora_va.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.models import load_backbone
-from vlora_va.requests import Request
-from vlora_va.wire import Letterbox
+from vlora_va.plan import make_plan
 
 from .conftest import TINY_IMAGE
 
@@ -29,6 +32,11 @@ def request(adapter, n, seed, seq=0):
     now = time.time()
     return Request("cam", seq, adapter, adapter, frames(n, seed), [0.1 * i for i in range(n)],
                    Letterbox(1.0, 0.0, 0.0), (TINY_IMAGE, TINY_IMAGE), now, now, now + 5)
+
+
+def run(engine, batch, mode=None):
+    """The engine's typed results for a batch, through a plan (default: the mode that needs no switch)."""
+    return engine.execute(make_plan(batch, mode or engine.default_mode(), engine.catalog()))
 
 
 def merged_reference(backbone, adapter):
@@ -69,13 +77,12 @@ def test_run_returns_one_well_formed_output_per_request(tiny_backbone_dir, tiny_
     adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
     engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
     batch = [request("actions", 2, 5), request("detect", 2, 6), request("actions", 1, 7, seq=1)]
-    outs = engine.run(batch)
-    assert [o.request for o in outs] == batch
-    assert all(o.batch_images == 5 for o in outs)
-    assert outs[0].result["label"] in ("standing", "walking") and 0 <= outs[0].result["score"] <= 1
-    assert abs(sum(outs[0].result["scores"].values()) - 1) < 1e-3
-    assert [f["ts"] for f in outs[1].result["frames"]] == [0.0, 0.1]
-    assert outs[2].result["label"] in ("standing", "walking")
+    outs = run(engine, batch)
+    assert [type(o) for o in outs] == [ActivityResult, DetectionResult, ActivityResult]
+    assert outs[0].label in ("standing", "walking") and 0 <= outs[0].score <= 1
+    assert abs(sum(outs[0].scores.values()) - 1) < 1e-3
+    assert [f.ts for f in outs[1].frames] == [0.0, 0.1]
+    assert outs[2].label in ("standing", "walking")
 
 
 def test_adapter_saved_by_plain_peft_loads_and_matches_peft(tiny_backbone_dir, tmp_path):
@@ -120,14 +127,15 @@ def test_each_adapter_runs_at_its_own_image_size(tiny_backbone_dir, tiny_adapter
                 "small": load_adapter_dir("small", small, 32)}
     engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
     assert engine.sizes == {"detect": TINY_IMAGE, "small": 28}
-    feats = engine.features(frames(2, 4), [1, 1], 28)
+    feats = engine.features(frames(2, 4), [1, 1], size=28)
     assert feats.grid.shape[-2:] == (2, 2)  # 28 px / 14 = 2x2 patches
     batch = [request("small", 2, 4), request("detect", 2, 5)]
-    together = engine.run(batch)
-    alone = [engine.run([r])[0] for r in batch]
-    assert together[0].result["scores"] == pytest.approx(alone[0].result["scores"], abs=1e-4)
-    assert together[1].result == alone[1].result
-    assert together[0].batch_images == 4
+    plan = make_plan(batch, engine.default_mode(), engine.catalog())
+    assert [(g.size, g.members) for g in plan.groups] == [(28, (0,)), (TINY_IMAGE, (1,))]
+    together = engine.execute(plan)
+    alone = [run(engine, [r])[0] for r in batch]
+    assert together[0].scores == pytest.approx(alone[0].scores, abs=1e-4)
+    assert together[1] == alone[1]
 
 
 def test_person_activities_come_back_in_original_pixels_at_any_adapter_size(tiny_backbone_dir, tiny_adapters, tmp_path):
@@ -152,11 +160,10 @@ def test_person_activities_come_back_in_original_pixels_at_any_adapter_size(tiny
     engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
     req = request("persons", 2, 11)
     req.letterbox, req.orig_size = Letterbox(0.5, 0.0, 7.0), (112, 84)  # a 112x84 frame letterboxed into 56x56
-    (out,) = engine.run([req])
-    feats = engine.features(req.frames, [engine.slots["persons"]] * 2, 28)
+    (out,) = run(engine, [req])
+    feats = engine.features(req.frames, [engine.slots["persons"]] * 2, size=28)
     head = adapters["persons"].head
     with torch.inference_mode():
         want = head.decode(head(feats, 2), [Letterbox(0.25, 0.0, 3.5)], [(112, 84)])
-    assert out.result["persons"] and out.result["persons"] == want[0]["persons"]
-    assert all(0 <= p["box"][0] <= p["box"][2] <= 112 and 0 <= p["box"][1] <= p["box"][3] <= 84
-               for p in out.result["persons"])
+    assert out.persons and out.persons == want[0].persons
+    assert all(0 <= p.box[0] <= p.box[2] <= 112 and 0 <= p.box[1] <= p.box[3] <= 84 for p in out.persons)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vlora_va.heads import ActionHead, DetectionHead, Features, batched_nms, box_iou
-from vlora_va.wire import Letterbox
+from contracts.geometry import Letterbox
 
 
 def nms_reference(boxes, scores, classes, thr):
@@ -40,10 +40,10 @@ def test_decode_maps_a_peak_through_the_letterbox_to_original_pixels():
     dist[0, :, 3, 5] = torch.tensor([10.0, 4.0, 6.0, 8.0])  # left, top, right, bottom
     lb = Letterbox(scale=0.5, pad_x=0.0, pad_y=7.0)  # original 112x84 → 56x42 + 7 px pad top/bottom
     (dets,) = head.decode((logits, dist), [lb], [(112, 84)])
-    assert len(dets) == 1 and dets[0]["class"] == "car"
-    assert dets[0]["score"] == pytest.approx(1 / (1 + math.exp(-3)), abs=1e-4)
+    assert len(dets) == 1 and dets[0].cls == "car"
+    assert dets[0].score == pytest.approx(1 / (1 + math.exp(-3)), abs=1e-4)
     x1, y1, x2, y2 = (38.5 - 10) / 0.5, (24.5 - 4 - 7) / 0.5, (38.5 + 6) / 0.5, (24.5 + 8 - 7) / 0.5
-    assert dets[0]["box"] == pytest.approx([x1, y1, x2, y2], abs=0.1)
+    assert dets[0].box == pytest.approx([x1, y1, x2, y2], abs=0.1)
 
 
 def test_action_head_scores_each_clip():
@@ -52,8 +52,9 @@ def test_action_head_scores_each_clip():
     logits, persons = head(feats, clip_len=3)
     assert logits.shape == (2, 3) and persons is None  # no person branch unless asked for
     out = head.decode((logits, persons))
-    assert len(out) == 2 and all(o["label"] in "abc" and abs(sum(o["scores"].values()) - 1) < 1e-3 for o in out)
-    assert all("persons" not in o for o in out)
+    assert len(out) == 2 and all(o.label in "abc" and abs(sum(o.scores.values()) - 1) < 1e-3 for o in out)
+    assert all(o.score == max(o.scores.values()) and o.persons is None for o in out)
+    assert all(o.persons is None and "persons" not in o.to_json() for o in out)
 
 
 def moving_blob_clips(n: int, T: int = 8, hidden: int = 8, size: int = 16, seed: int = 0):
@@ -101,7 +102,7 @@ def test_untrained_person_branch_sees_nobody():
     head = ActionHead(8, ["no_person", "standing", "walking_left"], width=4, motion=True, spatial="local", persons=True)
     feats = Features(torch.zeros(8, 8), torch.randn(8, 8, 6, 6))
     out = head.decode(head(feats, 4), [Letterbox(1, 0, 0)] * 2, [(84, 84)] * 2)
-    assert [o["persons"] for o in out] == [[], []]
+    assert [o.persons for o in out] == [(), ()]
     assert head.person_labels == ["standing", "walking_left"]  # no_person is a clip label, not a person's
 
 
@@ -114,11 +115,11 @@ def test_person_decode_maps_a_peak_through_the_letterbox_to_original_pixels():
     maps[0, 5:, 2, 2] = torch.tensor([0.0, 3.0])  # walking_left
     lb = Letterbox(scale=0.5, pad_x=0.0, pad_y=7.0)
     (out,) = head.decode((torch.zeros(1, 3), maps), [lb], [(112, 84)])
-    (p,) = out["persons"]
+    (p,) = out.persons
     cx, cy = (2 + 0.5 + 0.25) * 14, (2 + 0.5 - 0.5) * 14  # model px
-    assert p["box"] == pytest.approx([(cx - 7) / 0.5, (cy - 14 - 7) / 0.5, (cx + 7) / 0.5, (cy + 14 - 7) / 0.5], abs=0.1)
-    assert p["score"] == pytest.approx(1 / (1 + math.exp(-2)), abs=1e-4)
-    assert p["activity"] == "walking_left" and p["activity_score"] == pytest.approx(1 / (1 + math.exp(-3)), abs=1e-4)
+    assert p.box == pytest.approx([(cx - 7) / 0.5, (cy - 14 - 7) / 0.5, (cx + 7) / 0.5, (cy + 14 - 7) / 0.5], abs=0.1)
+    assert p.score == pytest.approx(1 / (1 + math.exp(-2)), abs=1e-4)
+    assert p.activity == "walking_left" and p.activity_score == pytest.approx(1 / (1 + math.exp(-3)), abs=1e-4)
 
 
 def test_person_branch_needs_the_local_grid_and_each_clips_letterbox():

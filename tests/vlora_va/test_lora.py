@@ -9,6 +9,7 @@ from torch import nn
 from transformers import Dinov2Config, Dinov2Model
 
 from vlora_va import lora
+from vlora_va.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 
 TARGETS = ["q_proj", "v_proj", "fc2"]
 
@@ -33,6 +34,10 @@ def random_adapter(model, rank, seed, targets=TARGETS):
 def forward(model, x):
     with torch.no_grad():
         return model(pixel_values=x).last_hidden_state
+
+
+def unmerged(ctx, rows):
+    ctx.begin(LoRAMode(UNMERGED), rows)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +83,9 @@ def test_mixed_batch_matches_peft(setup):
     names = ["b", "a", "__base__", "b", "a"]
     with torch.no_grad():
         want = pm(pixel_values=x, adapter_names=names).last_hidden_state
-    ctx.set_rows(torch.tensor([2, 0, -1, 2, 0]))
+    unmerged(ctx, torch.tensor([2, 0, -1, 2, 0]))
+    torch.testing.assert_close(forward(model, x), want, atol=1e-4, rtol=1e-4)
+    ctx.begin(LoRAMode(UNMERGED, impl="einsum"), [2, 0, -1, 2, 0])
     torch.testing.assert_close(forward(model, x), want, atol=1e-4, rtol=1e-4)
     ctx.clear()
     torch.testing.assert_close(forward(model, x), forward(base, x), atol=1e-5, rtol=1e-5)
@@ -86,21 +93,90 @@ def test_mixed_batch_matches_peft(setup):
 
 def test_mixture_mode_equals_unmerged(setup):
     _, _, model, ctx, x = setup
-    slots = torch.tensor([2, 0, -1, 2, 0])
-    ctx.set_rows(slots)
-    unmerged = forward(model, x)
+    slots = [2, 0, -1, 2, 0]
+    unmerged(ctx, slots)
+    want = forward(model, x)
     lora.merge_slot(model, 0)
     try:
-        ctx.set_rows(slots, delora_slot=0)
-        torch.testing.assert_close(forward(model, x), unmerged, atol=1e-4, rtol=1e-4)
-        ctx.clear()  # merged mode: everyone sees W + ΔW_0
-        ctx2 = forward(model, x)
-        ctx.set_rows(torch.zeros(5, dtype=torch.long))
+        ctx.begin(LoRAMode(MIXTURE, 0), slots)
+        torch.testing.assert_close(forward(model, x), want, atol=1e-4, rtol=1e-4)
+        ctx.begin(LoRAMode(MERGED, 0), [0] * 5)  # merged mode: everyone sees W + ΔW_0
+        merged = forward(model, x)
         lora.unmerge(model)
-        torch.testing.assert_close(forward(model, x), ctx2, atol=1e-4, rtol=1e-4)
+        unmerged(ctx, [0] * 5)
+        torch.testing.assert_close(forward(model, x), merged, atol=1e-4, rtol=1e-4)
     finally:
         lora.unmerge(model)
         ctx.clear()
+
+
+def test_every_mode_computes_the_same_features():
+    """The same rows give the same features in every mode that can serve them (fp32, 1e-4 max-abs)."""
+    base = tiny_model()
+    model = copy.deepcopy(base)
+    ctx = lora.inject_lora(model, TARGETS, num_slots=3, max_rank=16)
+    for slot, (rank, seed, scale) in enumerate([(4, 1, 2.0), (16, 2, 0.5), (8, 3, 1.5)]):
+        lora.load_adapter(model, slot, random_adapter(base, rank, seed), scale)
+    lora.enable_premerge(model)
+    x = torch.randn(6, 3, 28, 28, generator=torch.Generator().manual_seed(7))
+    rows = [1, 1, 0, 2, 2, 0]
+    unmerged(ctx, rows)
+    want = forward(model, x)
+    got = {}
+    for name, mode in [("premerged", LoRAMode(PREMERGED)), ("einsum", LoRAMode(UNMERGED, impl="einsum"))]:
+        ctx.begin(mode, rows)
+        got[name] = forward(model, x)
+    for slot in range(3):
+        lora.switch_weights(model, slot)
+        ctx.begin(LoRAMode(MIXTURE, slot), rows)
+        got[f"mixture({slot})"] = forward(model, x)
+        ctx.begin(LoRAMode(MERGED, slot), [slot] * 6)
+        merged = forward(model, x)
+        lora.switch_weights(model, None)
+        unmerged(ctx, [slot] * 6)
+        got[f"merged({slot})"] = (merged - forward(model, x)).abs().max()
+    ctx.clear()
+    for name, y in got.items():
+        if name.startswith("merged"):
+            assert y <= 1e-4, name
+        else:
+            assert (y - want).abs().max() <= 1e-4, name
+    assert (want - forward(base, x)).abs().max() > 1e-2  # the adapters do change the features
+
+
+@pytest.mark.parametrize("mode, rows, weights, match", [
+    (LoRAMode(MERGED, 0), [0, 1], 0, "every row must use slot 0"),
+    (LoRAMode(MIXTURE, 1), [0, 1], 0, "needs the base weights to hold slot 1"),
+    (LoRAMode(UNMERGED), [0, 1], 0, "needs the base weights to hold slot None"),
+    (LoRAMode(PREMERGED), [0, 1], None, "without premerged weights"),
+    (LoRAMode(MERGED, 5), [5], None, "out of range"),
+])
+def test_begin_refuses_a_mode_the_weights_cannot_serve(mode, rows, weights, match):
+    model = tiny_model()
+    ctx = lora.inject_lora(model, TARGETS, num_slots=2, max_rank=16)
+    if weights is not None:
+        lora.merge_slot(model, weights)
+    with pytest.raises(ValueError, match=match):
+        ctx.begin(mode, rows)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(kind="fused"), "must be one of"),
+    (dict(kind=MERGED), "needs a slot"),
+    (dict(kind=UNMERGED, slot=1), "takes no slot"),
+    (dict(kind=UNMERGED, impl="cuda"), "impl must be one of"),
+])
+def test_lora_mode_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LoRAMode(**kwargs)
+
+
+def test_switch_weights_reports_whether_anything_changed(setup):
+    _, _, model, ctx, _ = setup
+    assert lora.switch_weights(model, None) is False
+    assert lora.switch_weights(model, 2) is True and lora.merged_slot(model) == 2
+    assert lora.switch_weights(model, 2) is False
+    assert lora.switch_weights(model, None) is True and ctx.weights_slot is None
 
 
 def test_merge_unmerge_cycles_leave_no_drift(setup):
@@ -130,7 +206,7 @@ def test_2d_input_rows_are_elements():
     a, b = torch.randn(3, 8), torch.randn(6, 3)
     lora.load_adapter(holder, 1, {"0": (a, b)}, 1.5)
     x = torch.randn(4, 8)
-    ctx.set_rows(torch.tensor([1, -1, 1, 0]))
+    unmerged(ctx, torch.tensor([1, -1, 1, 0]))
     with torch.no_grad():
         y = holder(x)
         want = lin(x)
@@ -149,13 +225,13 @@ def test_reload_replaces_slot_fully_and_clear_slot():
     fresh = tiny_model()
     fresh_ctx = lora.inject_lora(fresh, TARGETS, num_slots=2, max_rank=16)
     lora.load_adapter(fresh, 1, small, 1.0)
-    ctx.set_rows(torch.tensor([1, 1]))
-    fresh_ctx.set_rows(torch.tensor([1, 1]))
+    unmerged(ctx, [1, 1])
+    unmerged(fresh_ctx, [1, 1])
     torch.testing.assert_close(forward(model, x), forward(fresh, x))  # nothing left of the rank-16 adapter
     lora.clear_slot(model, 1)
     ctx.clear()
     plain = forward(model, x)
-    ctx.set_rows(torch.tensor([1, 1]))
+    unmerged(ctx, [1, 1])
     torch.testing.assert_close(forward(model, x), plain)
 
 
@@ -178,10 +254,8 @@ def test_bad_slots_and_rows():
     with pytest.raises(ValueError, match="slot 2"):
         lora.load_adapter(model, 2, {}, 1.0)
     with pytest.raises(ValueError, match="out of range"):
-        ctx.set_rows(torch.tensor([0, 3]))
-    with pytest.raises(ValueError, match="delora_slot"):
-        ctx.set_rows(torch.tensor([0]), delora_slot=5)
-    ctx.set_rows(torch.tensor([0, 1, 1]))
+        unmerged(ctx, torch.tensor([0, 3]))
+    unmerged(ctx, torch.tensor([0, 1, 1]))
     with pytest.raises(ValueError, match="3 batch elements"):
         forward(model, torch.randn(2, 3, 28, 28))
     with pytest.raises(ValueError, match="no nn.Linear matches"):
@@ -190,7 +264,7 @@ def test_bad_slots_and_rows():
 
 def test_premerged_weights_give_the_same_outputs_as_atmm():
     """enable_premerge: each run of rows through W + scale·B·A equals base + ATMM, including rows
-    without adapter, after a slot is reloaded and after it is cleared; a merged slot falls back."""
+    without adapter, after a slot is reloaded and after it is cleared; with a slot merged, mixture serves."""
     base = tiny_model()
     a, b = random_adapter(base, 4, 1), random_adapter(base, 16, 2)
     plain, pre = copy.deepcopy(base), copy.deepcopy(base)
@@ -205,17 +279,15 @@ def test_premerged_weights_give_the_same_outputs_as_atmm():
     x = torch.randn(6, 3, 28, 28, generator=torch.Generator().manual_seed(4))
     rows = torch.tensor([0, 0, -1, 1, 1, -1])
 
-    def both():
-        for c in ctxs:
-            c.set_rows(rows)
+    def both(layout=rows):
+        ctxs[0].begin(LoRAMode(UNMERGED), layout)
+        ctxs[1].begin(LoRAMode(PREMERGED), layout)
         return forward(plain, x), forward(pre, x)
 
     want, got = both()
     assert torch.allclose(got, want, atol=1e-5)
     for layout in ([-1, 0, 1, 2, -1, -1], [0, 0, 2, 2, -1, -1]):  # the batched-GEMM path (slot progressions)
-        for c in ctxs:
-            c.set_rows(torch.tensor(layout))
-        assert torch.allclose(forward(pre, x), forward(plain, x), atol=1e-5), layout
+        assert torch.allclose(*both(torch.tensor(layout)), atol=1e-5), layout
     for m in (plain, pre):  # reload slot 1 with another adapter: no stale premerged weights
         lora.load_adapter(m, 1, random_adapter(base, 8, 5), 1.0)
     want2, got2 = both()
@@ -224,8 +296,10 @@ def test_premerged_weights_give_the_same_outputs_as_atmm():
         lora.clear_slot(m, 1)
     want3, got3 = both()
     assert torch.allclose(got3, want3, atol=1e-5)
-    lora.merge_slot(pre, 0)  # merged mode: the premerged path must not be used (its W changed)
+    lora.merge_slot(pre, 0)  # the weights hold slot 0: premerged mode is refused, mixture serves the rows
+    with pytest.raises(ValueError, match="hold slot None"):
+        ctxs[1].begin(LoRAMode(PREMERGED), rows)
     lora.merge_slot(plain, 0)
     for c in ctxs:
-        c.set_rows(rows, delora_slot=0)
+        c.begin(LoRAMode(MIXTURE, 0), rows)
     assert torch.allclose(forward(pre, x), forward(plain, x), atol=1e-5)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from ..adapters import Adapter, load_adapter_dir
+from ..adapters import Adapter, fit_module_names, load_adapter_dir
 from ..heads import Features
-from ..models import load_backbone, patch_size
+from ..models import linear_names, load_backbone, patch_size
 from .data import activity_clips, detection_labels, frame_lookup, merge_labels
 from .features import full_hidden
 from .frames import Frame, model_input
@@ -26,7 +26,7 @@ from .spec import Range, Source, Spec
 def merged_backbone(backbone: str, adapter: Adapter) -> torch.nn.Module:
     model = load_backbone(backbone)
     with torch.no_grad():
-        for name, (a, b) in adapter.lora.items():
+        for name, (a, b) in fit_module_names(adapter.lora, linear_names(model)).items():
             model.get_submodule(name).weight += adapter.scale * (b @ a)
     return model
 
@@ -57,7 +57,7 @@ def evaluate_detection_adapter(adapter: Adapter, backbone: str, frames: list[Fra
     head = adapter.head
     thr = head.score_threshold if threshold is None else threshold
     head.score_threshold = 0.05  # full ranking for AP; F1 is read at `thr`
-    preds = head.decode(head(feats), lbs, [f.size for f in frames])
+    preds = [[d.to_json() for d in image] for image in head.decode(head(feats), lbs, [f.size for f in frames])]
     head.score_threshold = thr
     pred_map = {f.key: p for f, p in zip(frames, preds)}
     if draw is not None and frames:  # the middle frame, predictions at the adapter's threshold over grey teacher boxes
@@ -79,7 +79,7 @@ def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range]
     pred = []
     for c in idx:
         raw = head(feats.select(torch.tensor(c)), clip_len)
-        pred += head.decode(raw, [lbs[c[0]]], [frames[c[0]].size])
+        pred += [r.to_json() for r in head.decode(raw, [lbs[c[0]]], [frames[c[0]].size])]
     true = [c.label for c in clips]
     report = action_report([p["label"] for p in pred], true, head.labels)
     if head.persons:

@@ -15,7 +15,7 @@ import torch
 from streams.chunker import letterbox, letterbox_geometry
 
 from ..models import normalise
-from ..wire import Letterbox
+from contracts.geometry import Letterbox
 
 @dataclass
 class Frame:

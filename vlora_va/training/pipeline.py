@@ -15,14 +15,14 @@ import torch
 
 from ..adapters import save_adapter_dir
 from ..models import resolve
-from ..wire import Letterbox
+from contracts.geometry import Letterbox
 from . import train as T
 from .actions import MIRRORED
 from .data import activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels
 from .features import FeatureCache
 from .frames import Frame, letterbox_params
 from .metrics import action_report, best_f1_threshold, detection_report, person_activity_report
-from .spec import LoraSpec, Source, Spec
+from .spec import LoraSpec, Source, Spec, target_names
 from .targets import build_targets, person_targets
 
 
@@ -121,7 +121,7 @@ def save_detection(spec: Spec, out: Path, result: T.RunResult, lora: LoraSpec, s
     cfg["metrics"] = metrics
     cfg["sources"] = [s.name for s in sources]
     p = save_adapter_dir(out, lora=T.lora_weights(result.model, lora), rank=lora.rank, alpha=lora.alpha,
-                         target_modules=T.target_names(lora) or ["encoder.layer.11.attention.q_proj"],
+                         target_modules=target_names(lora) or ["encoder.layer.11.attention.q_proj"],
                          base_model=spec.backbone, head=head, head_config=cfg)
     (p / "README.md").write_text(card)
     return p

@@ -26,7 +26,7 @@ from .actions import MIRRORED
 from .cards import action_card, detection_card, lora_summary, write_report
 from .fusion import fuse
 from .metrics import best_person_threshold, detection_report
-from .spec import LoraSpec, Spec
+from .spec import LoraSpec, Spec, target_names
 from .teachers import HogPeopleTeacher
 
 
@@ -241,7 +241,7 @@ def _save_action(spec: Spec, res, labels: list[str], row: dict) -> str:
     cfg["metrics"] = {"test": row["test"]}
     cfg["label_sources"] = [dict(s.__dict__) for s in spec.sources]
     save_adapter_dir(spec.output, lora=T.lora_weights(res.model, spec.lora), rank=spec.lora.rank, alpha=spec.lora.alpha,
-                     target_modules=T.target_names(spec.lora) or ["encoder.layer.11.attention.q_proj"],
+                     target_modules=target_names(spec.lora) or ["encoder.layer.11.attention.q_proj"],
                      base_model=spec.backbone, head=res.head, head_config=cfg)
     return str(spec.output)
 

@@ -184,13 +184,13 @@ def load_spec(path: str | Path) -> Spec:
 
 def _check_init_from(lora: LoraSpec) -> None:
     """The starting adapter must have exactly this spec's LoRA shape: otherwise its weights mean something else."""
-    from ..adapters import AdapterError, read_lora
-    from .train import target_names
+    from ..adapters import AdapterError, canonical_module_names, read_lora
 
     if not lora.layers:
         raise SpecError("lora.init_from: needs lora.layers (a head-only model has no LoRA to start from)")
     try:
         rank, scale, _, weights = read_lora(Path(lora.init_from))
+        weights = canonical_module_names(weights)  # target_names are canonical; the file may be either
     except AdapterError as e:
         raise SpecError(f"lora.init_from: {e}") from None
     if rank != lora.rank or abs(scale - lora.alpha / lora.rank) > 1e-9:
@@ -200,3 +200,13 @@ def _check_init_from(lora: LoraSpec) -> None:
     if missing:
         raise SpecError(f"lora.init_from: {lora.init_from} has no rank-{rank} LoRA on {', '.join(missing[:3])}"
                         f"{' …' if len(missing) > 3 else ''}")
+
+
+def target_names(lora: LoraSpec) -> list[str]:
+    """Full module names, e.g. encoder.layer.8.attention.q_proj: the canonical DINOv2 naming (transformers >=
+    5.18), which saved adapters use. `installed_module` finds each in a backbone named either way."""
+    out = []
+    for layer in sorted(lora.layers):
+        for m in lora.modules:
+            out.append(f"encoder.layer.{layer}.{'mlp' if m.startswith('fc') else 'attention'}.{m}")
+    return out

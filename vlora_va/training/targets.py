@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..heads import PERSON_FIELDS
-from ..wire import Letterbox
+from contracts.geometry import Letterbox
 from .actions import MIRRORED
 
 

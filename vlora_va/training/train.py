@@ -21,19 +21,20 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from ..adapters import canonical_module_names, fit_target_modules
 from ..heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, ActionHead, DetectionHead, Features, build_head
-from ..models import load_backbone, patch_size
+from ..models import canonical_name, linear_names, load_backbone, patch_size, renamed_for
 from .features import upper_hidden
-from .spec import LoraSpec, TrainSpec
+from .spec import LoraSpec, TrainSpec, target_names
 
 
-def target_names(lora: LoraSpec) -> list[str]:
-    """Full module names, e.g. encoder.layer.8.attention.q_proj (transformers 5.x Dinov2/ViT naming)."""
-    out = []
-    for layer in sorted(lora.layers):
-        for m in lora.modules:
-            out.append(f"encoder.layer.{layer}.{'mlp' if m.startswith('fc') else 'attention'}.{m}")
-    return out
+def installed_module(model: nn.Module, name: str) -> nn.Module:
+    """The (possibly peft-wrapped) backbone's layer called `name` under either naming."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    here = renamed_for(name, dict(base.named_modules()))
+    if here is None:
+        raise KeyError(f"{name!r} is not a layer of this backbone")
+    return base.get_submodule(here)
 
 
 def build_model(backbone: str | nn.Module, lora: LoraSpec, seed: int = 0) -> nn.Module:
@@ -46,8 +47,9 @@ def build_model(backbone: str | nn.Module, lora: LoraSpec, seed: int = 0) -> nn.
         return model
     from peft import LoraConfig, get_peft_model
 
-    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=target_names(lora), lora_dropout=0.0,
-                     bias="none")
+    # The one place the spec's (canonical) names meet the installed transformers' naming.
+    targets = fit_target_modules(target_names(lora), linear_names(model))
+    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets, lora_dropout=0.0, bias="none")
     model = get_peft_model(model, cfg)
     if lora.init_from:
         _start_from(model, lora)
@@ -59,10 +61,10 @@ def _start_from(model: nn.Module, lora: LoraSpec) -> None:
     from ..adapters import read_lora
 
     _, _, _, weights = read_lora(Path(lora.init_from))
-    base = model.get_base_model()
+    weights = canonical_module_names(weights)  # a file under legacy names starts a run too
     with torch.no_grad():
         for name in target_names(lora):
-            m = base.get_submodule(name)
+            m = installed_module(model, name)
             m.lora_A["default"].weight.copy_(weights[name][0])
             m.lora_B["default"].weight.copy_(weights[name][1])
 
@@ -71,10 +73,9 @@ def lora_weights(model: nn.Module, lora: LoraSpec) -> dict[str, tuple[torch.Tens
     """{module name: (A [r, in], B [out, r])} as adapters.save_adapter_dir wants."""
     if not lora.layers:
         return {}
-    base = model.get_base_model()
     out = {}
-    for name in target_names(lora):
-        m = base.get_submodule(name)
+    for name in target_names(lora):  # canonical names, whichever naming the backbone has
+        m = installed_module(model, name)
         out[name] = (m.lora_A["default"].weight.detach().clone(), m.lora_B["default"].weight.detach().clone())
     return out
 
@@ -131,7 +132,8 @@ def run_settings(opts: TrainSpec) -> dict:
 
 
 def _save_ckpt(path: Path, model, head, opt, sched, step: int, fingerprint: str, seconds: float) -> None:
-    trainable = {k: v for k, v in model.named_parameters() if v.requires_grad}
+    # canonical names: a checkpoint resumes under either transformers naming
+    trainable = {canonical_name(k): v for k, v in model.named_parameters() if v.requires_grad}
     state = {"step": step, "fingerprint": fingerprint, "seconds": seconds, "lora": trainable,
              "head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
              "rng": torch.get_rng_state()}
@@ -147,7 +149,7 @@ def _load_ckpt(path: Path, model, head, opt, sched, fingerprint: str) -> tuple[i
     if state.get("fingerprint") != fingerprint:
         tqdm.write(f"checkpoint {path} is from other settings: starting afresh")
         return 0, 0.0
-    params = dict(model.named_parameters())
+    params = {canonical_name(k): v for k, v in model.named_parameters()}
     with torch.no_grad():
         for k, v in state["lora"].items():
             params[k].copy_(v)
@@ -256,7 +258,8 @@ def predict_detection(model, head: DetectionHead, lower: torch.Tensor, letterbox
     out = []
     for i in range(0, len(lower), batch):
         feats = features_from(model, lower[i:i + batch], split, image_size, patch)
-        out += head.decode(head(feats), letterboxes[i:i + batch], sizes[i:i + batch])
+        decoded = head.decode(head(feats), letterboxes[i:i + batch], sizes[i:i + batch])
+        out += [[d.to_json() for d in image] for image in decoded]  # training reads rows like teacher labels
     head.score_threshold = old
     return out
 
@@ -270,7 +273,7 @@ def predict_action(model, head: ActionHead, lower: torch.Tensor, clips: list[lis
     for i in range(0, len(clips), batch):
         frames = torch.tensor([j for c in clips[i:i + batch] for j in c])
         feats = features_from(model, lower[frames], split, image_size, patch)
-        out += head.decode(head(feats, clip_len), letterboxes[i:i + batch], sizes[i:i + batch])
+        out += [r.to_json() for r in head.decode(head(feats, clip_len), letterboxes[i:i + batch], sizes[i:i + batch])]
     head.score_threshold = old
     return out
 

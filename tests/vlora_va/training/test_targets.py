@@ -35,7 +35,7 @@ def test_perfect_outputs_decode_back_to_the_labels():
     dist = torch.stack([cx - box[0], cy - box[1], box[2] - cx, box[3] - cy])
     logits = torch.logit(heat.clamp(1e-4, 1 - 1e-4))
     out = head.decode((logits[None], dist[None]), [lb], [(768, 576)])[0]
-    got = sorted((d["class"], [round(v) for v in d["box"]]) for d in out)
+    got = sorted((d.cls, [round(v) for v in d.box]) for d in out)
     assert got == [("car", [400, 300, 560, 380]), ("person", [100, 80, 160, 200])]
 
 
@@ -93,7 +93,7 @@ def test_perfect_person_maps_decode_back_to_the_persons():
     targets = person_targets(persons, [], lb, side, 24, ACTS)
     head = ActionHead(8, ["no_person", *ACTS], spatial="local", persons=True, image_size=side, score_threshold=0.5)
     (out,) = head.decode((torch.zeros(1, 4), person_maps(targets, 3)), [lb], [(768, 576)])
-    got = sorted((p["activity"], [round(v) for v in p["box"]]) for p in out["persons"])
+    got = sorted((p.activity, [round(v) for v in p.box]) for p in out.persons)
     assert got == [("standing", [500, 300, 530, 380]), ("walking_right", [100, 80, 140, 200])]
 
 
@@ -142,5 +142,5 @@ def test_person_branch_learns_each_movers_activity_from_these_targets():
     test, test_refs = clips(16, seed=1)
     with torch.no_grad():
         out = head.decode(head(test, 4), [lb] * 16, [(224, 224)] * 16)
-    report = person_activity_report([o["persons"] for o in out], test_refs, ACTS, threshold=0.3)
+    report = person_activity_report([o.to_json()["persons"] for o in out], test_refs, ACTS, threshold=0.3)
     assert report["recall"] >= 0.9 and report["top1"] >= 0.9, report

@@ -111,7 +111,7 @@ def test_lora_can_start_from_a_saved_adapter(tiny_backbone, tmp_path):
     lora = LoraSpec(rank=2, alpha=4, layers=[1], modules=["q_proj", "fc2"])
     rng = torch.Generator().manual_seed(1)
     backbone = T.build_model(tiny_backbone, LoraSpec(layers=[]))
-    shapes = {n: backbone.get_submodule(n).weight.shape for n in T.target_names(lora)}  # [out, in]
+    shapes = {n: T.installed_module(backbone, n).weight.shape for n in T.target_names(lora)}  # [out, in]
     saved = {n: (torch.randn(2, i, generator=rng), torch.randn(o, 2, generator=rng)) for n, (o, i) in shapes.items()}
     head = T.new_head("action", ["a", "b"], 32, SIDE, {"width": 4})[0]
     save_adapter_dir(tmp_path / "start", lora=saved, rank=2, alpha=4, target_modules=list(saved), base_model="tiny",
@@ -150,3 +150,44 @@ def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, t
     feats = Features(torch.zeros(4, 32), torch.randn(4, 32, 4, 4))
     with torch.no_grad():
         assert all(torch.equal(a, b) for a, b in zip(res.head(feats, 2), adapter.head(feats, 2)))
+
+
+def test_training_under_either_naming_writes_the_same_adapter(tiny_backbone, tmp_path, monkeypatch):
+    """transformers < 5.18 names DINOv2's attention layers attention.attention.query etc.: training must wrap the
+    same layers there, save them under the canonical names, and give byte-identical files."""
+    from vlora_va.adapters import fit_module_names
+    from vlora_va.models import canonical_name, linear_names, load_backbone
+    from vlora_va.training.pipeline import save_detection
+
+    from ..conftest import as_naming
+
+    files, outputs = {}, {}
+    x, _ = model_input(frames(2), SIDE)
+    for naming in ("canonical", "legacy"):
+        def backbone(name, naming=naming):
+            return as_naming(load_backbone(name), naming)
+
+        monkeypatch.setattr(T, "load_backbone", backbone)
+        spec = dataclasses.replace(spec_for(tmp_path / naming, tiny_backbone, layers=[1], epochs=1),
+                                   lora=LoraSpec(rank=2, alpha=4, layers=[1], modules=["q_proj", "o_proj", "fc2"]))
+        split = labelled_split(frames(8))
+        split.lower = FeatureCache(tmp_path / naming, tiny_backbone, SIDE, 1).get(
+            T.build_model(tiny_backbone, LoraSpec(layers=[])), split.frames, progress=False)
+        res = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60, progress=False)
+        assert res.steps == 2 and any(b.abs().sum() > 0 for _, b in T.lora_weights(res.model, spec.lora).values())
+        base = res.model.get_base_model()
+        wrapped = [n for n, m in base.named_modules() if hasattr(m, "lora_A")]
+        assert [canonical_name(n) for n in wrapped] == T.target_names(spec.lora)
+        assert (".attention.attention.query" in wrapped[0]) == (naming == "legacy")
+        out = save_detection(spec, tmp_path / naming / "adapter", res, spec.lora, spec.sources, 0.3, {}, "# card\n")
+        files[naming] = {f: (out / f).read_bytes() for f in ("adapter_model.safetensors", "adapter_config.json")}
+        # the saved adapter, folded into a fresh backbone of this naming, gives peft's forward
+        adapter = load_adapter_dir("tiny", out, 32)
+        merged = backbone(tiny_backbone)
+        with torch.no_grad():
+            for name, (a, b) in fit_module_names(adapter.lora, linear_names(merged)).items():
+                merged.get_submodule(name).weight += adapter.scale * (b @ a)
+            outputs[naming] = full_hidden(merged, x)
+            assert torch.allclose(upper_hidden(res.model, lower_hidden(res.model, x, 1), 1), outputs[naming], atol=1e-4)
+    assert files["legacy"] == files["canonical"]
+    assert torch.equal(outputs["legacy"], outputs["canonical"])

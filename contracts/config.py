@@ -7,6 +7,7 @@ Any problem raises `ConfigError` whose message names the key path and the line, 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -15,10 +16,15 @@ from typing import Any
 
 import yaml
 
+from .wire import MAX_FRAME_SIDE, MAX_FRAMES, MAX_TASKS, NAME, STREAM_ID
+
 DROP_POLICIES = ("drop_oldest", "drop_newest", "block")
 DEVICES = ("cpu", "cuda", "auto")
+# Scheduling policies (vlora_va/scheduling): the V-LoRA policy and the baselines it is measured against.
+POLICIES = ("vlora", "edf", "merge-only", "unmerge-only", "dlora")
+# What sustained overload does to the lowest-priority work first (see DaemonConfig.degrade).
+DEGRADE_OPTIONS = ("shed", "frames", "stride")
 SINK_TYPES = ("jsonl",)
-_STREAM_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class ConfigError(ValueError):
@@ -47,7 +53,14 @@ class DaemonConfig:
     premerge_max_mb: int = 1024
     metrics_port: int = 0  # Prometheus /metrics; 0 = off
     log_every_s: float = 10.0
-
+    policy: str = "vlora"  # scheduling policy: one of POLICIES
+    # A request that has waited this long is starving: the scheduler serves it in the next batch (mixture
+    # mode if another adapter is merged) instead of letting the dominant adapter's requests go first.
+    starvation_ms: float = 500.0
+    # Under sustained overload, the lowest-priority tasks give way first: "shed" their requests, send fewer
+    # "frames" of their clips (never below what the head accepts), or serve every k-th chunk ("stride").
+    degrade: str = "shed"
+    profile_cache: str = ""  # where measured cost profiles are kept; "" = ~/.cache/vlora-va/profiles
 
 @dataclass(frozen=True)
 class IngestConfig:
@@ -68,6 +81,7 @@ class TaskConfig:
     adapter: str
     frames_per_chunk: int
     deadline_ms: float
+    priority: int = 0  # higher is served first under overload
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,7 @@ class StreamConfig:
     loop: bool = False
     realtime: bool = True  # files are paced like a live camera; False = as fast as possible
     max_chunks: int = 0  # stop after this many chunks; 0 = until the source ends
+    priority: int = 0  # default priority of this stream's tasks
     tasks: tuple[TaskConfig, ...] = ()
 
     @property
@@ -179,10 +194,14 @@ class _Checker:
         v = d[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if float in kinds and isinstance(v, int) and not isinstance(v, bool):
+            if abs(v) > 1e15:  # float() of a huge int overflows; no setting here needs such a number
+                self.error(p, f"must be a number below 1e15, got an integer of {len(str(abs(v)))} digits")
             v = float(v)
         if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
             names = "/".join(k.__name__ for k in kinds)
-            self.error(p, f"expected {names}, got {type(v).__name__} {v!r}")
+            self.error(p, f"expected {names}, got {type(v).__name__} {repr(v)[:40]}")
+        if isinstance(v, float) and not math.isfinite(v):
+            self.error(p, f"must be a finite number, got {v}")
         if minimum is not None and v < minimum:
             self.error(p, f"must be >= {minimum}, got {v}")
         if choices is not None and v not in choices:
@@ -190,21 +209,25 @@ class _Checker:
         return v
 
 
-def _daemon(c: _Checker, raw: Any) -> DaemonConfig:
+def _daemon(c: _Checker, raw: Any, base_dir: Path) -> DaemonConfig:
     fields = DaemonConfig.__dataclass_fields__
     d = c.mapping(raw, "daemon", set(fields))
     kw: dict[str, Any] = {}
     for name, f in fields.items():
         default = f.default
         kind = {bool: bool, int: int, float: float, str: str}.get(type(default), str)
-        choices = DEVICES if name == "device" else None
+        choices = {"device": DEVICES, "policy": POLICIES, "degrade": DEGRADE_OPTIONS}.get(name)
         minimum = 1 if name in ("image_size", "max_batch_images", "max_slots", "max_rank") else (
             0 if kind in (int, float) else None)
         kw[name] = c.get(d, name, "daemon", kind, default, minimum=minimum, choices=choices)
+    if kw["image_size"] > MAX_FRAME_SIDE:
+        c.error("daemon.image_size", f"must be at most {MAX_FRAME_SIDE}, got {kw['image_size']}")
     if kw["image_size"] % 14:
         c.error("daemon.image_size", f"must be a multiple of the patch size 14, got {kw['image_size']}")
     if not re.match(r"^(tcp|ipc|inproc)://", kw["endpoint"]):
         c.error("daemon.endpoint", f"expected a ZeroMQ endpoint like tcp://host:port or ipc:///path, got {kw['endpoint']!r}")
+    if kw["profile_cache"] and not Path(kw["profile_cache"]).is_absolute():
+        kw["profile_cache"] = str(base_dir / kw["profile_cache"])
     return DaemonConfig(**kw)
 
 
@@ -229,6 +252,8 @@ def _adapters(c: _Checker, raw: Any, base_dir: Path) -> dict[str, str]:
         c.error("adapters", "expected a non-empty mapping of adapter name -> directory")
     out = {}
     for name, directory in raw.items():
+        if not NAME.fullmatch(str(name)):
+            c.error(f"adapters.{name}", "an adapter name is 1-64 characters of letters, digits, '_', '.', '-'")
         if not isinstance(directory, str) or not directory:
             c.error(f"adapters.{name}", f"expected a directory path, got {directory!r}")
         p = Path(directory)
@@ -236,27 +261,37 @@ def _adapters(c: _Checker, raw: Any, base_dir: Path) -> dict[str, str]:
     return out
 
 
-def _task(c: _Checker, raw: Any, path: str, adapters: dict[str, str], stream_frames: int) -> TaskConfig:
-    d = c.mapping(raw, path, {"name", "adapter", "frames_per_chunk", "deadline_ms"})
+def _task(c: _Checker, raw: Any, path: str, adapters: dict[str, str], stream_frames: int,
+          stream_priority: int) -> TaskConfig:
+    d = c.mapping(raw, path, {"name", "adapter", "frames_per_chunk", "deadline_ms", "priority"})
     adapter = c.get(d, "adapter", path, str)
     if adapter not in adapters:
         c.error(f"{path}.adapter", f"unknown adapter {adapter!r} (known: {', '.join(adapters)})")
     n = c.get(d, "frames_per_chunk", path, int, 1, minimum=1)
     if n > stream_frames:
         c.error(f"{path}.frames_per_chunk", f"{n} frames asked but a chunk holds only {stream_frames}")
-    return TaskConfig(
-        name=c.get(d, "name", path, str, adapter),
-        adapter=adapter,
-        frames_per_chunk=n,
-        deadline_ms=c.get(d, "deadline_ms", path, float, 1000.0, minimum=1),
-    )
+    name = c.get(d, "name", path, str, adapter)
+    if not NAME.fullmatch(name):
+        c.error(f"{path}.name", f"must be 1-64 characters of letters, digits, '_', '.', '-', got {name!r}")
+    deadline = c.get(d, "deadline_ms", path, float, 1000.0, minimum=1)
+    if deadline > 3_600_000:
+        c.error(f"{path}.deadline_ms", f"must be at most one hour (3600000), got {deadline:.0f}")
+    return TaskConfig(name=name, adapter=adapter, frames_per_chunk=n, deadline_ms=deadline,
+                      priority=_priority(c, d, path, stream_priority))
+
+
+def _priority(c: _Checker, d: dict, path: str, default: int) -> int:
+    p = c.get(d, "priority", path, int, default)
+    if not -1000 <= p <= 1000:
+        c.error(f"{path}.priority", f"must be in [-1000, 1000], got {p}")
+    return p
 
 
 def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str], base_dir: Path) -> StreamConfig:
-    allowed = {"id", "source", "fps", "chunk_seconds", "loop", "realtime", "max_chunks", "tasks"}
+    allowed = {"id", "source", "fps", "chunk_seconds", "loop", "realtime", "max_chunks", "priority", "tasks"}
     d = c.mapping(raw, path, allowed)
     sid = c.get(d, "id", path, str)
-    if not _STREAM_ID.match(sid):
+    if not STREAM_ID.fullmatch(sid):
         c.error(f"{path}.id", f"must be 1-64 characters of letters, digits, '_', '.', '-', got {sid!r}")
     source = c.get(d, "source", path, str)
     if "://" not in source and not Path(source).is_absolute():
@@ -267,7 +302,13 @@ def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str], base_dir
     if not isinstance(tasks_raw, list) or not tasks_raw:
         c.error(f"{path}.tasks", "expected a non-empty list of tasks")
     frames = max(1, round(fps * chunk_seconds))
-    tasks = tuple(_task(c, t, f"{path}.tasks[{i}]", adapters, frames) for i, t in enumerate(tasks_raw))
+    if frames > MAX_FRAMES:
+        c.error(f"{path}.chunk_seconds", f"a chunk of {frames} frames (fps x chunk_seconds) is more than the "
+                                         f"{MAX_FRAMES} one message may carry")
+    if len(tasks_raw) > MAX_TASKS:
+        c.error(f"{path}.tasks", f"{len(tasks_raw)} tasks, at most {MAX_TASKS} per stream")
+    priority = _priority(c, d, path, 0)
+    tasks = tuple(_task(c, t, f"{path}.tasks[{i}]", adapters, frames, priority) for i, t in enumerate(tasks_raw))
     names = [t.name for t in tasks]
     for i, name in enumerate(names):
         if names.index(name) != i:
@@ -277,7 +318,7 @@ def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str], base_dir
         loop=c.get(d, "loop", path, bool, False),
         realtime=c.get(d, "realtime", path, bool, True),
         max_chunks=c.get(d, "max_chunks", path, int, 0, minimum=0),
-        tasks=tasks,
+        priority=priority, tasks=tasks,
     )
 
 
@@ -310,7 +351,7 @@ def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike
         c.error("sinks", "expected a list of sinks")
     sinks = tuple(_sink(c, s, f"sinks[{i}]", base) for i, s in enumerate(sinks_raw))
     return PipelineConfig(
-        daemon=_daemon(c, top.get("daemon")),
+        daemon=_daemon(c, top.get("daemon"), base),
         ingest=_ingest(c, top.get("ingest")),
         adapters=adapters, streams=streams, sinks=sinks, source_file=file,
     )

@@ -1,0 +1,168 @@
+"""The result record: one row per request (one task on one chunk), whatever happened to it.
+
+The heads produce the typed payloads (`DetectionResult`, `ActivityResult`); the daemon wraps each request's
+outcome in a `ResultRecord`; every sink writes `record.to_json()` (one JSON Lines row). Every row carries
+`status`: "ok" (served), "shed" (not computed: it could not meet its deadline, or overload degraded it) or
+"error" (it could not be served), with `reason` for the last two. Only "ok" rows can have met their deadline.
+
+Example rows (JSON Lines, one object per line)::
+
+    {"v":2,"stream":"pedestrians","chunk":0,"task":"detect","adapter":"detect","status":"ok","frame_ts":[0.5],
+     "frames":[{"ts":0.5,"detections":[{"box":[282.4,215.2,318.0,301.0],"class":"person","score":0.6679}]}],
+     "latency_ms":{"queue":50.5,"compute":895.7,"total":951.2},"deadline_ms":2000.0,"deadline_met":true,
+     "batch_images":10,"mode":"premerged"}
+    {"v":2,"stream":"pedestrians","chunk":1,"task":"activity","adapter":"actions","status":"shed",
+     "reason":"cannot meet its deadline: needs ~820 ms, 310 ms left","frame_ts":[...],
+     "latency_ms":{"queue":0.0,"compute":0.0,"total":2690.0},"deadline_ms":3000.0,"deadline_met":false}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+RESULT_VERSION = 2
+STATUSES = ("ok", "shed", "error")
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 1)
+
+
+@dataclass(frozen=True)
+class Detection:
+    box: tuple[float, float, float, float]  # x1, y1, x2, y2 in original-frame pixels
+    cls: str
+    score: float
+
+    def to_json(self) -> dict:
+        return {"box": [round(v, 1) for v in self.box], "class": self.cls, "score": round(self.score, 4)}
+
+
+@dataclass(frozen=True)
+class FrameDetections:
+    ts: float  # media time of the frame
+    detections: tuple[Detection, ...]
+
+    def to_json(self) -> dict:
+        return {"ts": round(self.ts, 4), "detections": [d.to_json() for d in self.detections]}
+
+
+@dataclass(frozen=True)
+class DetectionResult:
+    frames: tuple[FrameDetections, ...]
+
+    def to_json(self) -> dict:
+        return {"frames": [f.to_json() for f in self.frames]}
+
+
+@dataclass(frozen=True)
+class PersonActivity:
+    box: tuple[float, float, float, float]  # where the person was over the clip (mean box), original pixels
+    score: float  # how sure the head is that a person is there
+    activity: str
+    activity_score: float
+
+    def to_json(self) -> dict:
+        return {"box": [round(v, 1) for v in self.box], "score": round(self.score, 4), "activity": self.activity,
+                "activity_score": round(self.activity_score, 4)}
+
+
+@dataclass(frozen=True)
+class ActivityResult:
+    label: str  # the clip's main subject's activity (or no_person)
+    score: float
+    scores: dict[str, float]
+    persons: tuple[PersonActivity, ...] | None = None  # adapters with a per-person branch
+
+    def to_json(self) -> dict:
+        out = {"label": self.label, "score": round(self.score, 4),
+               "scores": {k: round(v, 4) for k, v in self.scores.items()}}
+        if self.persons is not None:
+            out["persons"] = [p.to_json() for p in self.persons]
+        return out
+
+
+Payload = Union[DetectionResult, ActivityResult]
+
+
+@dataclass(frozen=True)
+class Latency:
+    queue_s: float = 0.0  # received -> batch start
+    compute_s: float = 0.0  # the batch's engine time
+    total_s: float = 0.0  # chunk ready at the source -> result ready (the real-time figure)
+
+    def to_json(self) -> dict:
+        return {"queue": _ms(self.queue_s), "compute": _ms(self.compute_s), "total": _ms(self.total_s)}
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    stream: str
+    chunk: int
+    task: str
+    adapter: str
+    status: str  # one of STATUSES
+    frame_ts: tuple[float, ...]
+    latency: Latency
+    deadline_ms: float
+    deadline_met: bool
+    reason: str | None = None  # why a request was shed or failed
+    result: Payload | None = None  # ok rows
+    batch_images: int | None = None  # ok rows: images in the batch that served it
+    mode: str | None = None  # ok rows: the LoRA mode of that batch
+    untrained: bool = False  # the adapter's head was never trained: the result claims nothing
+    dropped_before: int = 0  # chunks of this stream ingest dropped just before this one
+    extra: dict = field(default_factory=dict)  # e.g. {"frames_used": 4} when overload thinned a clip
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"result status must be one of {STATUSES}, got {self.status!r}")
+        if self.status != "ok" and (self.deadline_met or not self.reason):
+            raise ValueError(f"a {self.status} row needs a reason and never meets its deadline")
+
+    def to_json(self) -> dict:
+        row = {"v": RESULT_VERSION, "stream": self.stream, "chunk": self.chunk, "task": self.task,
+               "adapter": self.adapter, "status": self.status}
+        if self.reason:
+            row["reason"] = self.reason
+        row["frame_ts"] = [round(t, 4) for t in self.frame_ts]
+        if self.untrained:
+            row["untrained"] = True
+        if self.result is not None:
+            row.update(self.result.to_json())
+        row["latency_ms"] = self.latency.to_json()
+        row["deadline_ms"] = round(self.deadline_ms, 1)
+        row["deadline_met"] = self.deadline_met
+        if self.batch_images is not None:
+            row["batch_images"] = self.batch_images
+        if self.mode:
+            row["mode"] = self.mode
+        if self.dropped_before:
+            row["dropped_before"] = self.dropped_before
+        row.update(self.extra)
+        return row
+
+
+# ---------------------------------------------------------------- rows from requests
+def served(req, payload: Payload, *, compute_start: float, compute_end: float, batch_images: int, mode: str,
+           trained: bool = True, extra: dict | None = None) -> ResultRecord:
+    """The row of a request the engine served (times in the daemon's clock)."""
+    return ResultRecord(
+        stream=req.stream, chunk=req.seq, task=req.task, adapter=req.adapter, status="ok",
+        frame_ts=tuple(req.frame_ts), result=payload,
+        latency=Latency(compute_start - req.received, compute_end - compute_start, compute_end - req.ready),
+        deadline_ms=req.deadline_ms, deadline_met=compute_end <= req.deadline, batch_images=batch_images,
+        mode=mode, untrained=not trained, dropped_before=req.dropped_before,
+        extra={**({"degraded": req.degraded} if req.degraded else {}),
+               **({"best_effort": True} if req.best_effort else {}), **(extra or {})})
+
+
+def not_served(req, status: str, reason: str, now: float) -> ResultRecord:
+    """The row of a request that was shed or failed: it says why, and never counts as in deadline."""
+    if status not in ("shed", "error"):
+        raise ValueError(f"not_served rows are shed or error, got {status!r}")
+    return ResultRecord(
+        stream=req.stream, chunk=req.seq, task=req.task, adapter=req.adapter, status=status, reason=reason,
+        frame_ts=tuple(req.frame_ts), latency=Latency(0.0, 0.0, now - req.ready), deadline_ms=req.deadline_ms,
+        deadline_met=False, dropped_before=req.dropped_before)

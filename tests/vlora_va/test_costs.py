@@ -1,0 +1,107 @@
+"""The cost profile: measured on the real (tiny) engine, cached by machine and set-up, predicting plan times,
+and correcting itself from observed batches."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from vlora_va import costs as C
+from vlora_va.adapters import load_adapter_dir
+from vlora_va.engine import Engine
+from vlora_va.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.models import load_backbone
+from vlora_va.plan import BatchPlan, SizeGroup
+
+from .conftest import TINY_IMAGE
+from .scheduling.conftest import profile as hand_profile
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_backbone_dir, tiny_adapters):
+    adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+    return Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, premerge_max_mb=64, max_batch_images=8)
+
+
+def key_for(engine, modes=("premerged", "unmerged", "mixture")):
+    return C.profile_key(engine.device, "tiny", engine.backbone, engine.catalog(), {"detect": 4, "actions": 8},
+                         list(modes))
+
+
+def test_profile_measures_every_size_mode_and_the_switch(engine):
+    catalog = engine.catalog()
+    p = C.measure_profile(engine, catalog, key_for(engine), ["premerged", "unmerged", "mixture"])
+    assert set(p.base) == {TINY_IMAGE} and [n for n, _ in p.base[TINY_IMAGE]] == [1, 4]
+    assert all(t > 0 for _, t in p.base[TINY_IMAGE])
+    assert set(p.factors) == {"premerged", "unmerged", "mixture", "merged"}
+    assert p.factors["unmerged"][1] > 0 and set(p.factors["unmerged"]) == {1, 2}  # 2 adapters
+    assert p.factors["premerged"][1] == 1.0 and p.factors["mixture"][1] == 1.0
+    assert p.switch_s > 0 and p.measured_s > 0
+    assert engine.weights_slot is None  # measuring leaves the weights pristine
+
+
+def test_the_profile_is_cached_by_machine_and_set_up(engine, tmp_path):
+    catalog = engine.catalog()
+    key = key_for(engine)
+    first = C.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
+    assert C.profile_path(tmp_path, key).is_file()
+    t0 = time.perf_counter()
+    again = C.load_or_measure(engine, catalog, key, tmp_path)
+    assert time.perf_counter() - t0 < 0.5 and again.to_json() == first.to_json()
+    other = dict(key, threads=key["threads"] + 1)  # another thread count is another machine set-up
+    assert C.load_cached(tmp_path, other) is None
+    C.profile_path(tmp_path, key).write_text("{not json")  # a damaged cache is measured again, not fatal
+    assert C.load_cached(tmp_path, key) is None
+
+
+def test_key_names_the_processor_threads_backbone_and_adapters(engine):
+    key = key_for(engine)
+    assert key["device"] == C.device_name(torch.device("cpu")) and key["threads"] == torch.get_num_threads()
+    assert key["backbone"] == "tiny" and [a[0] for a in key["adapters"]] == ["actions", "detect"]
+    assert key_for(engine, ["unmerged"]) != key
+
+
+def test_predictions_follow_the_profile():
+    m = C.CostModel(hand_profile())
+    assert m.forward_s(224, 1, LoRAMode(MERGED, 0), 1) == pytest.approx(0.06)
+    assert m.forward_s(224, 2, LoRAMode(MERGED, 0), 1) == pytest.approx(0.11)  # interpolated
+    assert m.forward_s(224, 8, LoRAMode(MERGED, 0), 1) == pytest.approx(0.41)  # extended past 4
+    assert m.forward_s(224, 4, LoRAMode(UNMERGED), 4) == pytest.approx(0.21 * 1.4)
+    assert m.forward_s(224, 4, LoRAMode(UNMERGED), 2) == pytest.approx(0.21 * (1.15 + 0.25 / 3))
+    assert m.forward_s(224, 4, LoRAMode(UNMERGED, impl="einsum"), 4) == pytest.approx(0.21 * 2.0)
+    assert m.plan_s({224: (4, 1), 336: (1, 1)}, LoRAMode(PREMERGED), switching=True) == pytest.approx(0.21 + 0.11 + 0.02)
+    assert m.image_s(336, LoRAMode(PREMERGED)) == pytest.approx(0.1)
+    assert m.forward_s(448, 1, LoRAMode(MIXTURE, 0), 1) == pytest.approx(0.11 * 4 / 2.25)  # by token count
+
+
+def test_observed_batches_correct_the_prediction_and_set_the_margin():
+    m = C.CostModel(hand_profile())
+    for _ in range(60):
+        m.observe(0.2, 0.36)  # this machine runs 1.8x slower than it measured (e.g. decode beside it)
+    assert m.correction == pytest.approx(1.8, rel=0.01)
+    assert m.plan_s({224: (4, 1)}, LoRAMode(MERGED, 0), False) == pytest.approx(0.21 * 1.8, rel=0.01)
+    assert m.margin == pytest.approx(1.1)  # once converged the predictions hold: the margin's floor
+    for i in range(30):  # now noisy: a batch in ten runs 60% long
+        m.observe(0.2, 0.36 * (1.6 if i % 10 == 0 else 1.0))
+    assert 1.3 < m.margin <= 2.0
+
+
+def test_warm_up_runs_every_plan_key_and_first_batches_cost_no_more_than_steady_ones(engine):
+    catalog = engine.catalog()
+    slot = catalog.adapters["detect"].slot
+    modes = [LoRAMode(PREMERGED), LoRAMode(UNMERGED), LoRAMode(MERGED, slot), LoRAMode(MIXTURE, slot)]
+    keys = C.warm_up(engine, catalog, {TINY_IMAGE: modes}, C.batch_sizes(engine.device, 8))
+    assert {(k.size, k.mode) for k in keys} == {(TINY_IMAGE, m.kind) for m in modes}
+    reqs = [C.synthetic_requests(catalog, a, 1, seed=i)[0] for i, a in enumerate(["detect", "actions"] * 2)]
+    for mode in (LoRAMode(PREMERGED), LoRAMode(UNMERGED), LoRAMode(MIXTURE, slot)):
+        plan = BatchPlan(reqs, mode, (SizeGroup(TINY_IMAGE, tuple(range(4))),))
+        times = []
+        for _ in range(8):
+            t0 = time.perf_counter()
+            engine.execute(plan)
+            times.append(time.perf_counter() - t0)
+        assert times[0] <= 1.5 * statistics.median(times[1:]) + 0.002, (mode, times)
+    engine.switch(LoRAMode(PREMERGED))

@@ -1,0 +1,171 @@
+"""Transport: the daemon's PULL socket, read by its own thread so that a long batch never delays reading.
+
+    PULL socket ─► one message ─► decode + validate (contracts.wire) ─► requests in the daemon's clock
+                                   └─ malformed: counted, logged, dropped (never fatal)
+                                ─► inbox (thread-safe) ─► the daemon loop
+
+The thread stamps each message when it is read and never blocks on the daemon: when the daemon already holds
+`max_images` images (inbox + queue), it stops reading, so backpressure reaches ingest's drop policy instead of
+piling up here as memory. ZeroMQ itself drops any message part larger than the largest legal one
+(ZMQ_MAXMSGSIZE), so no peer can make the daemon buffer gigabytes.
+
+Clocks: a message carries the sender's `ready_wall` and `sent_wall`. `ClockOffset` estimates the daemon's
+clock minus the sender's as the smallest (receive - sent) seen recently per stream (the least-delayed
+message bounds the offset from above, within the transit time), so deadlines never compare two machines'
+wall clocks directly.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from contracts.requests import Request, requests_from_chunk
+from contracts.wire import MAX_FRAMES, WireError, decode_chunk, largest_part_bytes
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 50
+CLOCK_WINDOW_S = 600.0  # the offset estimate forgets samples older than this (clock drift is slow)
+
+
+@dataclass(frozen=True)
+class Malformed:
+    parts: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Received:
+    """One decoded chunk: its requests (daemon clock) and what the daemon counts per chunk."""
+
+    stream: str
+    seq: int
+    dropped_before: int
+    requests: list[Request]
+    clock_offset: float
+
+
+class ClockOffset:
+    """Per stream: daemon clock - sender clock, as the minimum of (received - sent) over a window."""
+
+    def __init__(self, window_s: float = CLOCK_WINDOW_S):
+        self.window_s = window_s
+        self._samples: dict[str, collections.deque[tuple[float, float]]] = {}
+
+    def update(self, stream: str, sent: float, received: float) -> float:
+        samples = self._samples.setdefault(stream, collections.deque())
+        offset = received - sent
+        # A monotone deque: every kept sample is smaller than all later ones, so the front is the minimum.
+        while samples and samples[-1][1] >= offset:
+            samples.pop()
+        samples.append((received, offset))
+        while samples[0][0] < received - self.window_s:
+            samples.popleft()
+        return samples[0][1]
+
+
+class Transport:
+    def __init__(self, endpoint: str, image_size: int, max_images: int, rcvhwm: int = 4):
+        self.endpoint, self.max_images = endpoint, max_images
+        self.clock = ClockOffset()
+        self.held_images = 0  # images the daemon holds outside the inbox (its queue); it keeps this current
+        self._inbox: collections.deque = collections.deque()
+        self._inbox_images = 0
+        self._cond = threading.Condition()
+        self._reading = threading.Event()
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.RCVHWM, rcvhwm)  # small: backpressure reaches ingest, whose drop policy decides
+        self._sock.setsockopt(zmq.RCVBUF, 1 << 20)  # the kernel buffer too: chunks hidden there are only latency
+        self._sock.setsockopt(zmq.MAXMSGSIZE, largest_part_bytes(image_size))
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(endpoint)
+        self._thread = threading.Thread(target=self._run, name="transport", daemon=True)
+        self.last_read = time.monotonic()
+
+    def start(self) -> None:
+        self._reading.set()
+        self._thread.start()
+
+    def pause(self) -> None:
+        """Stop reading new messages (what is in the inbox stays)."""
+        self._reading.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._reading.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        self._sock.close()
+        self._ctx.term()
+
+    # ------------------------------------------------------------------ the daemon side
+    def take(self, timeout_s: float) -> list:
+        """Everything in the inbox (Received / Malformed), waiting up to timeout_s for the first."""
+        with self._cond:
+            if not self._inbox and timeout_s > 0:
+                self._cond.wait(timeout_s)
+            items = list(self._inbox)
+            self._inbox.clear()
+            self._inbox_images = 0
+            self._cond.notify_all()
+        return items
+
+    # ------------------------------------------------------------------ the thread
+    def _room(self) -> bool:
+        return self._inbox_images + self.held_images < self.max_images
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._reading.wait(0.1):
+                continue
+            with self._cond:
+                if not self._room():
+                    self._cond.wait(POLL_MS / 1000)
+                    continue
+            try:
+                if not self._sock.poll(POLL_MS):
+                    continue
+                parts = self._recv_parts()
+            except zmq.ZMQError as e:
+                if self._stop.is_set():
+                    return
+                log.error("receive failed: %s", e)
+                continue
+            self.last_read = time.monotonic()
+            item = self._decode(parts, time.time())
+            with self._cond:
+                self._inbox.append(item)
+                if isinstance(item, Received):
+                    self._inbox_images += sum(r.num_images for r in item.requests)
+                self._cond.notify_all()
+
+    def _recv_parts(self) -> list:
+        """One multipart message, keeping at most MAX_FRAMES + 2 parts (the rest is read and dropped, so an
+        endless message cannot grow memory; decode then rejects it)."""
+        parts = [self._sock.recv(copy=False)]
+        while parts[-1].more:
+            part = self._sock.recv(copy=False)
+            if len(parts) < MAX_FRAMES + 2:
+                parts.append(part)
+            elif not part.more:
+                break
+        return parts
+
+    def _decode(self, parts: list, received: float):
+        try:
+            chunk = decode_chunk(parts)
+            h = chunk.header
+            offset = self.clock.update(h.stream, h.sent_wall, received)
+            return Received(h.stream, h.seq, h.dropped_before, requests_from_chunk(chunk, received, offset), offset)
+        except WireError as e:
+            return Malformed(len(parts), str(e))
+        except Exception as e:  # noqa: BLE001 - nothing one message holds may take the daemon down
+            return Malformed(len(parts), f"{type(e).__name__}: {str(e)[:200]}")
