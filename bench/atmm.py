@@ -216,8 +216,10 @@ def bench_backbone(batches: list[int], repeats: int, with_peft_runs: bool, log) 
             n_ad = len(variants[k.split("_", 1)[1]][1])
             slots = torch.tensor(sorted(i * n_ad // batch for i in range(batch)))  # grouped by adapter
 
-            def run(m=m, ctx=ctx, slots=slots):
-                ctx.set_rows(slots)
+            mode = lora.LoRAMode(lora.PREMERGED if k.startswith("premerged") else lora.UNMERGED)
+
+            def run(m=m, ctx=ctx, slots=slots, mode=mode):
+                ctx.begin(mode, slots)
                 return m(pixel_values=x)
             fns[k] = run
         for k, pm in peft_models.items():

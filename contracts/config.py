@@ -7,12 +7,14 @@ Any problem raises `ConfigError` whose message names the key path and the line, 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -22,9 +24,11 @@ DROP_POLICIES = ("drop_oldest", "drop_newest", "block")
 DEVICES = ("cpu", "cuda", "auto")
 # Scheduling policies (vlora_va/scheduling): the V-LoRA policy and the baselines it is measured against.
 POLICIES = ("vlora", "edf", "merge-only", "unmerge-only", "dlora")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 # What sustained overload does to the lowest-priority work first (see DaemonConfig.degrade).
 DEGRADE_OPTIONS = ("shed", "frames", "stride")
-SINK_TYPES = ("jsonl",)
+SINK_TYPES = ("jsonl", "stdout", "webhook")
+FSYNC_POLICIES = ("batch", "interval", "never")
 
 
 class ConfigError(ValueError):
@@ -44,6 +48,8 @@ class DaemonConfig:
     allow_download: bool = False  # only then may a Hugging Face id be fetched from the hub
     image_size: int = 224  # model input side in pixels, a multiple of the patch size
     device: str = "cpu"
+    # Backbone precision: auto = bfloat16 on CUDA (tensor cores; heads stay float32), float32 on a CPU.
+    dtype: str = "auto"
     threads: int = 0  # torch intra-op threads; 0 = all cores minus one per local ingest worker
     max_batch_images: int = 16
     max_wait_ms: float = 20.0  # how long to wait for more requests before running a partial batch
@@ -51,7 +57,13 @@ class DaemonConfig:
     max_rank: int = 64
     # CPU: keep each slot's W + ΔW when that takes at most this many MB (faster than LoRA GEMMs); 0 = off
     premerge_max_mb: int = 1024
-    metrics_port: int = 0  # Prometheus /metrics; 0 = off
+    # The daemon's HTTP server (vlora_va/dashboard): live dashboard, /metrics, /healthz, /readyz; 0 = off.
+    # Loopback unless http_host says otherwise (it has no authentication).
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    metrics_port: int = 0  # older name of http_port (same server); set one of the two
+    dashboard: bool = True  # serve the dashboard page and its event stream (false: health and /metrics only)
+    dashboard_frame_s: float = 1.0  # at most one frame per stream this often on the dashboard
     log_every_s: float = 10.0
     policy: str = "vlora"  # scheduling policy: one of POLICIES
     # A request that has waited this long is starving: the scheduler serves it in the next batch (mixture
@@ -61,6 +73,9 @@ class DaemonConfig:
     # "frames" of their clips (never below what the head accepts), or serve every k-th chunk ("stride").
     degrade: str = "shed"
     profile_cache: str = ""  # where measured cost profiles are kept; "" = ~/.cache/vlora-va/profiles
+    # REQ/REP socket for `vlora-va adapters load/unload/list`; "" = the endpoint's tcp port + 1 on 127.0.0.1
+    # (or its ipc path + ".control")
+    control_endpoint: str = ""
 
 @dataclass(frozen=True)
 class IngestConfig:
@@ -107,8 +122,26 @@ class StreamConfig:
 
 @dataclass(frozen=True)
 class SinkConfig:
-    type: str
-    path: str
+    """One result sink (vlora_va/sinks.py). Every sink keeps at most queue_max rows waiting for delivery
+    (more are dropped and counted) and gets close_timeout_s on exit to deliver them."""
+
+    type: str  # one of SINK_TYPES
+    path: str = ""  # jsonl: the live file; rotated ones are path.1 (newest) ... path.<keep>
+    queue_max: int = 10_000
+    close_timeout_s: float = 5.0
+    # jsonl
+    rotate_mb: float = 0.0  # rotate when the file would grow past this; 0 = off
+    rotate_s: float = 0.0  # rotate when the file is this old; 0 = off
+    keep: int = 10  # rotated files kept
+    fsync: str = "interval"  # one of FSYNC_POLICIES
+    fsync_interval_s: float = 1.0
+    # webhook
+    url: str = ""
+    batch_max: int = 100  # rows per POST
+    flush_interval_s: float = 1.0  # how long a partial batch waits for more rows
+    timeout_s: float = 5.0  # per POST
+    retry_max_s: float = 30.0  # backoff cap
+    headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers
 
 
 @dataclass(frozen=True)
@@ -216,7 +249,7 @@ def _daemon(c: _Checker, raw: Any, base_dir: Path) -> DaemonConfig:
     for name, f in fields.items():
         default = f.default
         kind = {bool: bool, int: int, float: float, str: str}.get(type(default), str)
-        choices = {"device": DEVICES, "policy": POLICIES, "degrade": DEGRADE_OPTIONS}.get(name)
+        choices = {"device": DEVICES, "policy": POLICIES, "degrade": DEGRADE_OPTIONS, "dtype": DTYPES}.get(name)
         minimum = 1 if name in ("image_size", "max_batch_images", "max_slots", "max_rank") else (
             0 if kind in (int, float) else None)
         kw[name] = c.get(d, name, "daemon", kind, default, minimum=minimum, choices=choices)
@@ -226,9 +259,32 @@ def _daemon(c: _Checker, raw: Any, base_dir: Path) -> DaemonConfig:
         c.error("daemon.image_size", f"must be a multiple of the patch size 14, got {kw['image_size']}")
     if not re.match(r"^(tcp|ipc|inproc)://", kw["endpoint"]):
         c.error("daemon.endpoint", f"expected a ZeroMQ endpoint like tcp://host:port or ipc:///path, got {kw['endpoint']!r}")
+    if kw["control_endpoint"] and not re.match(r"^(tcp|ipc|inproc)://", kw["control_endpoint"]):
+        c.error("daemon.control_endpoint", f"expected a ZeroMQ endpoint, got {kw['control_endpoint']!r}")
+    _http(c, kw)
     if kw["profile_cache"] and not Path(kw["profile_cache"]).is_absolute():
         kw["profile_cache"] = str(base_dir / kw["profile_cache"])
     return DaemonConfig(**kw)
+
+
+def _http(c: _Checker, kw: dict[str, Any]) -> None:
+    """daemon.http_*: a port, a host to bind (an IP address or a host name, no scheme), metrics_port as an alias."""
+    for key in ("http_port", "metrics_port"):
+        if kw[key] > 65535:
+            c.error(f"daemon.{key}", f"must be a TCP port (at most 65535), got {kw[key]}")
+    if kw["metrics_port"]:
+        if kw["http_port"] and kw["http_port"] != kw["metrics_port"]:
+            c.error("daemon.metrics_port", f"is the older name of daemon.http_port (one server serves /metrics and "
+                                           f"the dashboard): set one of them, not {kw['metrics_port']} and {kw['http_port']}")
+        kw["http_port"] = kw["metrics_port"]
+    host = kw["http_host"]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", host):
+            c.error("daemon.http_host", f"expected an IP address or a host name to bind, like 127.0.0.1, got {host!r}")
+    if kw["dashboard_frame_s"] < 0.1:
+        c.error("daemon.dashboard_frame_s", f"must be >= 0.1, got {kw['dashboard_frame_s']}")
 
 
 def _ingest(c: _Checker, raw: Any) -> IngestConfig:
@@ -322,11 +378,84 @@ def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str], base_dir
     )
 
 
+_SINK_COMMON = {"type", "queue_max", "close_timeout_s"}
+SINK_KEYS = {
+    "jsonl": _SINK_COMMON | {"path", "rotate_mb", "rotate_s", "keep", "fsync", "fsync_interval_s"},
+    "stdout": set(_SINK_COMMON),
+    "webhook": _SINK_COMMON | {"url", "batch_max", "flush_interval_s", "timeout_s", "retry_max_s", "headers"},
+}
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
 def _sink(c: _Checker, raw: Any, path: str, base_dir: Path) -> SinkConfig:
-    d = c.mapping(raw, path, {"type", "path"})
+    d = c.mapping(raw, path, set().union(*SINK_KEYS.values()))
     kind = c.get(d, "type", path, str, choices=SINK_TYPES)
-    p = Path(c.get(d, "path", path, str))
-    return SinkConfig(type=kind, path=str(p if p.is_absolute() else base_dir / p))
+    for key in d:
+        if key not in SINK_KEYS[kind]:
+            c.error(f"{path}.{key}", f"not an option of a {kind} sink (allowed: {', '.join(sorted(SINK_KEYS[kind]))})")
+
+    def get(key, kind_, minimum=None, maximum=None, choices=None):
+        v = c.get(d, key, path, kind_, getattr(SinkConfig, key), minimum=minimum, choices=choices)
+        if maximum is not None and v > maximum:
+            c.error(f"{path}.{key}", f"must be at most {maximum}, got {v}")
+        return v
+
+    kw: dict[str, Any] = {"type": kind, "queue_max": get("queue_max", int, 1, 10_000_000),
+                          "close_timeout_s": get("close_timeout_s", float, 0, 3600)}
+    if kind == "jsonl":
+        p = Path(c.get(d, "path", path, str))
+        kw.update(path=str(p if p.is_absolute() else base_dir / p), rotate_mb=get("rotate_mb", float, 0),
+                  rotate_s=get("rotate_s", float, 0), keep=get("keep", int, 1, 100_000),
+                  fsync=get("fsync", str, choices=FSYNC_POLICIES),
+                  fsync_interval_s=get("fsync_interval_s", float, 0.01, 3600))
+    elif kind == "webhook":
+        url = c.get(d, "url", path, str)
+        try:
+            u = urlsplit(url)
+            ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port or 1) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            c.error(f"{path}.url", f"expected an http:// or https:// URL with a host, got {url!r}")
+        kw.update(url=url, batch_max=get("batch_max", int, 1), flush_interval_s=get("flush_interval_s", float, 0, 3600),
+                  timeout_s=get("timeout_s", float, 0.05, 3600), retry_max_s=get("retry_max_s", float, 0.05, 86400),
+                  headers=_headers(c, d.get("headers"), f"{path}.headers"))
+        if kw["batch_max"] > kw["queue_max"]:
+            c.error(f"{path}.batch_max", f"must be at most queue_max ({kw['queue_max']}), got {kw['batch_max']}")
+    return SinkConfig(**kw)
+
+
+def _headers(c: _Checker, raw: Any, path: str) -> tuple[tuple[str, str], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        c.error(path, f"expected a mapping of header name -> value, got {type(raw).__name__}")
+    out = []
+    for name, value in raw.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            c.error(f"{path}.{name}", "not a valid HTTP header name")
+        if not isinstance(value, str):
+            c.error(f"{path}.{name}", f"expected str, got {type(value).__name__} {repr(value)[:40]}")
+        if "\r" in value or "\n" in value:
+            c.error(f"{path}.{name}", "a header value cannot contain line breaks")
+        out.append((name, value))
+    return tuple(out)
+
+
+def _sinks(c: _Checker, raw: Any, base_dir: Path) -> tuple[SinkConfig, ...]:
+    raw = raw or [{"type": "jsonl", "path": "results/results.jsonl"}]
+    if not isinstance(raw, list):
+        c.error("sinks", "expected a list of sinks")
+    sinks = tuple(_sink(c, s, f"sinks[{i}]", base_dir) for i, s in enumerate(raw))
+    seen: dict[tuple[str, str], int] = {}
+    for i, s in enumerate(sinks):
+        key = (s.type, s.path or s.url)
+        if key in seen:  # two writers of one file would interleave and rotate each other's lines
+            what = {"jsonl": ("path", "the same file"), "webhook": ("url", "the same URL"),
+                    "stdout": ("type", "a second stdout sink, like")}[s.type]
+            c.error(f"sinks[{i}].{what[0]}", f"{what[1]} as sinks[{seen[key]}]")
+        seen[key] = i
+    return sinks
 
 
 def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike = ".") -> PipelineConfig:
@@ -346,10 +475,7 @@ def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike
     for i, sid in enumerate(ids):
         if ids.index(sid) != i:
             c.error(f"streams[{i}].id", f"duplicate stream id {sid!r}")
-    sinks_raw = top.get("sinks") or [{"type": "jsonl", "path": "results/results.jsonl"}]
-    if not isinstance(sinks_raw, list):
-        c.error("sinks", "expected a list of sinks")
-    sinks = tuple(_sink(c, s, f"sinks[{i}]", base) for i, s in enumerate(sinks_raw))
+    sinks = _sinks(c, top.get("sinks"), base)
     return PipelineConfig(
         daemon=_daemon(c, top.get("daemon"), base),
         ingest=_ingest(c, top.get("ingest")),

@@ -27,6 +27,7 @@ class Request:
     dropped_before: int = 0  # chunks of this stream that ingest dropped just before this one
     degraded: str = ""  # what overload did to it, e.g. "overload: 4 of 8 frames" (its row says so)
     best_effort: bool = False  # not live: never shed, served when live work leaves room (see wire.TaskRequest)
+    outage_before_s: float = 0.0  # media seconds of this stream its source missed just before this chunk
 
     @property
     def num_images(self) -> int:
@@ -51,6 +52,6 @@ def requests_from_chunk(chunk: Chunk, received: float, clock_offset: float = 0.0
                 frames=[chunk.frames[i] for i in t.frames], frame_ts=[h.frame_ts[i] for i in t.frames],
                 letterbox=h.letterbox, orig_size=h.orig_size, ready=ready, received=received,
                 deadline=ready + t.deadline_ms / 1000.0, priority=t.priority, dropped_before=h.dropped_before,
-                best_effort=t.best_effort)
+                best_effort=t.best_effort, outage_before_s=h.outage_s)
         for t in h.tasks
     ]

@@ -19,6 +19,7 @@ Example rows (JSON Lines, one object per line)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Union
 
 RESULT_VERSION = 2
@@ -113,6 +114,9 @@ class ResultRecord:
     mode: str | None = None  # ok rows: the LoRA mode of that batch
     untrained: bool = False  # the adapter's head was never trained: the result claims nothing
     dropped_before: int = 0  # chunks of this stream ingest dropped just before this one
+    outage_before_s: float = 0.0  # media seconds the stream's source missed just before this chunk (an outage)
+    captured_at: float | None = None  # wall time (daemon clock) the chunk's last frame was captured
+    provenance: dict | None = None  # what produced it: adapter sha256 / version, backbone, pipeline config hash
     extra: dict = field(default_factory=dict)  # e.g. {"frames_used": 4} when overload thinned a clip
 
     def __post_init__(self):
@@ -127,6 +131,8 @@ class ResultRecord:
         if self.reason:
             row["reason"] = self.reason
         row["frame_ts"] = [round(t, 4) for t in self.frame_ts]
+        if self.captured_at is not None:
+            row["captured_at"] = iso_utc(self.captured_at)
         if self.untrained:
             row["untrained"] = True
         if self.result is not None:
@@ -140,13 +146,22 @@ class ResultRecord:
             row["mode"] = self.mode
         if self.dropped_before:
             row["dropped_before"] = self.dropped_before
+        if self.outage_before_s > 0:
+            row["outage_before_s"] = round(self.outage_before_s, 3)
+        if self.provenance:
+            row["provenance"] = self.provenance
         row.update(self.extra)
         return row
 
 
+def iso_utc(t: float) -> str:
+    """2026-11-23T10:15:30.123Z: ISO 8601, UTC, milliseconds."""
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 # ---------------------------------------------------------------- rows from requests
 def served(req, payload: Payload, *, compute_start: float, compute_end: float, batch_images: int, mode: str,
-           trained: bool = True, extra: dict | None = None) -> ResultRecord:
+           trained: bool = True, extra: dict | None = None, provenance: dict | None = None) -> ResultRecord:
     """The row of a request the engine served (times in the daemon's clock)."""
     return ResultRecord(
         stream=req.stream, chunk=req.seq, task=req.task, adapter=req.adapter, status="ok",
@@ -154,15 +169,17 @@ def served(req, payload: Payload, *, compute_start: float, compute_end: float, b
         latency=Latency(compute_start - req.received, compute_end - compute_start, compute_end - req.ready),
         deadline_ms=req.deadline_ms, deadline_met=compute_end <= req.deadline, batch_images=batch_images,
         mode=mode, untrained=not trained, dropped_before=req.dropped_before,
+        outage_before_s=req.outage_before_s, captured_at=req.ready, provenance=provenance,
         extra={**({"degraded": req.degraded} if req.degraded else {}),
                **({"best_effort": True} if req.best_effort else {}), **(extra or {})})
 
 
-def not_served(req, status: str, reason: str, now: float) -> ResultRecord:
+def not_served(req, status: str, reason: str, now: float, provenance: dict | None = None) -> ResultRecord:
     """The row of a request that was shed or failed: it says why, and never counts as in deadline."""
     if status not in ("shed", "error"):
         raise ValueError(f"not_served rows are shed or error, got {status!r}")
     return ResultRecord(
         stream=req.stream, chunk=req.seq, task=req.task, adapter=req.adapter, status=status, reason=reason,
         frame_ts=tuple(req.frame_ts), latency=Latency(0.0, 0.0, now - req.ready), deadline_ms=req.deadline_ms,
-        deadline_met=False, dropped_before=req.dropped_before)
+        deadline_met=False, dropped_before=req.dropped_before, outage_before_s=req.outage_before_s,
+        captured_at=req.ready, provenance=provenance)

@@ -65,10 +65,17 @@ class ChunkHeader:
     ready_wall: float  # sender's wall time when the chunk's last frame was captured (the latency origin)
     sent_wall: float = 0.0  # sender's wall time when the message was handed to ZeroMQ
     dropped_before: int = 0  # chunks of this stream dropped by ingest since the last sent one
+    # Media seconds this stream's source did not deliver since the last sent chunk (a camera outage: an RTSP
+    # reconnect, or a stall longer than a second); 0 normally. Left out of the JSON when 0, so a v2 daemon
+    # older than this field still reads every chunk that follows no outage.
+    outage_s: float = 0.0
     v: int = PROTOCOL_VERSION
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        d = asdict(self)
+        if not d["outage_s"]:
+            del d["outage_s"]
+        return json.dumps(d, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -193,7 +200,8 @@ HEADER_SCHEMA = _obj({
     "ready_wall": _num(0.0, MAX_WALL),
     "sent_wall": _num(0.0, MAX_WALL),
     "dropped_before": _int(0, MAX_SEQ),
-}, optional={"dropped_before": 0})
+    "outage_s": _num(0.0, MAX_MEDIA_S),
+}, optional={"dropped_before": 0, "outage_s": 0.0})
 
 
 def _relations(d: dict) -> None:
@@ -233,7 +241,7 @@ def parse_header(raw) -> ChunkHeader:
         stream=d["stream"], seq=d["seq"], fps=d["fps"], frame_ts=d["frame_ts"], frame_shape=d["frame_shape"],
         orig_size=d["orig_size"], letterbox=Letterbox(**d["letterbox"]),
         tasks=tuple(TaskRequest(**t) for t in d["tasks"]), ready_wall=d["ready_wall"], sent_wall=d["sent_wall"],
-        dropped_before=d["dropped_before"])
+        dropped_before=d["dropped_before"], outage_s=d["outage_s"])
 
 
 def decode_chunk(parts: Sequence[Any]) -> Chunk:

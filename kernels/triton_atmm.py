@@ -140,19 +140,29 @@ def atmm_triton(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
     if seg.n_runs == 0:
         return
     seg_start, seg_len, seg_slot = seg.device_tensors(x.device)
+    launch(y, x, A, B, seg_start, seg_len, seg_slot, scale_t, ranks_t, seg.n_runs, seg.max_run(), config, sign)
+
+
+def launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, run_start: torch.Tensor,
+           run_len: torch.Tensor, run_slot: torch.Tensor, scale_t: torch.Tensor, ranks_t: torch.Tensor, n_runs: int,
+           max_len: int, config: TritonConfig = DEFAULT_CONFIG, sign: float = 1.0,
+           h: torch.Tensor | None = None) -> None:
+    """The two kernels over n_runs runs described by device tensors (a run of length 0 does nothing). The grid
+    depends only on (n_runs, max_len, shapes), never on the data, so a CUDA graph can replay it with new runs.
+    h: an optional float32 [N, >= R] scratch buffer (no allocation per call)."""
     R = A.shape[1]
-    h = torch.empty(x.shape[0], R, dtype=torch.float32, device=x.device)
-    max_len = seg.max_run()
+    if h is None:
+        h = torch.empty(x.shape[0], R, dtype=torch.float32, device=x.device)
     upcast = _upcast(x.dtype)
     c = config.shrink
-    grid = (seg.n_runs, triton.cdiv(max_len, c.block_m), triton.cdiv(R, c.block_n))
-    _shrink_kernel[grid](x, A, h, seg_start, seg_len, seg_slot, ranks_t, x.shape[1],
+    grid = (n_runs, triton.cdiv(max_len, c.block_m), triton.cdiv(R, c.block_n))
+    _shrink_kernel[grid](x, A, h, run_start, run_len, run_slot, ranks_t, x.shape[1],
                          x.stride(0), x.stride(1), A.stride(0), A.stride(1), A.stride(2), h.stride(0), h.stride(1),
                          BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, UPCAST=upcast,
                          num_warps=c.num_warps, num_stages=c.num_stages)
     c = config.expand
-    grid = (seg.n_runs, triton.cdiv(max_len, c.block_m), triton.cdiv(y.shape[1], c.block_n))
-    _expand_kernel[grid](h, B, y, seg_start, seg_len, seg_slot, ranks_t, scale_t, y.shape[1], float(sign),
+    grid = (n_runs, triton.cdiv(max_len, c.block_m), triton.cdiv(y.shape[1], c.block_n))
+    _expand_kernel[grid](h, B, y, run_start, run_len, run_slot, ranks_t, scale_t, y.shape[1], float(sign),
                          h.stride(0), h.stride(1), B.stride(0), B.stride(1), B.stride(2), y.stride(0), y.stride(1),
                          BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, UPCAST=upcast,
                          num_warps=c.num_warps, num_stages=c.num_stages)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
+import os
 import platform
 from pathlib import Path
 
@@ -16,8 +18,17 @@ import torch
 from . import cpu
 from .segments import Segments
 
-TABLE_DIR = Path(__file__).parent / "tables"
+TABLE_DIR = Path(__file__).parent / "tables"  # shipped tables
 _TABLES: dict[str, dict] = {}
+log = logging.getLogger(__name__)
+# CPU capabilities from the widest vectors down: a CPU without its own table borrows the nearest one's
+CAPABILITIES = ["avx512", "avx2", "default"]
+
+
+def user_table_dir() -> Path:
+    """Where `vlora-va tune` writes tables measured on this machine: $VLORA_VA_TABLES, else
+    ~/.cache/vlora-va/tables. Checked before the shipped ones."""
+    return Path(os.environ.get("VLORA_VA_TABLES", Path.home() / ".cache" / "vlora-va" / "tables"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,14 +59,43 @@ def bucket_key(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
 
 
 def table_path(kind: str) -> Path:
+    """The shipped table of a kind."""
     return TABLE_DIR / f"{kind}.json"
 
 
+def nearest_kind(kind: str, available: list[str]) -> str | None:
+    """The available kind closest to `kind`: same processor family, the nearest vector capability (narrower
+    first: code tuned for wider vectors than the CPU has can pick strategies that lose there)."""
+    if not kind.startswith("cpu-"):
+        return None
+    arch, cap = kind.rsplit("-", 1)
+    if cap not in CAPABILITIES:
+        return None
+    i = CAPABILITIES.index(cap)
+    for other in CAPABILITIES[i + 1:] + CAPABILITIES[:i][::-1]:
+        if f"{arch}-{other}" in available:
+            return f"{arch}-{other}"
+    return None
+
+
 def load_table(kind: str) -> dict:
-    """The table for a device kind ({} entries when none is shipped or tuned)."""
-    if kind not in _TABLES:
-        p = table_path(kind)
-        _TABLES[kind] = json.loads(p.read_text()) if p.exists() else {"entries": {}}
+    """The table for a device kind: this machine's own (`vlora-va tune`), else the shipped one, else the
+    nearest kind's with a warning (once), else none (every shape gets the rule-based default, also said)."""
+    if kind in _TABLES:
+        return _TABLES[kind]
+    for p in (user_table_dir() / f"{kind}.json", table_path(kind)):
+        if p.is_file():
+            _TABLES[kind] = json.loads(p.read_text())
+            return _TABLES[kind]
+    available = sorted(p.stem for d in (user_table_dir(), TABLE_DIR) if d.is_dir() for p in d.glob("*.json"))
+    near = nearest_kind(kind, available)
+    if near is not None:
+        log.warning("no ATMM tuning table for %s: using %s's (run `vlora-va tune` to measure this machine)", kind, near)
+        _TABLES[kind] = load_table(near)
+    else:
+        log.warning("no ATMM tuning table for %s: rule-based choices (run `vlora-va tune` to measure this machine)",
+                    kind)
+        _TABLES[kind] = {"entries": {}}
     return _TABLES[kind]
 
 

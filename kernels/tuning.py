@@ -17,7 +17,7 @@ import torch
 
 from . import cpu
 from .segments import Segments
-from .tuned import _TABLES, bucket_key, device_kind, table_path
+from .tuned import _TABLES, bucket_key, device_kind, user_table_dir
 
 
 # ---- the tuner ------------------------------------------------------------------------------------
@@ -172,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads while tuning (0: torch's default); "
                    "use the inference thread count the daemon will run with")
     p.add_argument("--quick", action="store_true", help="small grid (about a minute on 2 cores)")
-    p.add_argument("--out", type=Path, default=None, help="table path (default: kernels/tables/<kind>.json)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="table path (default: <user table dir>/<kind>.json, $VLORA_VA_TABLES or ~/.cache/vlora-va/tables; "
+                        "found there before the shipped kernels/tables/)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(a.hidden, a.hidden), (a.hidden, a.mlp), (a.mlp, a.hidden)]
     table = tune(shapes, grid, a.device, a.repeats, a.tokens,
                  log=lambda m: print(m, file=sys.stderr, flush=True))
-    out = a.out or table_path(table["device_kind"])
+    out = a.out or user_table_dir() / f"{table['device_kind']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1, sort_keys=True))
     _TABLES.pop(table["device_kind"], None)

@@ -4,6 +4,10 @@ Only the union of the frames some task needs is converted, resized and sent; eac
 `TaskRequest.frames` indexes into that union. Frames are letterboxed as they arrive (not all at
 the chunk's end), so the CPU work is spread over the chunk and no decoded frame is held longer
 than needed.
+
+A chunk's frames are one contiguous stretch of media: a frame after an outage (`Frame.outage_s`)
+starts a new chunk (a partial one from before the outage is dropped, its media time counted as part
+of the outage), and that chunk's header says how much media time was missing before it (`outage_s`).
 """
 
 from __future__ import annotations
@@ -26,16 +30,31 @@ PAD_VALUE = 114  # the grey YOLO-style letterbox padding: neutral for ImageNet-n
 
 
 def spread(n: int, k: int) -> tuple[int, ...]:
-    """k indices evenly spread over range(n): the middle of each of k equal parts.
-    spread(30, 3) == (5, 15, 25); spread(n, n) == range(n); spread(n, 1) == (n // 2,)."""
+    """k of n frame indices, as a task sees its chunk and its adapter was trained (training/data.py uses this
+    too): one frame is the middle one; several go evenly from the first frame to the last, so a clip spans the
+    whole chunk. spread(10, 1) == (5,); spread(10, 4) == (0, 3, 6, 9); spread(n, n) == range(n)."""
     if not 1 <= k <= n:
         raise ValueError(f"cannot pick {k} of {n} frames")
-    return tuple(int((2 * i + 1) * n // (2 * k)) for i in range(k))
+    if k == 1:
+        return (n // 2,)
+    return tuple(int(round(i * (n - 1) / (k - 1))) for i in range(k))
 
 
 def plan_chunk(n: int, tasks: tuple[TaskConfig, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
-    """(chunk indices to send, per task the positions of its frames among those sent)."""
-    picks = [spread(n, t.frames_per_chunk) for t in tasks]
+    """(chunk indices to send, per task the positions of its frames among those sent).
+
+    Tasks share frames wherever they can: the task with the most frames spreads them over the chunk, and a
+    task with fewer spreads its own over those already picked. Fewer frames are converted and sent, and the
+    daemon runs the blocks two adapters leave untouched once per shared frame (shared prefix)."""
+    picks: list[tuple[int, ...] | None] = [None] * len(tasks)
+    chosen: list[int] = []
+    for i in sorted(range(len(tasks)), key=lambda i: -tasks[i].frames_per_chunk):
+        k = tasks[i].frames_per_chunk
+        if chosen and k <= len(chosen):
+            picks[i] = tuple(chosen[j] for j in spread(len(chosen), k))
+        else:
+            picks[i] = spread(n, k)
+            chosen = sorted(set(chosen) | set(picks[i]))
     union = tuple(sorted(set().union(*picks)))
     where = {idx: pos for pos, idx in enumerate(union)}
     return union, tuple(tuple(where[i] for i in p) for p in picks)
@@ -73,6 +92,7 @@ class Chunker:
         self.send_idx, self.task_frames = plan_chunk(self.n, stream.tasks)
         self._wanted = set(self.send_idx)
         self.seq = 0  # the next chunk's sequence number
+        self._outage = 0.0  # media seconds missing before the chunk being built
         # A file read as fast as possible is not live: its requests are never shed, the daemon's
         # backpressure slows the reading instead.
         self.best_effort = not stream.realtime and not stream.is_rtsp
@@ -86,6 +106,14 @@ class Chunker:
         self._letterbox: Letterbox | None = None
 
     def add(self, frame: Frame) -> ReadyChunk | None:
+        if frame.outage_s > 0:
+            if self._count:
+                # A chunk spanning an outage would be no clip at all: its frames from before are lost too.
+                log.info("stream %s: outage before media time %.2f s; dropping a partial chunk of %d frames",
+                         self.stream.id, frame.ts, self._count)
+                self._outage += self._count / self.stream.fps
+                self._reset()
+            self._outage += frame.outage_s
         size = (frame.width, frame.height)
         if self._size is not None and size != self._size:
             # A camera changed resolution: one chunk must share one letterbox, so start afresh.
@@ -102,6 +130,7 @@ class Chunker:
             return None
         chunk = self._build(ready_wall=frame.wall)
         self.seq += 1
+        self._outage = 0.0
         self._reset()
         return chunk
 
@@ -114,5 +143,5 @@ class Chunker:
         header = ChunkHeader(
             stream=self.stream.id, seq=self.seq, fps=self.stream.fps, frame_ts=tuple(self._ts),
             frame_shape=(s, s, 3), orig_size=self._size, letterbox=self._letterbox, tasks=tasks,
-            ready_wall=ready_wall)
+            ready_wall=ready_wall, outage_s=round(self._outage, 3))
         return ReadyChunk(header, self._images)

@@ -4,10 +4,16 @@
 `fps` apart and keep increasing across file loops and RTSP reconnects. The layers, one each:
 
     _open        av.open with RTSP over TCP and bounded open/read timeouts
-    _decode      demux + decode packet by packet, so a corrupt packet is reported clearly
+    _decode      demux + decode packet by packet, so a corrupt packet, a damaged frame or a truncated
+                 file is reported clearly
     _timeline    loops files, reopens RTSP with exponential backoff, makes timestamps monotone
     resample     sample-and-hold onto the output grid (repeats frames or skips them)
     _paced       paces files like a live camera when realtime=True
+
+Outages: media time that never arrived (an RTSP reconnect: the wall-clock time between the last frame
+before the drop and the first one after it; or a stall: a timestamp gap longer than MAX_HOLD_S) is
+skipped, never filled with a stale frame, and the first frame after it says how long it was
+(`Frame.outage_s`), so the chunk that carries it can report it.
 
 Frames stay undecoded-to-RGB (`Frame.video`) until someone calls `Frame.to_rgb()`: the chunker
 converts only the frames some task needs.
@@ -27,12 +33,19 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-RTSP_OPTIONS = {"rtsp_transport": "tcp"}  # UDP loses packets on busy hosts and is blocked by NATs
+RTSP_OPTIONS = {
+    "rtsp_transport": "tcp",  # UDP loses packets on busy hosts and is blocked by NATs
+    # FFmpeg's default probe reads ~2 s of a live stream before av.open returns: every (re)connect would start
+    # with a burst of frames already 2 s old, and an outage would be measured 2 s too long. H.264 over RTSP
+    # carries its parameters in the SDP, so 0.2 s (microseconds here) loses nothing.
+    "analyzeduration": "200000",
+}
 OPEN_TIMEOUT_S = 10.0  # a server that accepts but never answers must not hang the worker
 READ_TIMEOUT_S = 5.0
 DECODE_THREADS = 1  # two cores are shared with inference; one decode thread per stream is enough
 MAX_HOLD_S = 1.0  # a gap longer than this (an outage) restarts the output grid instead of repeating
 RTSP_MAX_BAD_PACKETS = 50  # consecutive undecodable packets before an RTSP source is reopened
+TRUNCATED_TOLERANCE_S = 0.5  # a file that ends this much before the duration its index declares is truncated
 
 
 class SourceError(RuntimeError):
@@ -44,6 +57,7 @@ class Frame:
     video: av.VideoFrame  # the decoded frame, still in its native pixel format
     ts: float  # media time in seconds from the start of the stream
     wall: float  # wall-clock time (time.time()) the frame became available
+    outage_s: float = 0.0  # media seconds missing just before this frame (a reconnect or a stall), else 0
 
     @property
     def width(self) -> int:
@@ -92,18 +106,31 @@ def _frame_rate(stream: av.video.stream.VideoStream, fallback: float) -> float:
     return float(rate) if rate else fallback
 
 
+def _declared_end(stream) -> float | None:
+    """The media time (s) a file's index says its video stream ends at, or None where it does not say
+    (the container's duration is not used: an audio track may be longer than the video)."""
+    if not (stream.duration and stream.time_base):
+        return None
+    start = stream.start_time * stream.time_base if stream.start_time else 0
+    return float(start + stream.duration * stream.time_base)
+
+
 def _decode(container: av.container.InputContainer, stream, uri: str) -> Iterator[av.VideoFrame]:
-    """Decoded frames in presentation order. A file with an undecodable packet raises SourceError;
-    an RTSP stream tolerates damaged packets (the decoder recovers at the next keyframe) up to a limit."""
+    """Decoded frames in presentation order. A file raises SourceError at an undecodable packet, at a
+    frame the decoder had to conceal damage in, and when it ends well before the duration its index
+    declares (cut at a packet boundary, a truncated file decodes cleanly up to the cut). An RTSP stream
+    tolerates damaged packets (the decoder recovers at the next keyframe) up to a limit."""
     bad = 0
     decoded = 0
+    last_time: float | None = None
+    rtsp = is_rtsp(uri)
     try:
         for packet in container.demux(stream):
             try:
                 frames = packet.decode()
             except av.error.FFmpegError as e:
                 where = f"at {float(packet.pts * packet.time_base):.2f} s" if packet.pts is not None else "at end"
-                if not is_rtsp(uri):
+                if not rtsp:
                     raise SourceError(f"cannot decode {uri!r} {where} after {decoded} frames: "
                                       f"{describe_av_error(e)} (corrupt or truncated file?)") from None
                 bad += 1
@@ -114,30 +141,51 @@ def _decode(container: av.container.InputContainer, stream, uri: str) -> Iterato
                 continue
             bad = 0
             for frame in frames:
+                if not rtsp and frame.is_corrupt:
+                    where = f"at {frame.time:.2f} s " if frame.time is not None else ""
+                    raise SourceError(f"cannot decode {uri!r}: frame {decoded} {where}is damaged (the decoder had "
+                                      f"to conceal errors in it; corrupt file?)")
                 decoded += 1
+                last_time = frame.time if frame.time is not None else last_time
                 yield frame
     except av.error.FFmpegError as e:  # demuxing: truncated file, connection reset, read timeout
         raise SourceError(f"cannot read {uri!r} after {decoded} frames: {describe_av_error(e)}") from None
+    if not rtsp and last_time is not None:
+        declared = _declared_end(stream)
+        rate = _frame_rate(stream, 0.0)
+        end = last_time + (1.0 / rate if rate else 0.0)
+        if declared is not None and declared - end > TRUNCATED_TOLERANCE_S:
+            raise SourceError(f"{uri!r} ends at {end:.2f} s after {decoded} frames, but its index declares "
+                              f"{declared:.2f} s (truncated file?)")
 
 
 def resample(frames: Iterable[Frame], fps: float, max_hold_s: float = MAX_HOLD_S) -> Iterator[Frame]:
     """Sample-and-hold onto a grid of `fps`: output slot k (media time t0 + k/fps) shows the latest
     input frame with ts <= t_k. Faster inputs lose frames, slower ones repeat them. A slot is emitted
     once the next input frame proves nothing newer belongs to it (at most one input frame of delay).
-    A gap longer than max_hold_s restarts the grid at the new frame instead of repeating a stale one."""
+
+    An outage restarts the grid at the first frame after it instead of repeating a stale frame: a gap
+    longer than max_hold_s, or an input frame whose outage_s says media is missing (an RTSP reconnect).
+    That output frame's outage_s is the media time the grid skipped (its ts minus the slot that would
+    have come next); every other output frame has outage_s 0."""
     step = 1.0 / fps
     eps = 1e-3 * step  # container timestamps are rationals; absorb float error
     prev: Frame | None = None
     anchor, k = 0.0, 0
+    outage = 0.0  # skipped media time not yet reported on an output frame
     for f in frames:
-        if prev is None or f.ts - (anchor + k * step) > max_hold_s:
+        next_slot = anchor + k * step
+        if prev is None or f.outage_s > 0 or f.ts - next_slot > max_hold_s:
+            if prev is not None:
+                outage += max(0.0, f.ts - next_slot)
             anchor, k = f.ts, 0
         else:
             while anchor + k * step < f.ts - eps:
-                yield replace(prev, ts=round(anchor + k * step, 6), wall=time.time())
+                yield replace(prev, ts=round(anchor + k * step, 6), wall=time.time(), outage_s=0.0)
                 k += 1
         if anchor + k * step <= f.ts + eps:
-            yield replace(f, ts=round(anchor + k * step, 6), wall=time.time())
+            yield replace(f, ts=round(anchor + k * step, 6), wall=time.time(), outage_s=round(outage, 6))
+            outage = 0.0
             k += 1
         prev = f
 
@@ -168,31 +216,29 @@ class FrameSource:
     def _timeline(self) -> Iterator[Frame]:
         """Source frames with monotone media timestamps across loops and reconnects."""
         rtsp = is_rtsp(self.uri)
-        offset = 0.0  # media time where the current pass starts
-        last_ts: float | None = None
-        last_wall = time.time()
+        last: tuple[float, float] | None = None  # (media time, wall time) of the last frame of any pass
         delay = self.reconnect_initial_s
         attempt = 0  # failed RTSP attempts since the last good connection
         while not self.stop.is_set():
-            if last_ts is not None:  # continue just after the previous pass
-                gap = time.time() - last_wall if rtsp else 0.0  # an outage shows as a media-time gap
-                offset = last_ts + max(1.0 / (self.source_fps or self.fps), gap)
             passed = 0
             try:
                 container = _open(self.uri)
                 try:
                     stream = _video_stream(container, self.uri)
                     self.source_fps = _frame_rate(stream, self.fps)
-                    if last_ts is None:
+                    if last is None:
                         self._log_opened(stream, "opened")
                     elif rtsp:
                         self.reconnects += 1
                         self._log_opened(stream, "reconnected to")
                     else:
-                        log.debug("stream %s: looping %s from media time %.2f s", self.name, self.uri, offset)
-                    for frame in self._stamped(_decode(container, stream, self.uri), offset):
+                        log.debug("stream %s: looping %s after media time %.2f s", self.name, self.uri, last[0])
+                    # A loop continues one frame after the previous pass; a reconnect as much later as
+                    # passed on the wall clock (the outage shows as a media-time gap, and says so).
+                    after = None if last is None else (last[0], last[1] if rtsp else None)
+                    for frame in self._stamped(_decode(container, stream, self.uri), after):
                         passed += 1
-                        last_ts, last_wall = frame.ts, frame.wall
+                        last = frame.ts, frame.wall
                         if attempt:  # frames flow again: the next drop starts the backoff afresh
                             attempt, delay = 0, self.reconnect_initial_s
                         yield frame
@@ -219,13 +265,24 @@ class FrameSource:
                 return
             delay = min(delay * 2, self.reconnect_max_s)
 
-    def _stamped(self, videos: Iterator[av.VideoFrame], offset: float) -> Iterator[Frame]:
+    def _stamped(self, videos: Iterator[av.VideoFrame], after: tuple[float, float | None] | None) -> Iterator[Frame]:
         """Frames with media time offset + (frame time - first frame time), never decreasing.
+        `after`: None for the first pass (offset 0); else (media time of the previous pass's last frame,
+        its wall time for an RTSP reconnect or None for a file loop). A loop starts one frame later; a
+        reconnect as much later as the wall clock moved between that frame and this pass's first one,
+        and that first frame's outage_s is the media time missing in between.
         A frame without a timestamp (e.g. the first RTSP frame) is placed one frame after the previous."""
         step = 1.0 / (self.source_fps or self.fps)
+        offset = 0.0
         base: float | None = None  # source time that maps to `offset`
         last: float | None = None
         for video in videos:
+            now = time.time()
+            outage = 0.0
+            if last is None and after is not None:  # the first frame fixes where this pass lies
+                prev_ts, prev_wall = after
+                gap = step if prev_wall is None else max(step, now - prev_wall)
+                offset, outage = prev_ts + gap, gap - step
             t = video.time
             expected = offset if last is None else last + step
             if t is None:
@@ -236,7 +293,7 @@ class FrameSource:
                 ts = offset + (t - base)
             ts = ts if last is None else max(ts, last)
             last = ts
-            yield Frame(video, ts, time.time())
+            yield Frame(video, ts, now, outage_s=outage)
 
     def _log_opened(self, stream, what: str) -> None:
         cc = stream.codec_context

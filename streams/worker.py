@@ -8,6 +8,8 @@ Decoding runs in the stream threads (PyAV and OpenCV release the GIL). The queue
 the newest chunks (bounded latency), `drop_newest` keeps the oldest, `block` stalls the sources.
 The socket's own high-water mark is tiny so chunks wait in our queue, where they can be dropped,
 not inside zmq, where they cannot. A stream that fails is logged and the others keep running.
+A camera outage (an RTSP reconnect, or a stall) is logged when frames flow again, counted, and reported
+in the next sent chunk of that stream (`outage_s`: the media seconds missing).
 This process never imports torch: its two cores belong to decoding and to the daemon.
 """
 
@@ -50,7 +52,9 @@ class StreamStats:
     chunks_sent: int = 0
     chunks_dropped: int = 0
     errors: int = 0
-    reconnects: int = 0
+    reconnects: int = 0  # successful RTSP reopenings
+    outages: int = 0  # chunks that came after missing media (a reconnect, or a stall)
+    outage_s: float = 0.0  # media seconds missing in those outages, in all
     last_error: str | None = None
 
 
@@ -63,6 +67,7 @@ class ChunkQueue:
         self.maxsize, self.policy, self.stats = maxsize, policy, stats
         self._items: collections.deque[ReadyChunk] = collections.deque()
         self._cond = threading.Condition()
+        self._lost_outage: dict[str, float] = {}  # outage_s of dropped chunks, owed to the stream's next sent one
 
     def __len__(self) -> int:
         return len(self._items)
@@ -96,9 +101,17 @@ class ChunkQueue:
             self._cond.notify_all()
             return chunk
 
+    def take_lost_outage(self, stream: str) -> float:
+        """The outage seconds of this stream's chunks dropped since the last call (the next sent chunk reports them)."""
+        with self._cond:
+            return self._lost_outage.pop(stream, 0.0)
+
     def _dropped(self, chunk: ReadyChunk) -> None:
-        self.stats[chunk.header.stream].chunks_dropped += 1
-        log.debug("stream %s: dropped chunk %d (%s)", chunk.header.stream, chunk.header.seq, self.policy)
+        h = chunk.header
+        self.stats[h.stream].chunks_dropped += 1
+        if h.outage_s:
+            self._lost_outage[h.stream] = self._lost_outage.get(h.stream, 0.0) + h.outage_s
+        log.debug("stream %s: dropped chunk %d (%s)", h.stream, h.seq, self.policy)
 
 
 def plan_workers(config: PipelineConfig) -> list[list[str]]:
@@ -114,7 +127,8 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     `stop` (a threading or multiprocessing Event) is set; then flush the queue for up to FLUSH_TIMEOUT_S.
     Once flushed, sets `flushed` and keeps the socket connected until `release` is set (or, without
     `release`, for IngestConfig.close_grace_s): see _hold_connection.
-    Returns per stream: chunks_sent, chunks_dropped, errors, reconnects (and chunks_made, last_error)."""
+    Returns per stream: chunks_sent, chunks_dropped, errors, reconnects, outages, outage_s (and chunks_made,
+    last_error)."""
     streams = [config.stream(sid) for sid in stream_ids] if stream_ids is not None else list(config.streams)
     cv2.setNumThreads(1)  # one OpenCV thread per stream thread; the cores are shared with decode and inference
     stats = {s.id: StreamStats() for s in streams}
@@ -148,8 +162,8 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     if unsent:
         log.warning("ingest worker: %d queued chunk(s) could not be sent before the flush deadline", unsent)
     for sid, st in stats.items():
-        log.info("stream %s: finished: %d chunks sent, %d dropped, %d errors, %d reconnects",
-                 sid, st.chunks_sent, st.chunks_dropped, st.errors, st.reconnects)
+        log.info("stream %s: finished: %d chunks sent, %d dropped, %d errors, %d reconnects, %d outages (%.1f s)",
+                 sid, st.chunks_sent, st.chunks_dropped, st.errors, st.reconnects, st.outages, st.outage_s)
     return {sid: asdict(st) for sid, st in stats.items()}
 
 
@@ -196,6 +210,11 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
             if chunk is None:
                 continue
             stats.chunks_made += 1
+            if chunk.header.outage_s:
+                stats.outages += 1
+                stats.outage_s += chunk.header.outage_s
+                log.warning("stream %s: source outage: %.2f s of media missing before chunk %d (%d reconnects so far)",
+                            stream.id, chunk.header.outage_s, chunk.header.seq, source.reconnects)
             queue.put(chunk, halt)
             if stream.max_chunks and stats.chunks_made >= stream.max_chunks:
                 log.info("stream %s: max_chunks=%d reached", stream.id, stream.max_chunks)
@@ -255,8 +274,11 @@ def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats
                 return
             continue
         h = chunk.header
-        # Every seq was either sent or dropped here, so the gap is exactly what this stream lost.
-        header = replace(h, dropped_before=h.seq - last_sent[h.stream] - 1, sent_wall=time.time())
+        # Every seq was either sent or dropped here, so the gap is exactly what this stream lost; the outage
+        # of a dropped chunk is owed to the next one sent.
+        lost_outage = queue.take_lost_outage(h.stream)
+        header = replace(h, dropped_before=h.seq - last_sent[h.stream] - 1, sent_wall=time.time(),
+                         outage_s=round(h.outage_s + lost_outage, 3) if lost_outage else h.outage_s)
         if not _send(sock, encode_chunk(header, chunk.frames), clock):
             stats[h.stream].chunks_dropped += 1
             return
@@ -284,7 +306,9 @@ def _send(sock: zmq.Socket, parts: list, clock: _FlushClock) -> bool:
 
 def _log_throughput(stats: dict[str, StreamStats], window: dict[str, int], queue: ChunkQueue) -> None:
     parts = [f"{sid} {window[sid] / LOG_EVERY_S:.2f} chunks/s ({st.chunks_sent} sent, {st.chunks_dropped} dropped"
-             f"{f', {st.reconnects} reconnects' if st.reconnects else ''}{f', {st.errors} errors' if st.errors else ''})"
+             f"{f', {st.reconnects} reconnects' if st.reconnects else ''}"
+             f"{f', {st.outages} outages ({st.outage_s:.1f} s)' if st.outages else ''}"
+             f"{f', {st.errors} errors' if st.errors else ''})"
              for sid, st in stats.items()]
     log.info("ingest: %s; queue %d/%d", "; ".join(parts), len(queue), queue.maxsize)
     for sid in window:

@@ -56,7 +56,7 @@ class RtspServer:
         self.proc: subprocess.Popen | None = None
         self._stderr = None
 
-    def start(self, timeout: float = 15.0) -> None:
+    def start(self, timeout: float = 30.0) -> None:
         self._close_files()
         self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: GStreamer may say a lot
         self.proc = subprocess.Popen(
@@ -96,20 +96,38 @@ class RtspServer:
             self._stderr.close()
 
 
-@pytest.fixture
-def rtsp_server():
-    """A started RTSP server streaming pedestrians.mp4 on a free loopback port. Skips where GStreamer
-    is missing, except under CI (env CI set), where that is a failure: CI installs the packages."""
+def _require_gstreamer() -> None:
+    """Skips where GStreamer is missing, except under CI (env CI set), where that is a failure: CI installs
+    the packages."""
     problem = _gstreamer_problem()
     if problem:
         message = f"RTSP test server unavailable ({problem}); install: apt-get install -y {GST_APT_PACKAGES}"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    server = RtspServer(PEDESTRIANS, free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
+
+@pytest.fixture
+def rtsp_server_for():
+    """start(video) -> a started RtspServer streaming that H.264 MP4 on a free loopback port; every server
+    started is stopped at the end of the test."""
+    _require_gstreamer()
+    servers: list[RtspServer] = []
+
+    def start(video: Path) -> RtspServer:
+        server = RtspServer(Path(video), free_port())
+        servers.append(server)
+        server.start()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def rtsp_server(rtsp_server_for):
+    """A started RTSP server streaming pedestrians.mp4 (768x576, 10 fps) on a free loopback port."""
+    return rtsp_server_for(PEDESTRIANS)

@@ -19,6 +19,7 @@ whichever version trained them; files with the legacy names (`attention.attentio
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -50,6 +51,13 @@ class Adapter:
     lora: dict[str, tuple[torch.Tensor, torch.Tensor]]  # module -> (A [r, in], B [out, r])
     head: torch.nn.Module
     head_config: dict = field(default_factory=dict)
+    sha256: str = ""  # of the adapter's four files: which weights served a row (rows carry its first 16 hex)
+
+    @property
+    def version(self) -> str | None:
+        """An optional human version the trainer wrote (head_config "adapter_version")."""
+        v = self.head_config.get("adapter_version")
+        return str(v) if v is not None else None
 
     @property
     def task(self) -> str:
@@ -201,7 +209,19 @@ def load_adapter_dir(name: str, path: str | Path, hidden: int) -> Adapter:
     except RuntimeError as e:
         detail = " ".join(str(e).split())[:300]
         raise AdapterError(f"{p}/head.safetensors does not fit the head in head_config.json: {detail}") from None
-    return Adapter(name, p, rank, scale, lora, head.eval(), head_cfg)
+    return Adapter(name, p, rank, scale, lora, head.eval(), head_cfg, content_sha256(p))
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "head_config.json", "head.safetensors")
+
+
+def content_sha256(path: Path) -> str:
+    """SHA-256 over an adapter directory's four files (names and bytes, in a fixed order)."""
+    h = hashlib.sha256()
+    for name in ADAPTER_FILES:
+        h.update(name.encode() + b"\0")
+        h.update((path / name).read_bytes())
+    return h.hexdigest()
 
 
 def save_adapter_dir(path: str | Path, *, lora: dict[str, tuple[torch.Tensor, torch.Tensor]], rank: int, alpha: float,

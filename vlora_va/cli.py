@@ -60,12 +60,12 @@ def cmd_validate(args) -> int:
     tasks = sum(len(s.tasks) for s in cfg.streams)
     print(f"{args.config}: OK ({len(cfg.streams)} streams, {tasks} tasks, {len(cfg.adapters)} adapters, "
           f"{len(cfg.sinks)} sinks)")
-    if args.profile:
-        return _print_capacity(cfg)
+    if args.profile or args.remeasure:
+        return _print_capacity(cfg, args.remeasure)
     return 0
 
 
-def _print_capacity(cfg) -> int:
+def _print_capacity(cfg, remeasure: bool = False) -> int:
     """Build the daemon's engine, measure (or load the cached) cost profile, and say what the configured load
     needs on this machine."""
     from .admission import estimate
@@ -79,7 +79,7 @@ def _print_capacity(cfg) -> int:
         return 1
     for name, why in failed.items():
         print(f"warning: adapter {name} cannot be served: {why}", file=sys.stderr)
-    costs = cost_model(cfg, engine)
+    costs = cost_model(cfg, engine, remeasure)
     print(f"capacity: {estimate(cfg, engine.catalog(), costs).message}")
     return 0
 
@@ -168,6 +168,31 @@ def cmd_adapters_init(args) -> int:
     return 0
 
 
+def cmd_adapters_control(args) -> int:
+    """`vlora-va adapters load/unload/list`: one request to the running daemon's control socket."""
+    import json
+    from pathlib import Path
+
+    from .control import control_endpoint, request
+
+    endpoint = args.control
+    if not endpoint:
+        cfg = _load(args.config)
+        endpoint = control_endpoint(cfg.daemon.control_endpoint, cfg.daemon.endpoint)
+    message = {"op": args.what}
+    if args.what != "list":
+        message["name"] = args.name
+    if args.what == "load":
+        message.update(path=str(Path(args.dir).resolve()), pin=args.pin)
+    try:
+        reply = request(endpoint, message)
+    except TimeoutError as e:
+        log.error("%s (is the daemon running?)", e)
+        return 1
+    print(json.dumps(reply, indent=1))
+    return 0 if reply.get("ok") else 1
+
+
 def cmd_draw(args) -> int:
     from .draw import draw
 
@@ -216,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("--profile", action="store_true",
                    help="also measure this machine (or use its cached profile) and say whether the load fits")
+    p.add_argument("--remeasure", action="store_true",
+                   help="like --profile, but measure anew and replace the cached profile (e.g. after one was "
+                        "taken while the machine was busy)")
     p.set_defaults(func=cmd_validate)
 
     models = sub.add_parser("models", help="backbones in the local model cache").add_subparsers(dest="what", required=True)
@@ -234,6 +262,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--image-size", type=int, default=224)
     p.set_defaults(func=cmd_adapters_init)
+    for what, text in (("load", "load (or reload) an adapter into the running daemon"),
+                       ("unload", "unload an adapter from the running daemon (its slot is freed)"),
+                       ("list", "the running daemon's adapters and slots")):
+        p = adapters.add_parser(what, help=text)
+        if what != "list":
+            p.add_argument("name")
+        if what == "load":
+            p.add_argument("dir", help="the adapter directory (PEFT LoRA + head)")
+            p.add_argument("--pin", action="store_true", help="never evict it to make room for another")
+        p.add_argument("--config", default="pipelines.yaml", help="the pipeline the daemon runs (for its address)")
+        p.add_argument("--control", help="the daemon's control endpoint (default: from the pipeline file)")
+        p.set_defaults(func=cmd_adapters_control)
 
     p = sub.add_parser("draw", help="draw one result frame's detections on the source video frame")
     p.add_argument("results", help="a JSON Lines results file")

@@ -18,6 +18,7 @@ import collections
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -46,6 +47,9 @@ MEASURED_MODES = {
     "dlora": ["unmerged/einsum"],
 }
 CORRECTION_ALPHA = 0.25  # weight of the newest batch in the online correction
+# Without new batches the correction fades back to the profile: a daemon that sheds everything (because a
+# slow spell made every prediction hopeless) would otherwise never observe the machine recover.
+CORRECTION_FADE_S = 15.0
 CORRECTION_RANGE = (0.5, 4.0)
 MARGIN_BATCHES = 40  # the safety margin is read off this many recent batches
 MARGIN_QUANTILE = 0.95
@@ -103,7 +107,7 @@ def profile_key(device: torch.device, backbone_id: str, backbone: torch.nn.Modul
         "backbone_shape": [getattr(cfg, k, None) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")],
         "adapters": sorted([a.name, a.size, a.task, adapter_ranks.get(a.name, 0)] for a in catalog.adapters.values()),
         "premerged": catalog.can_premerge, "image_size": catalog.image_size, "max_batch": catalog.max_batch_images,
-        "modes": sorted(modes),
+        "modes": sorted(modes), "dtype": str(next(backbone.parameters()).dtype).removeprefix("torch."),
     }
 
 
@@ -183,7 +187,7 @@ def measure_profile(engine, catalog: Catalog, key: dict, modes: list[str] | None
     t_start = time.perf_counter()
     cuda = engine.device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(engine.device)) if cuda else (lambda: None)
-    repeats = 5 if cuda else 2
+    repeats = 5 if cuda else 3
     names = list(catalog.adapters)
     slots = {n: catalog.adapters[n].slot for n in names}
     base: dict[int, list[tuple[int, float]]] = {}
@@ -217,11 +221,20 @@ def _measure_modes(engine, catalog: Catalog, slots: dict[str, int], modes, repea
     mixed = [lora[i * k_max // n] for i in range(n)]  # k_max adapters, equal shares
     one = [lora[0]] * n
 
-    def forward(mode, row_slots, warm=False):
-        engine.switch(mode)
-        return _timed(lambda: engine.features(frames, row_slots, mode, size), repeats, sync, warm)
+    def once(mode, row_slots) -> float:
+        engine.switch(mode)  # untimed: switches are measured below
+        return _timed(lambda: engine.features(frames, row_slots, mode, size), 1, sync, warm=False)
 
-    merged = forward(LoRAMode(MERGED, lora[0]), one, warm=True)
+    merged_mode = LoRAMode(MERGED, lora[0])
+    once(merged_mode, one)  # warm-up
+
+    def ratio(mode, row_slots) -> float:
+        """Time in `mode` over the merged time, runs interleaved (merged, mode, merged, mode, ...): a burst
+        of load from another process hits both, and the fastest of each is compared."""
+        once(mode, row_slots)  # warm-up of this mode
+        pairs = [(once(merged_mode, one), once(mode, row_slots)) for _ in range(repeats + 1)]
+        return min(m for _, m in pairs) / min(b for b, _ in pairs)
+
     wanted = set(modes) if modes is not None else None
     # (mode, whether one adapter alone costs more than merged weights: premerged and mixture do not)
     candidates = [(LoRAMode(UNMERGED), True), (LoRAMode(UNMERGED, impl="einsum"), True),
@@ -233,9 +246,9 @@ def _measure_modes(engine, catalog: Catalog, slots: dict[str, int], modes, repea
         name = mode_name(mode)
         if wanted is not None and name not in wanted:
             continue
-        f = {1: forward(mode, one) / merged if one_costs else 1.0}
+        f = {1: ratio(mode, one) if one_costs else 1.0}
         if k_max > 1:
-            f[k_max] = forward(mode, mixed) / merged
+            f[k_max] = ratio(mode, mixed)
         factors[name] = f
     factors[MERGED] = {1: 1.0}
     switches = []
@@ -253,8 +266,9 @@ def describe(p: CostProfile) -> str:
     return f"{sizes}; modes {modes or 'n/a'}; switch {p.switch_s * 1000:.1f} ms"
 
 
-def load_or_measure(engine, catalog: Catalog, key: dict, directory: Path, modes: list[str] | None = None) -> CostProfile:
-    cached = load_cached(directory, key)
+def load_or_measure(engine, catalog: Catalog, key: dict, directory: Path, modes: list[str] | None = None,
+                    remeasure: bool = False) -> CostProfile:
+    cached = None if remeasure else load_cached(directory, key)
     if cached is not None:
         log.info("cost profile from %s (%s)", profile_path(directory, key), describe(cached))
         return cached
@@ -281,12 +295,19 @@ def _interpolate(points: list[tuple[int, float]], n: float) -> float:
 @dataclass
 class CostModel:
     profile: CostProfile
-    correction: float = 1.0  # observed / predicted, smoothed: how much slower this machine runs right now
     observed: int = 0
     margin: float = MARGIN_RANGE[0]  # how much longer than predicted a batch may run (95th percentile)
 
     def __post_init__(self):
         self._errors: collections.deque[float] = collections.deque(maxlen=MARGIN_BATCHES)
+        self._correction, self._observed_at = 1.0, time.monotonic()
+
+    @property
+    def correction(self) -> float:
+        """Observed / predicted batch time, smoothed: how much slower this machine runs right now. It fades
+        back towards 1 (the profile) with time since the last batch (CORRECTION_FADE_S)."""
+        fade = math.exp(-(time.monotonic() - self._observed_at) / CORRECTION_FADE_S)
+        return 1.0 + (self._correction - 1.0) * fade
 
     def factor(self, mode: LoRAMode, adapters: int) -> float:
         f = self.profile.factors.get(mode_name(mode))
@@ -309,10 +330,20 @@ class CostModel:
             points = [(n, t * (size / near) ** 2) for n, t in self.profile.base[near]]
         return _interpolate(points, images) * self.factor(mode, adapters)
 
-    def plan_s(self, groups: dict[int, tuple[int, int]], mode: LoRAMode, switching: bool) -> float:
-        """Predicted seconds for forwards of {size: (images, adapters)} in `mode`, corrected; plus a weight
-        switch when `switching`."""
-        t = sum(self.forward_s(size, n, mode, k) for size, (n, k) in groups.items() if n)
+    def group_s(self, size: int, images: int, mode: LoRAMode, adapters: int, prefix: int = 0,
+                distinct: int | None = None, blocks: int = 12) -> float:
+        """One size group's forward, uncorrected: with a shared prefix, blocks [0, prefix) cost as many
+        images as there are distinct frames, the rest as many as there are images."""
+        full = self.forward_s(size, images, mode, adapters)
+        if not prefix or distinct is None or distinct >= images:
+            return full
+        shared = self.forward_s(size, distinct, mode, adapters)
+        return (shared * prefix + full * (blocks - prefix)) / blocks
+
+    def plan_s(self, groups: dict[int, tuple], mode: LoRAMode, switching: bool) -> float:
+        """Predicted seconds for the forwards of {size: (images, adapters[, prefix, distinct, blocks])} in
+        `mode`, corrected; plus a weight switch when `switching`."""
+        t = sum(self.group_s(size, g[0], mode, g[1], *g[2:]) for size, g in groups.items() if g[0])
         return (t + (self.profile.switch_s if switching else 0.0)) * self.correction
 
     def image_s(self, size: int, mode: LoRAMode, adapters: int = 1) -> float:
@@ -328,9 +359,10 @@ class CostModel:
         busy 2-core machine a batch can take twice its prediction, and a deadline must survive that."""
         if predicted_uncorrected_s <= 0 or actual_s <= 0:
             return
-        self._errors.append(actual_s / (predicted_uncorrected_s * self.correction))
+        current = self.correction
+        self._errors.append(actual_s / (predicted_uncorrected_s * current))
         ratio = min(max(actual_s / predicted_uncorrected_s, CORRECTION_RANGE[0]), CORRECTION_RANGE[1])
-        self.correction += CORRECTION_ALPHA * (ratio - self.correction)
+        self._correction, self._observed_at = current + CORRECTION_ALPHA * (ratio - current), time.monotonic()
         self.observed += 1
         errors = sorted(self._errors)
         high = errors[min(len(errors) - 1, int(MARGIN_QUANTILE * len(errors)))]

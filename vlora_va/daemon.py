@@ -12,28 +12,34 @@ the daemon drains: it reads what is still in flight, answers every request it ho
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import os
+import queue
 import threading
 import time
 from contextlib import ExitStack
+from typing import Callable
 
 import torch
+import zmq
 
 from contracts.config import PipelineConfig
 from contracts.requests import Request
-from contracts.results import not_served, served
+from contracts.results import ResultRecord, not_served, served
 
 from . import costs as C
 from .adapters import Adapter, AdapterError, load_adapter_dir
 from .admission import estimate
+from .control import ControlServer, Operation, control_endpoint
 from .engine import Engine
 from .lora import LoRAMode
 from .metrics import DaemonMetrics, Totals
 from .models import load_backbone
 from .plan import BatchPlan
 from .scheduling import POLICIES, OverloadControl, Settings, Shed
-from .sinks import ZmqPubSink, make_sink
+from .sinks import ZmqPubSink, close_all, make_sink
 from .transport import Malformed, Received, Transport
 
 log = logging.getLogger(__name__)
@@ -67,6 +73,12 @@ def load_adapters(config: PipelineConfig, hidden: int) -> tuple[dict[str, Adapte
     return loaded, failed
 
 
+def pick_dtype(name: str, device: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
 def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     """The engine for a pipeline, and the adapters that could not be served (name -> why)."""
     d = config.daemon
@@ -75,18 +87,19 @@ def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     backbone = load_backbone(d.backbone, d.allow_download, device)
     adapters, failed = load_adapters(config, backbone.config.hidden_size)
     engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, device, d.premerge_max_mb,
-                    d.max_batch_images)
+                    d.max_batch_images, pick_dtype(d.dtype, device))
     failed.update(engine.rejected)
     return engine, failed
 
 
-def cost_model(config: PipelineConfig, engine: Engine) -> C.CostModel:
+def cost_model(config: PipelineConfig, engine: Engine, remeasure: bool = False) -> C.CostModel:
     """The cost profile for this engine on this machine: the cached one, or measured now (and cached)."""
     catalog = engine.catalog()
     ranks = {n: a.rank for n, a in engine.adapters.items()}
     modes = C.MEASURED_MODES[config.daemon.policy]
     key = C.profile_key(engine.device, config.daemon.backbone, engine.backbone, catalog, ranks, modes)
-    return C.CostModel(C.load_or_measure(engine, catalog, key, C.profile_dir(config.daemon.profile_cache), modes))
+    return C.CostModel(C.load_or_measure(engine, catalog, key, C.profile_dir(config.daemon.profile_cache), modes,
+                                         remeasure))
 
 
 class Daemon:
@@ -107,7 +120,145 @@ class Daemon:
         self.estimate = estimate(config, self.catalog, self.costs) if self.catalog.adapters else None
         self._last_log = time.monotonic()
         self._logged = Totals()
-        self._causes: dict[int, str] = {}
+        # Observers of served requests (e.g. a dashboard): called with (request, row) after each batch, on the
+        # daemon's thread; they must be quick, and one that fails is logged and dropped, never fatal.
+        self.taps: list[Callable[[Request, ResultRecord], None]] = []
+        # Observers of every row written (ok, shed and error alike), called with the rows of each write on the
+        # daemon's thread; same rules as taps.
+        self.row_taps: list[Callable[[list[ResultRecord]], None]] = []
+        self.ready = threading.Event()  # set once warmed up and listening
+        self._last_batch: dict = {}
+        self._offered_load = 0.0  # as last computed on the daemon's thread (OverloadControl is not thread-safe)
+        self._provenance = self._make_provenance()
+        # Adapters at run time (control.py): operations prepared on the control thread, applied here.
+        self.operations: queue.Queue[Operation] = queue.Queue()
+        self.loading: set[str] = set()  # names whose files are being read: their requests wait
+        self.pinned: set[str] = set(self.catalog.adapters)  # the configured adapters are never evicted
+        self._last_used: dict[str, float] = {}
+        self._held: list[Request] = []
+
+    def _make_provenance(self) -> dict[str | None, dict]:
+        """What every row says produced it, per adapter: the adapter's content hash (and version if its trainer
+        wrote one), the backbone and its weights' digest, and the pipeline config's hash."""
+        config = json.dumps(dataclasses.asdict(self.config), sort_keys=True, default=str)
+        common = {"backbone": f"{self.config.daemon.backbone}@{self.engine.backbone_digest[:12]}",
+                  "config_sha256": hashlib.sha256(config.encode()).hexdigest()[:16]}
+        out: dict[str | None, dict] = {None: common}
+        for name, a in self.engine.adapters.items():
+            out[name] = {"adapter_sha256": a.sha256[:16], **({"adapter_version": a.version} if a.version else {}),
+                         **common}
+        return out
+
+    # ------------------------------------------------------------------ adapters at run time
+    def _apply_operations(self, sinks) -> None:
+        while True:
+            try:
+                op = self.operations.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                op.reply = {"load": self._load, "unload": self._unload, "list": self._list}[op.op](op, sinks)
+            except Exception as e:  # noqa: BLE001 - an operation must not take serving down
+                log.exception("adapter %s of %r failed", op.op, op.name)
+                op.reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            finally:
+                if op.op == "load":
+                    self.loading.discard(op.name)
+                    self._release_held(op.name, op.reply, sinks)
+                op.done.set()
+
+    def _load(self, op: Operation, sinks) -> dict:
+        name, adapter = op.name, op.adapter
+        problem = self.engine._misfit(adapter, self.engine.max_rank)
+        if problem:
+            return {"ok": False, "error": f"adapter {name!r} does not fit this backbone: {problem}"}
+        evicted = None
+        if name not in self.engine.slots and not self.engine.free_slots():
+            victims = [n for n in self.engine.slots if n not in self.pinned]
+            if not victims:
+                return {"ok": False, "error": f"no free slot for {name!r}: all {self.engine.max_slots} "
+                                              f"(daemon.max_slots) hold pinned adapters ({', '.join(self.engine.slots)}); "
+                                              f"unload one first"}
+            evicted = min(victims, key=lambda n: self._last_used.get(n, 0.0))  # least recently used
+            self._remove(evicted, f"adapter {evicted!r} was evicted (least recently used) to load {name!r}", sinks)
+        reloaded = name in self.engine.slots
+        target = self.engine.slots.get(name, (self.engine.free_slots() or [None])[0])
+        if target is not None and self.engine.weights_slot == target:
+            self._pristine_weights()
+        slot = self.engine.load(name, adapter)
+        self.failed_adapters.pop(name, None)
+        if op.pin:
+            self.pinned.add(name)
+        self._last_used[name] = time.time()
+        self._refresh()
+        log.info("adapter %s %s into slot %d (%s, sha256 %s)%s", name, "reloaded" if reloaded else "loaded", slot,
+                 adapter.path, adapter.sha256[:16], f"; evicted {evicted}" if evicted else "")
+        return {"ok": True, "name": name, "slot": slot, "reloaded": reloaded, "evicted": evicted,
+                "sha256": adapter.sha256[:16], "slots": {"used": len(self.engine.slots), "total": self.engine.max_slots}}
+
+    def _unload(self, op: Operation, sinks) -> dict:
+        if op.name not in self.engine.slots:
+            return {"ok": False, "error": f"adapter {op.name!r} is not loaded (loaded: {', '.join(self.engine.slots) or 'none'})"}
+        slot = self._remove(op.name, f"adapter {op.name!r} was unloaded", sinks)
+        return {"ok": True, "name": op.name, "slot": slot,
+                "slots": {"used": len(self.engine.slots), "total": self.engine.max_slots}}
+
+    def _list(self, op: Operation, sinks) -> dict:
+        adapters = [{"name": n, "slot": s, "pinned": n in self.pinned, "size": self.engine.sizes[n],
+                     "task": self.catalog.adapters[n].task, "sha256": a.sha256[:16], "path": str(a.path),
+                     "last_used": self._last_used.get(n)} for n, s in sorted(self.engine.slots.items(), key=lambda x: x[1])
+                    for a in [self.engine.adapters[n]]]
+        return {"ok": True, "adapters": adapters, "failed": dict(self.failed_adapters),
+                "slots": {"used": len(self.engine.slots), "total": self.engine.max_slots}}
+
+    def _remove(self, name: str, reason: str, sinks) -> int:
+        """Take an adapter out of its slot; its queued requests get error rows saying why."""
+        if self.engine.weights_slot == self.engine.slots[name]:
+            self._pristine_weights()
+        slot = self.engine.unload(name)
+        self.pinned.discard(name)
+        self._last_used.pop(name, None)
+        dropped = [r for r in self.scheduler.queue if r.adapter == name]
+        self.scheduler.queue = [r for r in self.scheduler.queue if r.adapter != name]
+        now = time.time()
+        self._write([(not_served(r, "error", reason, now, self.provenance(name)), None) for r in dropped], sinks)
+        self._refresh()
+        log.info("%s (slot %d freed)", reason, slot)
+        return slot
+
+    def _pristine_weights(self) -> None:
+        self.engine.switch(LoRAMode("premerged") if self.catalog.can_premerge else LoRAMode("unmerged"))
+        self.scheduler.weights_slot = self.engine.weights_slot
+
+    def _refresh(self) -> None:
+        self.catalog = self.engine.catalog()
+        self.scheduler.catalog = self.catalog
+        self._provenance = self._make_provenance()
+
+    def _release_held(self, name: str, reply: dict, sinks) -> None:
+        """Requests that waited for an adapter being loaded: queued once it is in, answered if it failed."""
+        held = [r for r in self._held if r.adapter == name]
+        if not held:
+            return
+        self._held = [r for r in self._held if r.adapter != name]
+        if reply.get("ok"):
+            for r in held:
+                self.scheduler.add(r)
+        else:
+            now = time.time()
+            self._write([(not_served(r, "error", f"adapter {name!r} failed to load: {reply.get('error')}", now,
+                                     self.provenance(name)), None) for r in held], sinks)
+
+    def _shed_held(self, sinks) -> None:
+        now = time.time()
+        late = [r for r in self._held if now > r.deadline]
+        if late:
+            self._held = [r for r in self._held if now <= r.deadline]
+            self._write([(not_served(r, "shed", f"adapter {r.adapter!r} was still loading at its deadline", now,
+                                     self.provenance(r.adapter)), "deadline") for r in late], sinks)
+
+    def provenance(self, adapter: str) -> dict:
+        return self._provenance.get(adapter, self._provenance[None])
 
     @property
     def stats(self) -> Totals:
@@ -142,9 +293,12 @@ class Daemon:
         rows = []
         now = time.time()
         for req in item.requests:
+            if req.adapter in self.loading and req.adapter not in self.catalog.adapters:
+                self._held.append(req)  # its adapter is being loaded: wait for it (within its deadline)
+                continue
             problem = self._unservable(req)
             if problem:
-                rows.append((not_served(req, "error", problem, now), None))
+                rows.append((not_served(req, "error", problem, now, self.provenance(req.adapter)), None))
                 continue
             if req.best_effort:  # not live: never shed; the transport's backpressure paces its source
                 self.scheduler.add(req)
@@ -154,7 +308,7 @@ class Daemon:
             cost = self.costs.image_s(info.size, mode) * req.num_images
             admitted = self.overload.admit(req, cost, now, info.min_frames)
             if admitted.request is None:
-                rows.append((not_served(req, "shed", admitted.reason, now), "overload"))
+                rows.append((not_served(req, "shed", admitted.reason, now, self.provenance(req.adapter)), "overload"))
                 continue
             if admitted.thinned_from:
                 admitted.request.degraded = admitted.reason
@@ -182,10 +336,17 @@ class Daemon:
         records = [rec for rec, _ in rows]
         for s in sinks:
             s.write(records)
+        for tap in list(self.row_taps):
+            try:
+                tap(records)
+            except Exception:  # noqa: BLE001 - an observer must not take serving down
+                log.exception("a row observer failed and is removed")
+                self.row_taps.remove(tap)
 
     def _shed_rows(self, shed: list[Shed]) -> list:
         now = time.time()
-        return [(not_served(s.request, "shed", s.reason, now), s.cause) for s in shed]
+        return [(not_served(s.request, "shed", s.reason, now, self.provenance(s.request.adapter)), s.cause)
+                for s in shed]
 
     def _mode_label(self, mode: LoRAMode) -> str:
         if mode.slot is None:
@@ -202,20 +363,56 @@ class Daemon:
             log.exception("engine failed on a batch of %d requests", len(plan.requests))
             self.scheduler.weights_slot = self.engine.weights_slot
             now = time.time()
-            self._write([(not_served(r, "error", f"inference failed: {type(e).__name__}: {e}", now), None)
-                         for r in plan.requests], sinks)
+            self._write([(not_served(r, "error", f"inference failed: {type(e).__name__}: {e}", now,
+                                     self.provenance(r.adapter)), None) for r in plan.requests], sinks)
             return
         t1 = time.time()
         self.costs.observe(plan.raw_s, t1 - t0)
         label = self._mode_label(plan.mode)
         rows = [(served(r, p, compute_start=t0, compute_end=t1, batch_images=plan.images, mode=label,
-                        trained=self.catalog.adapters[r.adapter].trained), None)
+                        trained=self.catalog.adapters[r.adapter].trained, provenance=self.provenance(r.adapter)), None)
                 for r, p in zip(plan.requests, payloads)]
         self.metrics.batch(label, plan.images, t1 - t0, switched=before != self.engine.weights_slot)
+        for r in plan.requests:
+            self._last_used[r.adapter] = t1
+        self._last_batch = {"mode": label, "images": plan.images, "requests": len(plan.requests),
+                            "compute_ms": round((t1 - t0) * 1000, 1), "predicted_ms": round(plan.est_s * 1000, 1),
+                            "at": t1}
         self._write(rows, sinks)
+        self._tap(plan.requests, [rec for rec, _ in rows])
+
+    def _tap(self, requests: list[Request], records: list[ResultRecord]) -> None:
+        for tap in list(self.taps):
+            try:
+                for req, rec in zip(requests, records):
+                    tap(req, rec)
+            except Exception:  # noqa: BLE001 - an observer must not take serving down
+                log.exception("a result observer failed and is removed")
+                self.taps.remove(tap)
+
+    def status(self) -> dict:
+        """A snapshot of what the daemon is doing (for a dashboard or a health check; read from any thread)."""
+        t = self.stats
+        slot_names = {a.slot: n for n, a in self.catalog.adapters.items()}
+        return {
+            "ready": self.ready.is_set(), "policy": self.config.daemon.policy,
+            "device": str(self.engine.device), "last_batch": dict(self._last_batch),
+            "weights_hold": slot_names.get(self.engine.weights_slot) if self.engine.weights_slot is not None else None,
+            "adapters": {n: {"slot": a.slot, "size": a.size, "task": a.task, "trained": a.trained}
+                         for n, a in self.catalog.adapters.items()},
+            "failed_adapters": dict(self.failed_adapters),
+            "slots": {"used": len(self.catalog.adapters), "total": self.config.daemon.max_slots},
+            "queue": {"requests": len(self.scheduler.queue), "images": self.scheduler.queued_images},
+            "offered_load": round(self._offered_load, 3), "admitted": dict(self.overload.fractions),
+            "cost_correction": round(self.costs.correction, 3), "cost_margin": round(self.costs.margin, 3),
+            "capacity": self.estimate.message if self.estimate else None,
+            "totals": {k: v for k, v in dataclasses.asdict(t).items() if k != "shed_by"},
+        }
 
     def _step(self, transport: Transport, sinks, stopping: bool) -> int:
         """Take what arrived, then run one batch if one is due. Returns the items taken."""
+        self._apply_operations(sinks)
+        self._shed_held(sinks)
         now = time.time()
         wait = 0.0 if self.scheduler.ready(now, stopping) else self._wait_s(now)
         items = transport.take(wait)
@@ -243,9 +440,12 @@ class Daemon:
         m.queue(len(self.scheduler.queue), self.scheduler.queued_images)
         m.correction.set(self.costs.correction)
         now = time.time()
-        m.offered_load.set(self.overload.load(now))
+        self._offered_load = self.overload.load(now)
+        m.offered_load.set(self._offered_load)
         for tier, f in self.overload.fractions.items():
             m.degraded.labels(str(tier)).set(f)
+        for sink in getattr(self, "sinks", ()):
+            m.sink_stats(sink.name, sink.stats())
 
     def _log_progress(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -263,15 +463,30 @@ class Daemon:
         self._last_log = now
 
     def _sinks(self, stack: ExitStack) -> list:
+        """Every configured sink, entered on the stack. A sink never blocks: its failures are logged and
+        counted in its stats(), exported by _gauges. On exit all sinks start their final flush together."""
         sinks = [stack.enter_context(make_sink(c)) for c in self.config.sinks]
         if self.config.daemon.results_endpoint:
             sinks.append(stack.enter_context(ZmqPubSink(self.config.daemon.results_endpoint)))
+        stack.callback(close_all, sinks)  # runs before the sinks' own exits (last in, first out)
+        self.sinks = sinks
         return sinks
 
     def run(self, stop: threading.Event | None = None, ready: threading.Event | None = None,
             drained: threading.Event | None = None) -> Totals:
         """Serve until stop is set, then drain. `ready` is set once warmed up and listening, `drained` once
         every request received has been answered and the sinks flushed (senders may disconnect then)."""
+        from .dashboard.server import start_http
+
+        http = start_http(self)  # /healthz, /readyz, /metrics, dashboard (daemon.http_port): up during warm-up
+        try:
+            return self._run(stop, ready, drained)
+        finally:
+            if http is not None:
+                http.close()
+
+    def _run(self, stop: threading.Event | None, ready: threading.Event | None,
+             drained: threading.Event | None) -> Totals:
         stop = stop or threading.Event()
         d = self.config.daemon
         if not self.warmed:
@@ -279,21 +494,26 @@ class Daemon:
         if self.estimate is not None:
             (log.info if self.estimate.fits else log.warning)("capacity: %s", self.estimate.message)
         transport = Transport(d.endpoint, d.image_size, QUEUE_BATCHES * d.max_batch_images)
+        control = self._control()
         try:
-            if d.metrics_port:
-                self.metrics.serve(d.metrics_port)
             with ExitStack() as stack:
                 sinks = self._sinks(stack)
                 transport.start()
+                if control is not None:
+                    control.start()
                 log.info("daemon ready on %s (policy %s, image %d px, %d adapter(s) loaded, %d failed)",
                          d.endpoint, d.policy, d.image_size, len(self.catalog.adapters), len(self.failed_adapters))
+                self.ready.set()
                 if ready is not None:
                     ready.set()
                 while not stop.is_set():
                     self._step(transport, sinks, stopping=False)
                 self._drain(transport, sinks)
         finally:
+            self.ready.clear()
             transport.close()
+            if control is not None:
+                control.close()
             if drained is not None:
                 drained.set()
         s = self.stats
@@ -301,6 +521,19 @@ class Daemon:
                  "%d malformed messages", s.chunks, s.requests, s.ok, s.shed, s.errors, s.deadline_missed,
                  s.malformed)
         return s
+
+    def _control(self) -> ControlServer | None:
+        """The control socket for adapters at run time; a daemon whose endpoint is taken serves without it."""
+        endpoint = control_endpoint(self.config.daemon.control_endpoint, self.config.daemon.endpoint)
+        if not endpoint:
+            return None
+        try:
+            server = ControlServer(endpoint, self.engine.backbone.config.hidden_size, self.operations, self.loading)
+        except zmq.ZMQError as e:
+            log.error("control socket %s not bound (%s): adapters cannot be loaded at run time", endpoint, e)
+            return None
+        log.info("control socket on %s (vlora-va adapters load / unload / list)", endpoint)
+        return server
 
     def _drain(self, transport: Transport, sinks) -> None:
         """Read what is still arriving, then answer every queued request."""

@@ -24,10 +24,13 @@ from contracts.results import DetectionResult, FrameDetections, Payload
 
 from .adapters import Adapter, AdapterError, fit_module_names
 from .heads import ActionHead, DetectionHead, Features
-from .lora import (MIXTURE, PREMERGED, UNMERGED, LoRAMode, enable_premerge, inject_lora, load_adapter, premerge_bytes,
-                   switch_weights)
-from .models import normalise, patch_size
-from .plan import AdapterInfo, BatchPlan, Catalog, SizeGroup
+from .lora import (MIXTURE, PREMERGED, UNMERGED, DeviceLayout, LoRALinear, LoRAMode, clear_slot, enable_premerge, inject_lora,
+                   load_adapter, premerge_bytes, switch_weights)
+from . import precision as precision_mod
+from .models import normalise, patch_size, tensor_digest
+from .graphs import Graphs
+from .plan import AdapterInfo, BatchPlan, Catalog, SizeGroup, bucket, frame_key
+from .vit import block_of, lower, num_blocks, upper
 
 log = logging.getLogger(__name__)
 
@@ -35,38 +38,50 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, backbone: torch.nn.Module, adapters: dict[str, Adapter], image_size: int,
                  max_slots: int = 8, max_rank: int = 64, device: str | torch.device = "cpu",
-                 premerge_max_mb: int = 0, max_batch_images: int = 16):
+                 premerge_max_mb: int = 0, max_batch_images: int = 16, dtype: torch.dtype = torch.float32,
+                 fixed_layout: bool | None = None, precision: str | None = None):
         if len(adapters) > max_slots:
             raise ValueError(f"{len(adapters)} adapters configured but daemon.max_slots is {max_slots}")
         self.device = torch.device(device)
-        self.backbone = backbone.to(self.device).eval()
+        # fp32 / bf16 / int8 (vlora_va/precision.py); None: what the dtype says. bf16 is the dtype; int8 swaps the GEMMs
+        self.precision, dtype = precision_mod.resolve(precision, dtype, self.device)
+        self.dtype = dtype  # the backbone's (and its LoRA's); heads run in float32
+        # LoRA layouts in fixed-size device tensors, batches padded to a power of two (what CUDA graphs replay;
+        # on by default on a GPU, where per-layer host work costs more than the LoRA math).
+        self.fixed_layout = self.device.type == "cuda" if fixed_layout is None else fixed_layout
+        self._layouts: dict[tuple[int, int], DeviceLayout] = {}
+        self.graphs = Graphs(self, enabled=self.fixed_layout, cuda_graphs=self.device.type == "cuda",
+                             max_bucket=max_batch_images)
+        self.backbone_digest = tensor_digest(backbone.state_dict())  # the weights rows say they came from
+        self.backbone = backbone.to(self.device, dtype).eval()
         self.image_size = image_size
         self.max_batch_images = max_batch_images
         self.patch = patch_size(backbone)
         # Tokens before the patch grid: CLS plus any register tokens.
         self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)
-        # An adapter that does not fit this backbone is rejected alone: the others still serve.
-        self.rejected = {name: p for name, a in adapters.items() if (p := self._misfit(a, max_rank))}
-        for name, problem in self.rejected.items():
-            log.error("adapter %s rejected: %s", name, problem)
-        adapters = {name: a for name, a in adapters.items() if name not in self.rejected}
-        self.adapters = adapters
-        self.slots = {name: i for i, name in enumerate(adapters)}
-        self.sizes = {name: int(a.head_config.get("image_size", image_size)) for name, a in adapters.items()}
-        for name, size in self.sizes.items():
-            if size > image_size:
-                log.warning("adapter %s was trained at %d px but frames arrive at %d px (daemon.image_size): "
-                            "it will see upscaled frames", name, size, image_size)
-        modules = sorted({m for a in adapters.values() for m in a.lora})
+        self.max_slots, self.max_rank = max_slots, max_rank
+        self.adapters: dict[str, Adapter] = {}
+        self.slots: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
         self.lora_ctx = None
         self.premerged = False
-        if modules:
-            self.lora_ctx = inject_lora(self.backbone, modules, num_slots=max(1, len(adapters)), max_rank=max_rank)
-            for name, a in adapters.items():
-                load_adapter(self.backbone, self.slots[name], a.lora, a.scale)
+        # Every linear layer of the blocks takes LoRA, with max_slots slots: an adapter loaded at run time
+        # (any targets, any free slot) needs no new wrapping, so captured forwards stay valid.
+        targets = [n for n, m in self.backbone.named_modules() if isinstance(m, torch.nn.Linear) and block_of(n) is not None]
+        targets = targets or sorted({m for a in adapters.values() for m in a.lora})
+        if targets:
+            self.lora_ctx = inject_lora(self.backbone, targets, num_slots=max_slots, max_rank=max_rank)
+        # An adapter that does not fit this backbone is rejected alone: the others still serve.
+        self.rejected: dict[str, str] = {}
+        for name, a in adapters.items():
+            try:
+                self.load(name, a)
+            except AdapterError as e:
+                self.rejected[name] = str(e)
+                log.error("adapter %s rejected: %s", name, e)
+        if self.lora_ctx is not None:
             self._maybe_premerge(premerge_max_mb)
-        for a in adapters.values():
-            a.head.to(self.device).eval()
+        precision_mod.apply(self.backbone, self.precision)
 
     def _maybe_premerge(self, max_mb: int) -> None:
         # Per-slot merged weights replace the LoRA GEMMs with one GEMM per run of rows (bench/atmm.py): the
@@ -79,9 +94,51 @@ class Engine:
         else:
             log.info("LoRA: no premerged weights (they would take %.0f MB, daemon.premerge_max_mb %d)", mb, max_mb)
 
+    # ------------------------------------------------------------------ adapters in slots
+    def free_slots(self) -> list[int]:
+        used = set(self.slots.values())
+        return [s for s in range(self.max_slots) if s not in used]
+
+    def load(self, name: str, adapter: Adapter) -> int:
+        """Put an adapter in a slot: its own slot when the name is loaded already (a reload replaces weights
+        and head entirely), else the first free one. Raises AdapterError (it does not fit this backbone, or
+        no slot is free) and then changes nothing. The base weights must not hold that slot."""
+        problem = self._misfit(adapter, self.max_rank)
+        if problem:
+            raise AdapterError(problem)
+        slot = self.slots.get(name)
+        if slot is None:
+            free = self.free_slots()
+            if not free:
+                raise AdapterError(f"no free slot for {name!r}: all {self.max_slots} (daemon.max_slots) are in use")
+            slot = free[0]
+        if self.lora_ctx is not None:
+            if self.lora_ctx.weights_slot == slot:
+                raise AdapterError(f"slot {slot} of {name!r} is merged into the base weights: switch first")
+            if adapter.lora:
+                load_adapter(self.backbone, slot, adapter.lora, adapter.scale)  # premerged weights refreshed too
+            else:
+                clear_slot(self.backbone, slot)
+        adapter.head.to(self.device).eval()
+        self.adapters[name], self.slots[name] = adapter, slot
+        self.sizes[name] = int(adapter.head_config.get("image_size", self.image_size))
+        if self.sizes[name] > self.image_size:
+            log.warning("adapter %s was trained at %d px but frames arrive at %d px (daemon.image_size): "
+                        "it will see upscaled frames", name, self.sizes[name], self.image_size)
+        return slot
+
+    def unload(self, name: str) -> int:
+        """Free an adapter's slot for real (its stacks zeroed, its premerged weights back to the base)."""
+        slot = self.slots.pop(name)
+        del self.adapters[name], self.sizes[name]
+        if self.lora_ctx is not None:
+            clear_slot(self.backbone, slot)
+        return slot
+
     def _misfit(self, a: Adapter, max_rank: int) -> str | None:
         """Why this adapter cannot run on this backbone, or None."""
-        linear = {n: m for n, m in self.backbone.named_modules() if isinstance(m, torch.nn.Linear)}
+        linear = {n: m for n, m in self.backbone.named_modules()
+                  if isinstance(m, (torch.nn.Linear, LoRALinear)) and not n.endswith(".base")}
         try:  # adapters name layers as transformers >= 5.18 does; an older one names them otherwise
             a.lora = fit_module_names(a.lora, linear)
         except AdapterError as e:
@@ -102,12 +159,17 @@ class Engine:
 
     def catalog(self) -> Catalog:
         infos = {}
+        blocks = num_blocks(self.backbone)
         for name, a in self.adapters.items():
             action = isinstance(a.head, ActionHead)
             min_frames = int(a.head_config.get("min_clip_len", a.clip_len)) if action else 1
+            touched = [b for m in a.lora if (b := block_of(m)) is not None]
+            # LoRA outside the blocks (none in our adapters) would change the embeddings: no prefix to share
+            first = min(touched) if len(touched) == len(a.lora) and touched else (0 if a.lora else blocks)
             infos[name] = AdapterInfo(name, self.slots[name], self.sizes[name], "action" if action else "detection",
-                                      min_frames, a.trained, bool(a.lora))
-        return Catalog(infos, self.premerged, self.lora_ctx is not None, self.image_size, self.max_batch_images)
+                                      min_frames, a.trained, bool(a.lora), first)
+        has_lora = self.lora_ctx is not None and any(a.lora for a in self.adapters.values())
+        return Catalog(infos, self.premerged, has_lora, self.image_size, self.max_batch_images, blocks)
 
     # ------------------------------------------------------------------ modes
     @property
@@ -131,26 +193,60 @@ class Engine:
         x = normalise(torch.from_numpy(np.stack(frames)).to(self.device))
         if size is not None and size != x.shape[-1]:  # resizing is linear: same before or after normalising
             x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-        return x
+        return x.to(self.dtype)
 
     @torch.inference_mode()
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode | None = None,
-                 size: int | None = None) -> Features:
+                 size: int | None = None, prefix: int = 0) -> Features:
         """Backbone features of the frames at size px, frame i through adapter slot slots[i] (-1 = none),
-        the LoRA computed as `mode` says (default: the cheapest mode that needs no weight switch)."""
+        the LoRA computed as `mode` says (default: the cheapest mode that needs no weight switch). Blocks
+        [0, prefix) run once per distinct frame (they must be LoRA-free for every slot involved)."""
         size = size or frames[0].shape[0]
         # Group frames by slot so each adapter's rows are contiguous for ATMM, then restore the order.
         order = sorted(range(len(frames)), key=lambda i: slots[i])
+        distinct: dict[tuple, int] = {}
+        source = [distinct.setdefault(frame_key(frames[i]), len(distinct)) for i in order]
+        unique = list({frame_key(frames[i]): frames[i] for i in order}.values())
+        mode = mode or self.default_mode()
+        n = len(order)
+        key = self.graphs.key(size, n, mode, prefix, forked=len(unique) != n)
+        if key is not None:  # a captured forward (CUDA graph) for this shape and mode
+            tokens = self.prefix_tokens + (size // self.patch) ** 2
+            hidden = self.graphs.get(key, mode, tokens).run(self.pixels(unique, size), [slots[i] for i in order], mode)
+            return self._features(hidden, order, size)
+        hidden = lower(self.backbone, self.pixels(unique, size), prefix)  # no LoRA below the prefix
+        if len(unique) != n:
+            hidden = hidden[torch.tensor(source, device=hidden.device)]  # fork: one copy per request
+        layout = self._layout(n, hidden.shape[1]) if self.lora_ctx is not None and self._layout_serves(mode) else None
+        if layout is not None and layout.images > n:  # pad to the bucket: padding rows sit out of every LoRA
+            hidden = torch.cat([hidden, hidden.new_zeros(layout.images - n, *hidden.shape[1:])])
         if self.lora_ctx is not None:
-            self.lora_ctx.begin(mode or self.default_mode(), [slots[i] for i in order])
+            self.lora_ctx.begin(mode, [slots[i] for i in order], layout)
         try:
-            hidden = self.backbone(pixel_values=self.pixels([frames[i] for i in order], size)).last_hidden_state
+            hidden = upper(self.backbone, hidden, prefix)[:n]
         finally:
             if self.lora_ctx is not None:
                 self.lora_ctx.clear()
+        return self._features(hidden, order, size)
+
+    def _features(self, hidden: torch.Tensor, order: list[int], size: int) -> Features:
+        """Back to the callers' frame order, in float32 (what heads read)."""
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
-        return Features.from_hidden(hidden[inverse.to(hidden.device)], size, self.patch, self.prefix_tokens)
+        hidden = hidden[inverse.to(hidden.device)].float()
+        return Features.from_hidden(hidden, size, self.patch, self.prefix_tokens)
+
+    def _layout_serves(self, mode: LoRAMode) -> bool:
+        return self.fixed_layout and mode.impl == "atmm"
+
+    def _layout(self, images: int, tokens: int) -> DeviceLayout:
+        """The fixed-size layout for a batch of `images` (rounded up to its bucket), made once per shape."""
+        key = (bucket(images), tokens)
+        if key not in self._layouts:
+            with torch.inference_mode(False):  # ordinary tensors: every batch rewrites them in place
+                self._layouts[key] = DeviceLayout(key[0], tokens, self.lora_ctx.num_slots, self.lora_ctx.max_rank,
+                                                  self.device)
+        return self._layouts[key]
 
     def default_mode(self) -> LoRAMode:
         """Without a plan (tools, tests): premerged when resident, else unmerged through ATMM (mixture while
@@ -179,7 +275,7 @@ class Engine:
             spans[i] = (len(frames), len(frames) + r.num_images)
             frames.extend(r.frames)
             slots.extend([self.slots[r.adapter]] * r.num_images)
-        feats = self.features(frames, slots, plan.mode, group.size)
+        feats = self.features(frames, slots, plan.mode, group.size, group.prefix)
         by_adapter: dict[str, list[int]] = {}
         for i in group.members:
             by_adapter.setdefault(batch[i].adapter, []).append(i)

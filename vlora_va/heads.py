@@ -82,22 +82,34 @@ class DetectionHead(nn.Module):
     @torch.no_grad()
     def decode(self, raw: tuple[torch.Tensor, torch.Tensor], letterboxes: list[Letterbox],
                orig_sizes: list[tuple[int, int]]) -> list[list[Detection]]:
-        """Per image: its detections (boxes in original pixels), best first."""
+        """Per image: its detections (boxes in original pixels), best first. Everything up to the final list
+        stays on the features' device, for the whole batch at once (one transfer to the host at the end)."""
         logits, dist = raw
         scores = logits.sigmoid()
-        peaks = local_peaks(scores, self.score_threshold)
         cy, cx = self.cell_centres(scores.shape[-2], scores.shape[-1], scores.device)
-        out = []
-        for i in range(scores.shape[0]):
-            keep = peaks[i].nonzero()  # [K, 3] = class, y, x
-            cls_idx, yy, xx = keep.unbind(1)
-            s = scores[i, cls_idx, yy, xx]
-            d = dist[i, :, yy, xx]
-            boxes = torch.stack([cx[yy, xx] - d[0], cy[yy, xx] - d[1], cx[yy, xx] + d[2], cy[yy, xx] + d[3]], 1)
-            kept = batched_nms(boxes, s, cls_idx, self.nms_iou)[: self.max_detections]
-            out.append([Detection(tuple(letterboxes[i].box_to_original(b, orig_sizes[i])), self.classes[c], p)
-                        for b, p, c in zip(boxes[kept].tolist(), s[kept].tolist(), cls_idx[kept].tolist())])
+        image, cls_idx, yy, xx = local_peaks(scores, self.score_threshold).nonzero().unbind(1)
+        s = scores[image, cls_idx, yy, xx]
+        d = dist[image, :, yy, xx]  # [K, 4]
+        boxes = torch.stack([cx[yy, xx] - d[:, 0], cy[yy, xx] - d[:, 1], cx[yy, xx] + d[:, 2], cy[yy, xx] + d[:, 3]], 1)
+        kept = batched_nms(boxes, s, image * len(self.classes) + cls_idx, self.nms_iou)  # per image and class
+        kept = kept[_first_per_group(image[kept], self.max_detections)]
+        out: list[list[Detection]] = [[] for _ in range(scores.shape[0])]
+        for i, b, p, c in zip(image[kept].tolist(), boxes[kept].tolist(), s[kept].tolist(), cls_idx[kept].tolist()):
+            out[i].append(Detection(tuple(letterboxes[i].box_to_original(b, orig_sizes[i])), self.classes[c], p))
         return out
+
+
+def _first_per_group(group: torch.Tensor, limit: int) -> torch.Tensor:
+    """Positions of the first `limit` entries of each group value, keeping their order (entries come best
+    first), as a bool mask."""
+    if group.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool, device=group.device)
+    order = torch.argsort(group, stable=True)
+    g = group[order]
+    starts = torch.searchsorted(g, g, right=False)  # first position of each entry's group
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(g), device=g.device) - starts
+    return rank < limit
 
 
 def local_peaks(scores: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -117,21 +129,22 @@ def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou: float) -> torch.Tensor:
-    """Indices kept by class-wise greedy NMS, highest score first (torchvision's nms, without torchvision)."""
+    """Indices kept by class-wise greedy NMS, highest score first (torchvision's nms, without torchvision).
+    As a plain loop: walk the boxes best first; keep a box unless a kept box of its class overlaps it by more
+    than `iou`. Computed on the boxes' device as the fixed point of keep[j] = no kept i < j suppresses j
+    (Cluster-NMS: the same result as the loop, a few matrix steps instead of one host step per box)."""
     order = scores.argsort(descending=True)
     if order.numel() == 0:
         return order
-    # Offsetting boxes per class keeps classes from suppressing each other in one IoU matrix.
-    offset = classes.to(boxes.dtype)[:, None] * (boxes.max() + 1)
-    over = (box_iou(boxes + offset, boxes + offset)[order][:, order] > iou).cpu()  # one device->host copy
-    keep: list[int] = []
-    suppressed = torch.zeros(order.numel(), dtype=torch.bool)
-    for i in range(order.numel()):
-        if suppressed[i]:
-            continue
-        keep.append(i)
-        suppressed |= over[i]
-    return order[torch.tensor(keep, dtype=torch.long, device=order.device)]
+    b, c = boxes[order], classes[order]
+    over = ((box_iou(b, b) > iou) & (c[:, None] == c[None, :])).triu(1)  # over[i, j]: better i would suppress j
+    keep = torch.ones(order.numel(), dtype=torch.bool, device=b.device)
+    for _ in range(order.numel()):
+        new = ~(over & keep[:, None]).any(0)
+        if torch.equal(new, keep):
+            break
+        keep = new
+    return order[keep]
 
 
 PERSON_FIELDS = 5  # per cell: person-centre logit, centre offset x/y in the cell, log box width/height in cells
@@ -218,24 +231,25 @@ class ActionHead(nn.Module):
 
     def decode_persons(self, maps: torch.Tensor, letterboxes: list[Letterbox],
                        orig_sizes: list[tuple[int, int]]) -> list[list[PersonActivity]]:
+        """Per clip: its persons, best first (all clips at once on the maps' device, one transfer at the end)."""
         score = maps[:, 0].sigmoid()
-        peaks = local_peaks(score[:, None], self.score_threshold)[:, 0]
+        clip, yy, xx = local_peaks(score[:, None], self.score_threshold)[:, 0].nonzero().unbind(1)
+        s = score[clip, yy, xx]
+        by_score = s.argsort(descending=True)
+        by_clip = by_score[torch.argsort(clip[by_score], stable=True)]  # clip by clip, best first within each
+        best_first = by_clip[_first_per_group(clip[by_clip], self.max_persons)]
+        clip, yy, xx, s = clip[best_first], yy[best_first], xx[best_first], s[best_first]
         stride = self.image_size / maps.shape[-1]
-        out = []
-        for i in range(maps.shape[0]):
-            yy, xx = peaks[i].nonzero().unbind(1)
-            s = score[i, yy, xx]
-            order = s.argsort(descending=True)[: self.max_persons]
-            yy, xx, s = yy[order], xx[order], s[order]
-            cx = (xx + 0.5 + maps[i, 1, yy, xx]) * stride
-            cy = (yy + 0.5 + maps[i, 2, yy, xx]) * stride
-            w, h = maps[i, 3, yy, xx].exp() * stride, maps[i, 4, yy, xx].exp() * stride
-            boxes = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
-            activity = maps[i, PERSON_FIELDS:, yy, xx].softmax(0).T                # [K, activities]
-            best = activity.argmax(1)
-            out.append([PersonActivity(tuple(letterboxes[i].box_to_original(b, orig_sizes[i])), p,
-                                       self.person_labels[k], a[k])
-                        for b, p, k, a in zip(boxes.tolist(), s.tolist(), best.tolist(), activity.tolist())])
+        cx = (xx + 0.5 + maps[clip, 1, yy, xx]) * stride
+        cy = (yy + 0.5 + maps[clip, 2, yy, xx]) * stride
+        w, h = maps[clip, 3, yy, xx].exp() * stride, maps[clip, 4, yy, xx].exp() * stride
+        boxes = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
+        activity = maps[clip, PERSON_FIELDS:, yy, xx].softmax(1)  # [K, activities]
+        best = activity.argmax(1)
+        out: list[list[PersonActivity]] = [[] for _ in range(maps.shape[0])]
+        for i, b, p, k, a in zip(clip.tolist(), boxes.tolist(), s.tolist(), best.tolist(), activity.tolist()):
+            out[i].append(PersonActivity(tuple(letterboxes[i].box_to_original(b, orig_sizes[i])), p,
+                                         self.person_labels[k], a[k]))
         return out
 
 

@@ -61,9 +61,52 @@ class LoRAMode:
         return name if self.impl == "atmm" or self.kind in (PREMERGED, MERGED) else f"{name}/{self.impl}"
 
 
+class DeviceLayout:
+    """One forward's batch as fixed-size int32 tensors on the model's device: `images` images of `tokens` rows
+    each, image i with adapter slot slots[i] (-1: padding). What CUDA graphs replay reads these: a batch
+    overwrites them in place (`fill`, one host-to-device copy) and nothing is allocated or looked up per layer.
+        start[i]                 i * tokens (Triton runs)
+        own_slot / own_len       each image's own LoRA (length 0: none; in mixture, none for the merged slot)
+        delora_slot / delora_len mixture: every image not of the merged slot subtracts the merged adapter's
+        offs[s]                  premerged: rows of slots <= s (images sorted by slot), for a grouped GEMM
+    """
+
+    def __init__(self, images: int, tokens: int, num_slots: int, max_rank: int, device: torch.device):
+        self.images, self.tokens, self.num_slots = images, tokens, num_slots
+        self.buffer = torch.zeros(5 * images + num_slots, dtype=torch.int32, device=device)
+        b = self.buffer
+        self.start, self.own_slot, self.own_len = b[:images], b[images:2 * images], b[2 * images:3 * images]
+        self.delora_slot, self.delora_len = b[3 * images:4 * images], b[4 * images:5 * images]
+        self.offs = b[5 * images:]
+        self.h = torch.empty(images * tokens, max(max_rank, 1), dtype=torch.float32, device=device)
+        self._host = torch.zeros_like(self.buffer, device="cpu")
+
+    def fill(self, slots: list[int], mode: "LoRAMode") -> None:
+        n, T = len(slots), self.tokens
+        if n > self.images:
+            raise ValueError(f"{n} images do not fit a layout of {self.images}")
+        if mode.kind == PREMERGED and (any(s < 0 for s in slots) or slots != sorted(slots)):
+            raise ValueError("premerged layouts need every image's slot, sorted (rows grouped by slot)")
+        merged = mode.slot if mode.kind == MIXTURE else None
+        host = [0] * len(self._host)
+        k = self.images
+        for i in range(k):
+            host[i] = i * T
+        for i, s in enumerate(slots):
+            host[k + i] = max(s, 0)
+            host[2 * k + i] = T if s >= 0 and s != merged else 0
+            if merged is not None:
+                host[3 * k + i] = merged
+                host[4 * k + i] = T if s != merged else 0
+        for s in range(self.num_slots):
+            host[5 * k + s] = T * sum(1 for x in slots if 0 <= x <= s)
+        self._host.copy_(torch.tensor(host, dtype=torch.int32))
+        self.buffer.copy_(self._host)  # blocking: the next batch rewrites the host buffer (a few hundred bytes)
+
+
 class LoRAContext:
     """What the wrapped layers of one model share: the slot storage groups, which slot the base weights
-    hold, and the current forward's mode and batch layout."""
+    hold, and the current forward's mode and batch layout (host-side Segments, or a DeviceLayout)."""
 
     def __init__(self, num_slots: int, max_rank: int):
         self.num_slots = num_slots
@@ -71,12 +114,15 @@ class LoRAContext:
         self.groups: list[_Group] = []
         self.weights_slot: int | None = None  # the slot merged into the base weights (None: pristine)
         self.mode: LoRAMode | None = None  # None: no LoRA on the next forward
+        self.layout: DeviceLayout | None = None  # set: the forward reads its batch from device tensors
         self._elem_slots: list[int] | None = None
         self._segments: dict[tuple[int, int], Segments] = {}
 
-    def begin(self, mode: LoRAMode, row_slots) -> None:
+    def begin(self, mode: LoRAMode, row_slots, layout: DeviceLayout | None = None) -> None:
         """Describe the next forward: its mode, and the adapter slot of each batch element (-1: none).
-        The base weights must already hold mode.weights_slot (merge_slot / unmerge switch them)."""
+        The base weights must already hold mode.weights_slot (merge_slot / unmerge switch them). With a
+        `layout`, the slots are written into its device tensors (padded to its size) and the layers read
+        them from there (CUDA-graph capturable; unmerged rows through ATMM only, not the einsum)."""
         slots = [int(s) for s in (row_slots.tolist() if torch.is_tensor(row_slots) else row_slots)]
         bad = [s for s in slots if not NO_ADAPTER <= s < self.num_slots]
         if bad:
@@ -90,11 +136,15 @@ class LoRAContext:
             raise ValueError(f"{mode}: every row must use slot {mode.slot}, got slots {sorted(set(slots))}")
         if mode.kind == PREMERGED and any(g.Wm is None for g in self.groups):
             raise ValueError("premerged mode without premerged weights (enable_premerge first)")
-        self.mode, self._elem_slots, self._segments = mode, slots, {}
+        if layout is not None:
+            if mode.impl != "atmm":
+                raise ValueError(f"{mode}: device layouts serve unmerged rows through ATMM only")
+            layout.fill(slots, mode)
+        self.mode, self.layout, self._elem_slots, self._segments = mode, layout, slots, {}
 
     def clear(self) -> None:
         """No LoRA at all on the next forward (only valid while the base weights are pristine)."""
-        self.mode, self._elem_slots, self._segments = None, None, {}
+        self.mode, self.layout, self._elem_slots, self._segments = None, None, None, {}
 
     def segments(self, n_elems: int, n_rows: int) -> Segments:
         """The batch layout for an input of n_elems batch elements flattened to n_rows rows (cached: all
@@ -137,6 +187,9 @@ class _Group:
         kernels.delta_weights(self.A[:, slot], self.B[:, slot], self.scale[:, slot], max(1, self.max_rank_of(slot)),
                               out=self.Wm[slot])
         self.Wm[slot].add_(base)
+        lowp = getattr(self, "lowp", None)  # precision.GroupInt8: low-precision copies of the weights
+        if lowp is not None:
+            lowp.refresh(slot)  # never a stale packed weight after a load
 
 
 class LoRALinear(nn.Module):
@@ -163,6 +216,8 @@ class LoRALinear(nn.Module):
         mode = self._ctx.mode
         if mode is None or mode.kind == MERGED:  # the base weights already are W + ΔW of the batch's slot
             return self.base(x)
+        if self._ctx.layout is not None:
+            return self._from_layout(x, mode, self._ctx.layout)
         seg = self._ctx.segments(x.shape[0], x.numel() // self.in_features)
         if mode.kind == PREMERGED:
             return self._premerged(x, seg)
@@ -176,24 +231,50 @@ class LoRALinear(nn.Module):
                      impl="einsum" if mode.impl == "einsum" else None)
         return y
 
+    def _from_layout(self, x: torch.Tensor, mode: LoRAMode, layout: DeviceLayout) -> torch.Tensor:
+        """The same results as the Segments path, read from device tensors with data-independent launches:
+        premerged as one grouped GEMM over the per-slot weights (rows sorted by slot, `offs`), unmerged and
+        mixture as ATMM over one run per image (kernels.atmm_images)."""
+        g, l = self._group, self._index
+        x2 = x.reshape(-1, self.in_features)
+        if mode.kind == PREMERGED:
+            y = torch._grouped_mm(x2, g.Wm[:, l].transpose(1, 2), offs=layout.offs)
+            if self.base.bias is not None:
+                y += self.base.bias
+            return y.view(*x.shape[:-1], self.out_features)
+        y = self.base(x)
+        y2 = y.view(-1, self.out_features)
+        kernels.atmm_images(y2, x2, g.A[l], g.B[l], layout.own_slot, layout.own_len, g.scale[l], g.rank[l],
+                            layout.tokens, 1.0, layout.start, layout.h)
+        if mode.kind == MIXTURE:
+            kernels.atmm_images(y2, x2, g.A[l], g.B[l], layout.delora_slot, layout.delora_len, g.scale[l],
+                                g.rank[l], layout.tokens, -1.0, layout.start, layout.h)
+        return y
+
     def _premerged(self, x: torch.Tensor, seg: Segments) -> torch.Tensor:
         """The same result as base + ATMM, computed as each run of rows through its slot's premerged
         weight W + scale·B·A (rows without adapter through W): no LoRA GEMMs and no extra pass over y.
-        As a plain loop: for each row i, y[i] = x[i] @ Wm[idx[i]].T + bias."""
+        As a plain loop: for each row i, y[i] = x[i] @ Wm[idx[i]].T + bias.
+        With a low-precision copy of the weights (`lowp`, vlora_va/precision.py) each run goes through that
+        slot's packed weight instead (int8), per run: no batched form."""
         g, l = self._group, self._index
         x2 = x.reshape(-1, self.in_features)
+        lowp = getattr(g, "lowp", None)
+        if lowp is not None and seg.n_runs == 1 and seg.starts[0] == 0 and seg.ends[0] == x2.shape[0]:
+            return lowp.run(x2, lowp.packed(seg.slots[0], l)).view(*x.shape[:-1], self.out_features)  # no copy
         y = torch.empty(x2.shape[0], self.out_features, dtype=x2.dtype, device=x2.device)
-        if seg.slot_progression() is not None:
+        if lowp is None and seg.slot_progression() is not None:
             self._premerged_bmm(y, x2, seg)
             return y.view(*x.shape[:-1], self.out_features)
+        base = lowp.packed(None, l) if lowp is not None else None
         cursor = 0
         for s, a, b in zip(seg.slots, seg.starts, seg.ends):
             if a > cursor:
-                _linear_into(y[cursor:a], x2[cursor:a], self.base.weight, self.base.bias)
-            _linear_into(y[a:b], x2[a:b], g.Wm[s, l], self.base.bias)
+                _linear_into(y[cursor:a], x2[cursor:a], self.base.weight, self.base.bias, lowp, base)
+            _linear_into(y[a:b], x2[a:b], g.Wm[s, l], self.base.bias, lowp, lowp and lowp.packed(s, l))
             cursor = b
         if cursor < x2.shape[0]:
-            _linear_into(y[cursor:], x2[cursor:], self.base.weight, self.base.bias)
+            _linear_into(y[cursor:], x2[cursor:], self.base.weight, self.base.bias, lowp, base)
         return y.view(*x.shape[:-1], self.out_features)
 
     def _premerged_bmm(self, y: torch.Tensor, x2: torch.Tensor, seg: Segments) -> None:
@@ -219,8 +300,12 @@ class LoRALinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, slots={self._ctx.num_slots}, max_rank={self._ctx.max_rank}"
 
 
-def _linear_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
-    if bias is None:
+def _linear_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, lowp=None,
+                 packed=None) -> None:
+    """out = x @ w.T + bias; with `lowp` (precision.GroupInt8), through its packed copy of w instead."""
+    if lowp is not None:
+        out.copy_(lowp.run(x, packed))
+    elif bias is None:
         torch.mm(x, w.t(), out=out)
     else:
         torch.addmm(bias, x, w.t(), out=out)

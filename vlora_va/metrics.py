@@ -64,6 +64,14 @@ class DaemonMetrics:
         self._latency_s = Histogram("vlora_result_latency_seconds", "Chunk ready to result, served rows",
                                     ["stream", "task"], registry=r, buckets=(0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10))
         self._modes_seen: set[str] = set()
+        self._sink_rows = Counter("vlora_sink_rows", "Result rows by sink and outcome (written: delivered; "
+                                  "dropped: queue full, refused, or undelivered at shutdown)", ["sink", "outcome"],
+                                  registry=r)
+        self._sink_errors = Counter("vlora_sink_errors", "Failed sink deliveries (each is retried or dropped)",
+                                    ["sink"], registry=r)
+        self._sink_queue = Gauge("vlora_sink_queue_rows", "Rows accepted by a sink and not yet delivered", ["sink"],
+                                 registry=r)
+        self.sinks: dict[str, dict] = {}  # sink name -> its last stats()
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)
@@ -118,3 +126,17 @@ class DaemonMetrics:
         self.queue_requests.set(requests)
         self.queue_images.set(images)
         self.totals.max_queue_images = max(self.totals.max_queue_images, images)
+
+    def sink_stats(self, name: str, stats: dict) -> None:
+        """A sink's own running totals (sinks.py: written, dropped, errors, queue) into the Prometheus series;
+        counters advance by what changed since the last call."""
+        last = self.sinks.get(name, {})
+        for key in ("written", "dropped"):
+            delta = stats.get(key, 0) - last.get(key, 0)
+            if delta > 0:
+                self._sink_rows.labels(name, key).inc(delta)
+        delta = stats.get("errors", 0) - last.get("errors", 0)
+        if delta > 0:
+            self._sink_errors.labels(name).inc(delta)
+        self._sink_queue.labels(name).set(stats.get("queue", 0))
+        self.sinks[name] = dict(stats)

@@ -23,6 +23,7 @@ class AdapterInfo:
     min_frames: int  # fewest frames per request its head accepts (overload may thin clips down to this)
     trained: bool
     has_lora: bool
+    first_block: int = 0  # the first backbone block its LoRA touches (blocks before it are the plain backbone)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Catalog:
     has_lora: bool  # any LoRA at all (head-only adapters need no mode)
     image_size: int  # the side of the frames ingest sends
     max_batch_images: int
+    blocks: int = 12  # transformer blocks of the backbone
 
     @property
     def sizes(self) -> list[int]:
@@ -59,6 +61,7 @@ def bucket(images: int) -> int:
 class SizeGroup:
     size: int
     members: tuple[int, ...]  # indices into BatchPlan.requests
+    prefix: int = 0  # blocks [0, prefix) run once per distinct frame, for all its requests (shared prefix)
 
 
 @dataclass
@@ -69,7 +72,6 @@ class BatchPlan:
     est_s: float = 0.0  # the cost model's prediction, weight switch included
     raw_s: float = 0.0  # the same before the online correction (what the correction learns from)
     switch_s: float = 0.0  # the part of est_s spent switching the base weights
-    prefix_layers: int = 0  # layers run once per frame for all its adapters (shared prefix); 0 = none
     notes: dict = field(default_factory=dict)  # why this plan (for logs and tests), e.g. {"starving": 2}
 
     @property
@@ -82,10 +84,31 @@ class BatchPlan:
                 for g in self.groups]
 
 
+def frame_key(frame) -> tuple:
+    """The identity of a frame buffer: requests of one chunk that look at the same frame share its buffer."""
+    return frame.__array_interface__["data"][0], frame.shape
+
+
+def shared_prefix(requests: list[Request], mode: LoRAMode, catalog: Catalog) -> tuple[int, int]:
+    """(blocks that can run once per distinct frame, distinct frames) for requests at one image size. The
+    prefix ends at the first block any of their adapters touches (and the merged adapter's, whose ΔW is in
+    the weights); it is 0 when no frame is looked at twice (nothing to share)."""
+    frames = [f for r in requests for f in r.frames]
+    distinct = len({frame_key(f) for f in frames})
+    if distinct == len(frames):
+        return 0, distinct
+    first = [catalog.adapters[r.adapter].first_block for r in requests]
+    if mode.slot is not None:
+        first += [a.first_block for a in catalog.adapters.values() if a.slot == mode.slot]
+    return min(first), distinct
+
+
 def make_plan(requests: list[Request], mode: LoRAMode, catalog: Catalog, **kw) -> BatchPlan:
-    """Group the requests by the image size their adapters run at (one backbone forward per size)."""
+    """Group the requests by the image size their adapters run at (one backbone forward per size), each
+    group with its shared prefix."""
     by_size: dict[int, list[int]] = {}
     for i, r in enumerate(requests):
         by_size.setdefault(catalog.adapters[r.adapter].size, []).append(i)
-    groups = tuple(SizeGroup(size, tuple(m)) for size, m in sorted(by_size.items()))
+    groups = tuple(SizeGroup(size, tuple(m), shared_prefix([requests[i] for i in m], mode, catalog)[0])
+                   for size, m in sorted(by_size.items()))
     return BatchPlan(list(requests), mode, groups, **kw)

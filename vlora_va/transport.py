@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 50
 CLOCK_WINDOW_S = 600.0  # the offset estimate forgets samples older than this (clock drift is slow)
+CLOCK_MAX_STREAMS = 4096  # stream ids with a clock estimate (each message may name a new one)
+CLOCK_MAX_SAMPLES = 4096  # samples kept per stream (a sender whose offset keeps rising keeps them all)
 
 
 @dataclass(frozen=True)
@@ -52,22 +54,45 @@ class Received:
 
 
 class ClockOffset:
-    """Per stream: daemon clock - sender clock, as the minimum of (received - sent) over a window."""
+    """Per stream: daemon clock - sender clock, as the minimum of (received - sent) over a window.
 
-    def __init__(self, window_s: float = CLOCK_WINDOW_S):
-        self.window_s = window_s
-        self._samples: dict[str, collections.deque[tuple[float, float]]] = {}
+    Bounded whatever senders do: a stream id is forgotten once its samples have all left the window (it
+    starts afresh if it comes back), at most `max_streams` are kept (the least recently seen goes first),
+    and each keeps at most `max_samples` (then the oldest go, shortening its window)."""
+
+    def __init__(self, window_s: float = CLOCK_WINDOW_S, max_streams: int = CLOCK_MAX_STREAMS,
+                 max_samples: int = CLOCK_MAX_SAMPLES):
+        self.window_s, self.max_streams, self.max_samples = window_s, max_streams, max_samples
+        # stream -> its samples; ordered from least to most recently updated
+        self._samples: collections.OrderedDict[str, collections.deque[tuple[float, float]]] = \
+            collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._samples)
 
     def update(self, stream: str, sent: float, received: float) -> float:
-        samples = self._samples.setdefault(stream, collections.deque())
+        samples = self._samples.get(stream)
+        if samples is None:
+            samples = self._samples[stream] = collections.deque()
+        else:
+            self._samples.move_to_end(stream)  # now the most recently updated
         offset = received - sent
         # A monotone deque: every kept sample is smaller than all later ones, so the front is the minimum.
         while samples and samples[-1][1] >= offset:
             samples.pop()
         samples.append((received, offset))
-        while samples[0][0] < received - self.window_s:
+        while samples[0][0] < received - self.window_s or len(samples) > self.max_samples:
             samples.popleft()
+        self._forget(received)
         return samples[0][1]
+
+    def _forget(self, now: float) -> None:
+        """Drop streams with no sample left in the window, and the least recent beyond max_streams."""
+        while self._samples:
+            oldest = next(iter(self._samples.values()))
+            if len(self._samples) <= self.max_streams and oldest[-1][0] >= now - self.window_s:
+                return
+            self._samples.popitem(last=False)
 
 
 class Transport:

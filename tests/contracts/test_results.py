@@ -7,7 +7,7 @@ import pytest
 
 from contracts.geometry import Letterbox
 from contracts.requests import Request
-from contracts.results import (RESULT_VERSION, STATUSES, ActivityResult, Detection, DetectionResult, FrameDetections,
+from contracts.results import (RESULT_VERSION, iso_utc, STATUSES, ActivityResult, Detection, DetectionResult, FrameDetections,
                                Latency, PersonActivity, ResultRecord, not_served, served)
 
 
@@ -163,6 +163,7 @@ def test_not_served_rows_say_why_and_never_meet_the_deadline():
     assert shed.to_json() == {
         "v": 2, "stream": "cam", "chunk": 3, "task": "det", "adapter": "detect", "status": "shed",
         "reason": "cannot meet its deadline: needs ~820 ms, 310 ms left", "frame_ts": [0.5, 0.75],
+        "captured_at": "1970-01-01T00:01:40.000Z",
         "latency_ms": {"queue": 0.0, "compute": 0.0, "total": 1500.0}, "deadline_ms": 2000.0, "deadline_met": False,
         "dropped_before": 1,
     }
@@ -175,3 +176,17 @@ def test_not_served_rows_say_why_and_never_meet_the_deadline():
         not_served(req, "timeout", "late", now=101.0)
     with pytest.raises(ValueError, match="not_served rows are shed or error"):
         not_served(req, "ok", "fine", now=101.0)
+
+
+def test_rows_carry_capture_time_in_utc_and_their_provenance():
+    """Rows people can join and audit: the capture wall time of the chunk (ISO 8601, UTC) beside the media
+    timestamps, and what produced them."""
+    prov = {"adapter_sha256": "0123456789abcdef", "backbone": "dinov2-small@21ae54b83eb8", "config_sha256": "feedc0de"}
+    req = request()
+    req.ready = 1795430130.1234
+    row = served(req, DETECTIONS, compute_start=1795430130.5, compute_end=1795430131.0, batch_images=1,
+                 mode="premerged", provenance=prov).to_json()
+    assert row["captured_at"] == "2026-11-23T10:35:30.123Z"
+    assert row["provenance"] == prov
+    assert not_served(req, "shed", "late", now=1795430131.0, provenance=prov).to_json()["provenance"] == prov
+    assert iso_utc(0.0) == "1970-01-01T00:00:00.000Z"

@@ -70,6 +70,19 @@ def test_optional_fields_take_their_defaults():
     assert h.dropped_before == 0
 
 
+@pytest.mark.parametrize("outage_s, in_json", [(0.0, False), (12.345, True), (1e9, True)])
+def test_outage_s_round_trips_and_is_left_out_of_the_json_when_zero(outage_s, in_json):
+    """Media seconds the source missed before the chunk: sent only after an outage (so a daemon from before
+    this optional field still reads every other chunk); absent means 0, a JSON integer becomes a float."""
+    h = make_header(outage_s=outage_s)
+    assert ("outage_s" in json.loads(h.to_json())) is in_json
+    assert decode_chunk(encode_chunk(h, frames())).header == h
+    d = header_dict()
+    d["outage_s"] = 3
+    assert parse_header(json.dumps(d).encode()).outage_s == 3.0
+    assert type(parse_header(json.dumps(d).encode()).outage_s) is float
+
+
 def test_integers_in_number_fields_become_floats():
     d = header_dict()
     d.update(fps=25, ready_wall=100, sent_wall=101, frame_ts=[0, 1, 2])
@@ -155,6 +168,8 @@ SCHEMA_CASES = [
     ("ready_wall", "soon", "header.ready_wall: expected a number, got str"),
     ("sent_wall", None, "header.sent_wall: expected a number, got NoneType"),
     ("dropped_before", "2", "header.dropped_before: expected an integer, got str"),
+    ("outage_s", "3.5", "header.outage_s: expected a number, got str"),
+    ("outage_s", None, "header.outage_s: expected a number, got NoneType"),
     ("tasks.0.name", 3, "header.tasks[0].name: expected a task name"),
     ("tasks.1.adapter", None, "header.tasks[1].adapter: expected an adapter name"),
     ("tasks.0.frames", 0, "header.tasks[0].frames: expected a list, got int"),
@@ -170,6 +185,7 @@ SCHEMA_CASES = [
     ("tasks.0.deadline_ms", HUGE, "header.tasks[0].deadline_ms: must be in"),
     ("seq", HUGE, "header.seq: must be in [0, 9007199254740992]"),
     ("tasks.0.priority", -HUGE, "header.tasks[0].priority: must be in [-1000, 1000]"),
+    ("outage_s", HUGE, "header.outage_s: must be in [0, 1e+09], got an integer of 401 digits"),
     # not finite
     ("fps", float("nan"), "header.fps: not a finite number"),
     ("ready_wall", float("inf"), "header.ready_wall: not a finite number"),
@@ -177,6 +193,8 @@ SCHEMA_CASES = [
     ("frame_ts.1", float("nan"), "header.frame_ts[1]: not a finite number"),
     ("letterbox.pad_y", float("inf"), "header.letterbox.pad_y: not a finite number"),
     ("tasks.1.deadline_ms", float("nan"), "header.tasks[1].deadline_ms: not a finite number"),
+    ("outage_s", float("nan"), "header.outage_s: not a finite number"),
+    ("outage_s", float("inf"), "header.outage_s: not a finite number"),
     # out of range
     ("fps", 0, "header.fps: must be in"),
     ("ready_wall", -1.0, "header.ready_wall: must be in"),
@@ -189,6 +207,8 @@ SCHEMA_CASES = [
     ("tasks.0.deadline_ms", 0.5, "header.tasks[0].deadline_ms: must be in"),
     ("tasks.0.deadline_ms", 3_600_001, "header.tasks[0].deadline_ms: must be in"),
     ("tasks.0.priority", 1001, "header.tasks[0].priority: must be in [-1000, 1000], got 1001"),
+    ("outage_s", -0.5, "header.outage_s: must be in [0, 1e+09], got -0.5"),
+    ("outage_s", 2e9, "header.outage_s: must be in [0, 1e+09], got 2e+09"),
     # counters: negative, not integers
     ("seq", -1, "header.seq: must be in [0, "),
     ("dropped_before", -3, "header.dropped_before: must be in [0, "),
@@ -204,6 +224,7 @@ SCHEMA_CASES = [
     ("frame_shape", [28, 28, True], "header.frame_shape[2]: expected an integer, got bool"),
     ("tasks.0.frames", [False], "header.tasks[0].frames[0]: expected an integer, got bool"),
     ("tasks.0.deadline_ms", True, "header.tasks[0].deadline_ms: expected a number, got bool"),
+    ("outage_s", True, "header.outage_s: expected a number, got bool"),
     ("tasks.0.priority", True, "header.tasks[0].priority: expected an integer, got bool"),
     ("letterbox.scale", True, "header.letterbox.scale: expected a number, got bool"),
     # strings: too long, empty, outside the pattern
@@ -314,6 +335,7 @@ def test_names_with_a_trailing_newline_are_refused(path, value):
 LONG_INPUTS = [
     ("seq", 10**4000),
     ("dropped_before", -(10**4000)),
+    ("outage_s", 10**4000),
     ("tasks.0.priority", 10**4000),
     ("tasks.0.frames", [10**4000]),
     ("frame_shape", [10**4000, 28, 3]),

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 import torch
 
 from kernels import Segments, cpu, tuned, tuning
@@ -50,3 +52,66 @@ def test_composition_grid_mixes():
     assert slots["skewed"][:4] == [0, 0, 0, 0] and slots["skewed"] == sorted(slots["skewed"])
     assert slots["shuffled"] == [0, 1, 2, 3, 0, 1, 2, 3]
     assert torch.is_tensor(tuning.make_problem(8, 8, [0, 1], [4, 8], 3)[0])
+
+
+@pytest.mark.parametrize("kind, available, want", [
+    ("cpu-x86_64-avx2", ["cpu-x86_64-avx512"], "cpu-x86_64-avx512"),
+    ("cpu-x86_64-avx512", ["cpu-x86_64-avx2", "cpu-x86_64-default"], "cpu-x86_64-avx2"),  # narrower first
+    ("cpu-x86_64-default", ["cpu-x86_64-avx512", "cpu-x86_64-avx2"], "cpu-x86_64-avx2"),
+    ("cpu-aarch64-default", ["cpu-x86_64-avx512"], None),  # another processor family: nothing to borrow
+    ("cuda-nvidia-h100", ["cpu-x86_64-avx512"], None),
+])
+def test_nearest_kind(kind, available, want):
+    assert tuned.nearest_kind(kind, available) == want
+
+
+@pytest.fixture
+def fresh_tables(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLORA_VA_TABLES", str(tmp_path))
+    saved = dict(tuned._TABLES)
+    tuned._TABLES.clear()
+    yield tmp_path
+    tuned._TABLES.clear()
+    tuned._TABLES.update(saved)
+
+
+def test_a_cpu_without_its_own_table_borrows_the_nearest_and_says_so(fresh_tables, caplog):
+    if (tuned.TABLE_DIR / "cpu-x86_64-avx2.json").exists():
+        pytest.skip("an avx2 table ships now: nothing to borrow")
+    table = tuned.load_table("cpu-x86_64-avx2")  # only the avx512 table ships
+    assert table["entries"] and table is tuned.load_table("cpu-x86_64-avx512")
+    assert "no ATMM tuning table for cpu-x86_64-avx2: using cpu-x86_64-avx512's" in caplog.text
+    caplog.clear()
+    tuned.load_table("cpu-x86_64-avx2")  # cached: said once
+    assert "no ATMM tuning table" not in caplog.text
+
+
+def test_shipped_table_hits_return_the_measured_choice_not_the_rule():
+    """The table's whole point: where it measured another strategy than the rule, lookups return it."""
+    table = tuned.load_table("cpu-x86_64-avx512")
+    for key, entry in table["entries"].items():
+        shape, rows, runs, ad, r, grouped = key.split("/")
+        n_in, n_out = map(int, shape.split("x"))
+        n_ad, rank, n_runs = int(ad[2:]), int(r[1:]), int(runs[4:])
+        tokens = int(rows[4:]) // n_runs if grouped == "g" else 1
+        slots = [i * n_ad // n_runs for i in range(n_runs)] if grouped == "g" else [i % n_ad for i in range(n_runs)]
+        seg = Segments.from_elements(slots, tokens)
+        ranks = [rank] * n_ad
+        if tuned.bucket_key(n_in, n_out, seg, ranks) != key or entry["choice"] == cpu.default_strategy(seg):
+            continue
+        assert tuned._lookup("cpu-x86_64-avx512", n_in, n_out, seg, ranks) == entry["choice"]
+        return
+    pytest.fail("no table entry whose choice differs from the rule could be rebuilt")
+
+
+def test_triton_table_hits_parse_the_tile_config(fresh_tables):
+    from kernels.triton_atmm import TileConfig, TritonConfig
+    seg = Segments.from_elements([0, 0, 1, 1], 64)
+    kind = tuned.device_kind("cpu")
+    cfg = TritonConfig(TileConfig(64, 16, 32, 4, 3), TileConfig(16, 128, 16, 8, 2))
+    key = tuned.bucket_key(384, 1536, seg, [16, 16])
+    (fresh_tables / f"{kind}.json").write_text(json.dumps({"entries": {key: {"choice": cfg.to_json()}}}))
+    assert tuned.lookup_triton(384, 1536, seg, [16, 16], "cpu") == cfg
+    other = Segments.from_elements([0, 1], 64)
+    from kernels.triton_atmm import DEFAULT_CONFIG
+    assert tuned.lookup_triton(384, 1536, other, [16, 16], "cpu") == DEFAULT_CONFIG

@@ -19,10 +19,11 @@ from tests.streams.ingest_helpers import IMAGE_SIZE, stream, tasks
 
 
 @pytest.mark.parametrize("n, k, expected", [
-    (30, 1, (15,)),
-    (30, 3, (5, 15, 25)),
-    (10, 2, (2, 7)),
-    (10, 4, (1, 3, 6, 8)),
+    (30, 1, (15,)),  # one frame: the middle one
+    (30, 3, (0, 14, 29)),  # several: from the first to the last (as the adapters were trained)
+    (10, 2, (0, 9)),
+    (10, 4, (0, 3, 6, 9)),
+    (10, 8, (0, 1, 3, 4, 5, 6, 8, 9)),
     (5, 5, (0, 1, 2, 3, 4)),
     (8, 8, tuple(range(8))),
 ])
@@ -36,10 +37,16 @@ def test_spread_rejects_impossible_counts(n, k):
         spread(n, k)
 
 
-def test_plan_chunk_sends_only_the_union_and_indexes_into_it():
+def test_plan_chunk_shares_frames_sends_only_the_union_and_indexes_into_it():
+    """The task with the most frames spreads them over the chunk; tasks with fewer pick theirs among those
+    (spread over them), so frames are shared wherever the counts allow."""
     union, per_task = plan_chunk(10, tasks(("det", 2, 100.0), ("act", 4, 100.0), ("one", 1, 100.0)))
-    assert union == (1, 2, 3, 5, 6, 7, 8)  # det (2, 7), act (1, 3, 6, 8), one (5,)
-    assert [tuple(union[i] for i in idx) for idx in per_task] == [(2, 7), (1, 3, 6, 8), (5,)]
+    assert union == (0, 3, 6, 9)  # act spread(10, 4); det = act's spread(4, 2) -> (0, 9); one -> spread(4, 1)
+    assert [tuple(union[i] for i in idx) for idx in per_task] == [(0, 9), (0, 3, 6, 9), (6,)]
+    union, per_task = plan_chunk(10, tasks(("clip", 8, 100.0), ("det", 1, 100.0)))
+    assert union == spread(10, 8) and [tuple(union[i] for i in idx) for idx in per_task][1] == (5,)
+    union, per_task = plan_chunk(3, tasks(("a", 2, 100.0), ("b", 3, 100.0)))  # the larger one covers all
+    assert union == (0, 1, 2) and [tuple(union[i] for i in idx) for idx in per_task] == [(0, 2), (0, 1, 2)]
 
 
 def test_letterbox_pixels_land_where_the_mapping_says():
@@ -71,27 +78,27 @@ def test_chunks_from_real_frames():
         h = chunk.header
         first = frames[seq * 10: seq * 10 + 10]
         assert (h.stream, h.seq, h.fps) == ("cam", seq, 10.0)
-        assert h.frame_ts == pytest.approx([first[i].ts for i in (1, 2, 3, 6, 7, 8)])
-        assert [t.frames for t in h.tasks] == [(1, 4), (0, 2, 3, 5)]
+        assert h.frame_ts == pytest.approx([first[i].ts for i in (0, 3, 6, 9)])  # det shares act's frames
+        assert [t.frames for t in h.tasks] == [(0, 3), (0, 1, 2, 3)]
         assert h.ready_wall == first[-1].wall
         # budgets travel relative to ready_wall, with the task's priority, straight from the config
         live = not chunker.best_effort
-        assert h.tasks == (TaskRequest("det", "detect", (1, 4), 250.0, 7, best_effort=not live),
-                           TaskRequest("act", "actions", (0, 2, 3, 5), 1000.0, 0, best_effort=not live))
+        assert h.tasks == (TaskRequest("det", "detect", (0, 3), 250.0, 7, best_effort=not live),
+                           TaskRequest("act", "actions", (0, 1, 2, 3), 1000.0, 0, best_effort=not live))
         assert h.sent_wall == 0.0 and h.dropped_before == 0  # both set by the sender, not the chunker
         assert h.orig_size == (640, 272) and h.frame_shape == (IMAGE_SIZE, IMAGE_SIZE, 3)
         assert h.letterbox.scale == pytest.approx(0.175) and (h.letterbox.pad_x, h.letterbox.pad_y) == (0, 32)
         assert len(chunk.frames) == len(h.frame_ts)
-        for image, i in zip(chunk.frames, (1, 2, 3, 6, 7, 8)):
+        for image, i in zip(chunk.frames, (0, 3, 6, 9)):
             np.testing.assert_array_equal(image, letterbox(first[i].to_rgb(), IMAGE_SIZE)[0])
     # every chunk owns fresh buffers: zero-copy sends must never see them change
     a, b = chunks
     assert not any(np.shares_memory(x, y) for x in a.frames for y in b.frames)
 
 
-def synthetic(w: int, h: int, ts: float) -> Frame:
+def synthetic(w: int, h: int, ts: float, outage_s: float = 0.0) -> Frame:
     rgb = np.full((h, w, 3), 50, np.uint8)
-    return Frame(av.VideoFrame.from_ndarray(rgb, format="rgb24"), ts, time.time())
+    return Frame(av.VideoFrame.from_ndarray(rgb, format="rgb24"), ts, time.time(), outage_s=outage_s)
 
 
 def test_a_resolution_change_restarts_the_chunk():
@@ -103,6 +110,28 @@ def test_a_resolution_change_restarts_the_chunk():
     h = built[0].header
     assert h.seq == 0 and h.orig_size == (32, 32) and h.letterbox.scale == pytest.approx(IMAGE_SIZE / 32)
     assert h.frame_ts == (1.25,)  # spread(4, 1) == (2,): the third frame of the new chunk
+
+
+@pytest.mark.parametrize("before, outage_s, expected", [
+    # the outage falls between chunks: the next chunk reports exactly the missing time
+    (4, 3.0, 3.0),
+    # it falls inside a chunk: the 2 frames from before it (0.5 s at 4 fps) are dropped and counted with it
+    (6, 3.0, 3.5),
+])
+def test_an_outage_starts_a_new_chunk_that_reports_the_missing_media_time(before, outage_s, expected):
+    """outage_s of a chunk = the media time between the previous chunk's last frame and its first, less one
+    frame interval: what no chunk covers. A chunk never spans an outage."""
+    chunker = Chunker(stream("cam", "x.mp4", fps=4, tasks=tasks(("all", 4, 100.0))), IMAGE_SIZE)
+    ts = [t / 4 for t in range(before)]
+    resume = ts[-1] + 0.25 + outage_s
+    frames = [synthetic(64, 48, t) for t in ts] + [synthetic(64, 48, resume, outage_s)]
+    frames += [synthetic(64, 48, resume + k / 4) for k in range(1, 8)]
+    built = [c for c in map(chunker.add, frames) if c is not None]
+    assert [c.header.seq for c in built] == [0, 1, 2]  # sequence numbers stay contiguous: nothing was dropped
+    assert [c.header.outage_s for c in built] == [0.0, expected, 0.0]
+    prev, after = built[0].header, built[1].header
+    assert after.frame_ts[0] == resume  # the chunk after the outage starts at the first frame after it
+    assert after.frame_ts[0] - prev.frame_ts[-1] - 0.25 == pytest.approx(expected)
 
 
 def test_task_budgets_and_priorities_come_from_the_parsed_config():
@@ -117,10 +146,10 @@ def test_task_budgets_and_priorities_come_from_the_parsed_config():
     built = [chunker.add(synthetic(64, 48, t / 4)) for t in range(4)]
     assert built[:3] == [None, None, None]
     h = built[3].header
-    # det: spread(4, 1) == (2,), act: spread(4, 2) == (1, 3); sent: frames 1, 2, 3
-    assert h.frame_ts == (0.25, 0.5, 0.75)
+    # act: spread(4, 2) == (0, 3); det picks among them: spread(2, 1) == (1,) -> frame 3; sent: frames 0, 3
+    assert h.frame_ts == (0.0, 0.75)
     # a file paced like a camera (realtime: true, the default) is live: not best-effort
-    assert h.tasks == (TaskRequest("det", "detect", (1,), 750.0, 5), TaskRequest("act", "actions", (0, 2), 2500.0, -3))
+    assert h.tasks == (TaskRequest("det", "detect", (1,), 750.0, 5), TaskRequest("act", "actions", (0, 1), 2500.0, -3))
     assert h.ready_wall == pytest.approx(time.time(), abs=5.0)
 
 

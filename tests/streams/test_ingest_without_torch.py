@@ -17,6 +17,7 @@ import zmq
 from contracts.wire import TaskRequest, decode_chunk
 from streams.chunker import PAD_VALUE
 from tests.conftest import BIKES, PEDESTRIANS, ROOT
+from tests.streams.ingest_helpers import QUIET_S
 
 INGEST_VENV = ROOT / ".venv-ingest"
 PYTHON = INGEST_VENV / "bin" / "python"
@@ -102,11 +103,14 @@ def test_the_real_ingest_worker_from_the_ingest_venv_feeds_a_real_pull_socket(in
     chunks = []
     try:
         deadline = time.monotonic() + RECEIVE_TIMEOUT_S
+        exited: float | None = None
         while time.monotonic() < deadline:  # until the worker has exited and nothing more is pending
-            if sock.poll(200):
+            if sock.poll(100):
                 chunks.append(decode_chunk(sock.recv_multipart(copy=False)))
             elif proc.poll() is not None:
-                break
+                exited = exited or time.monotonic()
+                if time.monotonic() - exited >= QUIET_S:
+                    break
         rc = proc.wait(timeout=15)
     finally:
         if proc.poll() is None:

@@ -3,6 +3,7 @@ and correcting itself from observed batches."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -89,19 +90,55 @@ def test_observed_batches_correct_the_prediction_and_set_the_margin():
     assert 1.3 < m.margin <= 2.0
 
 
-def test_warm_up_runs_every_plan_key_and_first_batches_cost_no_more_than_steady_ones(engine):
+def first_and_steady(engine) -> dict:
+    """After warm-up of every key: each key's first batch and the median of the next seven (seconds)."""
     catalog = engine.catalog()
     slot = catalog.adapters["detect"].slot
     modes = [LoRAMode(PREMERGED), LoRAMode(UNMERGED), LoRAMode(MERGED, slot), LoRAMode(MIXTURE, slot)]
     keys = C.warm_up(engine, catalog, {TINY_IMAGE: modes}, C.batch_sizes(engine.device, 8))
     assert {(k.size, k.mode) for k in keys} == {(TINY_IMAGE, m.kind) for m in modes}
     reqs = [C.synthetic_requests(catalog, a, 1, seed=i)[0] for i, a in enumerate(["detect", "actions"] * 2)]
+    out = {}
     for mode in (LoRAMode(PREMERGED), LoRAMode(UNMERGED), LoRAMode(MIXTURE, slot)):
+        engine.switch(mode)
         plan = BatchPlan(reqs, mode, (SizeGroup(TINY_IMAGE, tuple(range(4))),))
         times = []
         for _ in range(8):
             t0 = time.perf_counter()
             engine.execute(plan)
             times.append(time.perf_counter() - t0)
-        assert times[0] <= 1.5 * statistics.median(times[1:]) + 0.002, (mode, times)
+        out[mode.kind] = (times[0], statistics.median(times[1:]))
     engine.switch(LoRAMode(PREMERGED))
+    return out
+
+
+def test_warm_up_runs_every_plan_key_and_first_batches_cost_no_more_than_steady_ones(tiny_backbone_dir, tiny_adapters):
+    """Ready means warm: no key's first batch costs more than 1.5x its steady median. A first-call cost is
+    there on every try; a burst of other load on this machine is not, so a fresh engine may try again."""
+    attempts = []
+    for _ in range(3):
+        adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+        fresh = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, premerge_max_mb=64,
+                       max_batch_images=8)
+        result = first_and_steady(fresh)
+        attempts.append(result)
+        if all(first <= 1.5 * steady + 0.002 for first, steady in result.values()):
+            return
+    pytest.fail(f"first batches cost more than 1.5x the steady median on every try: {attempts}")
+
+
+def test_the_correction_fades_back_when_no_batch_runs(monkeypatch):
+    """A slow spell can make every request look hopeless, so nothing runs and nothing is observed: the
+    correction must fade back to the profile by itself, or the daemon would shed everything forever."""
+    clock = [1000.0]
+    monkeypatch.setattr(C.time, "monotonic", lambda: clock[0])
+    m = C.CostModel(hand_profile())
+    for _ in range(40):
+        m.observe(0.2, 0.8)  # 4x slower than profiled
+    assert m.correction == pytest.approx(4.0, rel=0.01)
+    clock[0] += C.CORRECTION_FADE_S
+    assert m.correction == pytest.approx(1 + 3 / math.e, rel=0.01)
+    clock[0] += 10 * C.CORRECTION_FADE_S
+    assert m.correction == pytest.approx(1.0, abs=1e-3)
+    m.observe(0.2, 0.2)  # the machine is back to its profile
+    assert m.correction == pytest.approx(1.0, abs=1e-3)

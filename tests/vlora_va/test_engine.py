@@ -167,3 +167,112 @@ def test_person_activities_come_back_in_original_pixels_at_any_adapter_size(tiny
         want = head.decode(head(feats, 2), [Letterbox(0.25, 0.0, 3.5)], [(112, 84)])
     assert out.persons and out.persons == want[0].persons
     assert all(0 <= p.box[0] <= p.box[2] <= 112 and 0 <= p.box[1] <= p.box[3] <= 84 for p in out.persons)
+
+
+def upper_only_adapter(path, source, seed):
+    """A copy of `source` whose LoRA is kept on block 1 only (block 0 untouched, like detect's 8-11 of 12)."""
+    from vlora_va.adapters import save_adapter_dir
+
+    a = load_adapter_dir("x", source, 32)
+    g = torch.Generator().manual_seed(seed)
+    lora = {m: (A, torch.randn(B.shape, generator=g) * 0.2) for m, (A, B) in a.lora.items() if ".layer.1." in m}
+    save_adapter_dir(path, lora=lora, rank=a.rank, alpha=a.rank, target_modules=["q_proj", "v_proj"],
+                     base_model="tiny", head=a.head, head_config={k: v for k, v in a.head_config.items()
+                                                                  if k not in ("format", "version")})
+    return load_adapter_dir(path.name, path, 32)
+
+
+def test_shared_prefix_runs_untouched_blocks_once_per_frame_and_changes_nothing(tiny_backbone_dir, tiny_adapters,
+                                                                                 tmp_path):
+    """Two adapters with LoRA on block 1 only, asking for the same frames: block 0 runs once per frame (not
+    per request), and every request's result equals its result computed alone."""
+    adapters = {"up1": upper_only_adapter(tmp_path / "up1", tiny_adapters["detect"], 3),
+                "up2": upper_only_adapter(tmp_path / "up2", tiny_adapters["detect"], 4),
+                "detect": load_adapter_dir("detect", tiny_adapters["detect"], 32)}
+    engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, premerge_max_mb=64)
+    catalog = engine.catalog()
+    assert [catalog.adapters[n].first_block for n in ("up1", "up2", "detect")] == [1, 1, 0] and catalog.blocks == 2
+    shared = frames(3, 21)  # one chunk's frames: both tasks look at the same buffers
+    now = time.time()
+    reqs = [Request("cam", 0, name, name, shared, [0.0, 0.1, 0.2], Letterbox(1.0, 0.0, 0.0),
+                    (TINY_IMAGE, TINY_IMAGE), now, now, now + 5) for name in ("up1", "up2")]
+    seen = []
+    hook = engine.backbone.encoder.layer[0].register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    for mode in (LoRAMode(PREMERGED), LoRAMode(UNMERGED)):
+        seen.clear()
+        plan = make_plan(reqs, mode, catalog)
+        assert plan.groups[0].prefix == 1
+        together = engine.execute(plan)
+        assert seen == [3]  # block 0 saw 3 distinct frames, not 6 rows
+        for r, got in zip(reqs, together):
+            copy = Request(r.stream, r.seq, r.task, r.adapter, [f.copy() for f in r.frames], r.frame_ts,
+                           r.letterbox, r.orig_size, now, now, now + 5)  # own buffers: nothing to share
+            alone_plan = make_plan([copy], mode, catalog)
+            assert alone_plan.groups[0].prefix == 0
+            assert got == engine.execute(alone_plan)[0], mode
+    hook.remove()
+    # An adapter whose LoRA starts at block 0 on the same frames: nothing to share but the embeddings.
+    also = Request("cam", 0, "d", "detect", shared, [0.0, 0.1, 0.2], Letterbox(1.0, 0.0, 0.0), (TINY_IMAGE, TINY_IMAGE),
+                   now, now, now + 5)
+    assert make_plan([*reqs, also], LoRAMode(UNMERGED), catalog).groups[0].prefix == 0
+    # With detect merged into the weights, its ΔW sits in block 0 too: no prefix for anyone.
+    engine.switch(LoRAMode("merged", catalog.adapters["detect"].slot))
+    assert make_plan(reqs, LoRAMode("mixture", catalog.adapters["detect"].slot), catalog).groups[0].prefix == 0
+    engine.switch(LoRAMode(PREMERGED))
+
+
+@pytest.mark.parametrize("mode", [LoRAMode(PREMERGED), LoRAMode(UNMERGED)])
+def test_a_bfloat16_backbone_serves_float32_heads_close_to_float32(tiny_backbone_dir, tiny_adapters, mode):
+    """daemon.dtype: the backbone and its LoRA in bfloat16 (the GPU default), the heads in float32."""
+    def make(dtype):
+        adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+        return Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, premerge_max_mb=64, dtype=dtype)
+
+    e32, e16 = make(torch.float32), make(torch.bfloat16)
+    assert e16.backbone.encoder.layer[0].attention.q_proj._group.A.dtype == torch.bfloat16
+    fs = frames(4, 31)
+    slots = [0, 0, 1, 1]
+    f32, f16 = e32.features(fs, slots, mode), e16.features(fs, slots, mode)
+    assert f16.cls.dtype == torch.float32  # what the heads read
+    rel = (f16.cls - f32.cls).norm() / f32.cls.norm()
+    assert 0 < rel < 0.05  # bfloat16 rounding, not another computation
+    batch = [request("actions", 2, 5), request("detect", 2, 6)]
+    a32, a16 = run(e32, batch, mode), run(e16, batch, mode)
+    assert a16[0].scores == pytest.approx(a32[0].scores, abs=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fixed_device_layouts_compute_what_the_segments_path_computes(tiny_backbone_dir, tiny_adapters, dtype):
+    """The GPU's graph-capturable path, run on the CPU: batches padded to their bucket, the LoRA layout in
+    device tensors (premerged through one grouped GEMM, unmerged / mixture through per-image ATMM runs).
+    Every mode gives what the host-side Segments path gives, padding changes nothing."""
+    def make(fixed):
+        adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+        return Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, premerge_max_mb=64,
+                      dtype=dtype, fixed_layout=fixed)
+
+    ref, fixed = make(False), make(True)
+    fs = frames(5, 41)  # 5 images: padded to a bucket of 8
+    slots = [1, 0, 1, 0, 0]
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for mode in (LoRAMode(PREMERGED), LoRAMode(UNMERGED), LoRAMode(MIXTURE, 0), LoRAMode(MIXTURE, 1)):
+        for e in (ref, fixed):
+            e.switch(mode)
+        want, got = ref.features(fs, slots, mode), fixed.features(fs, slots, mode)
+        assert got.cls.shape == want.cls.shape == (5, 32)
+        assert (got.cls - want.cls).abs().max() <= tol * max(1.0, want.cls.abs().max()), mode
+    assert set(fixed._layouts) == {(8, 17)}  # one layout, reused by every mode: (bucket, tokens)
+    layout = fixed._layouts[(8, 17)]
+    fixed.switch(LoRAMode(MIXTURE, 0))
+    fixed.lora_ctx.begin(LoRAMode(MIXTURE, 0), [0, 0, 1, 1, 1], layout)
+    T = 17
+    assert layout.start.tolist() == [i * T for i in range(8)]
+    assert layout.own_len.tolist() == [0, 0, T, T, T, 0, 0, 0]  # the merged slot's rows need nothing
+    assert layout.delora_len.tolist() == [0, 0, T, T, T, 0, 0, 0] and set(layout.delora_slot.tolist()[:5]) == {0}
+    fixed.lora_ctx.clear()
+    fixed.switch(LoRAMode(PREMERGED))
+    fixed.lora_ctx.begin(LoRAMode(PREMERGED), [0, 0, 1, 1, 1], layout)
+    assert layout.offs.tolist() == [2 * T] + [5 * T] * 7  # rows of slot 0, then of slots 0-1 (8 slots): padding after
+    with pytest.raises(ValueError, match="sorted"):
+        fixed.lora_ctx.begin(LoRAMode(PREMERGED), [1, 0], layout)
+    fixed.lora_ctx.clear()

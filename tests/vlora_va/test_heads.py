@@ -129,3 +129,28 @@ def test_person_branch_needs_the_local_grid_and_each_clips_letterbox():
     feats = Features(torch.zeros(4, 8), torch.randn(4, 8, 4, 4))
     with pytest.raises(ValueError, match="needs each clip's letterbox"):
         head.decode(head(feats, 4))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batched_nms_keeps_groups_apart_and_handles_crowds(seed):
+    """Dense overlapping boxes (chains of suppression), many groups: still exactly the greedy loop."""
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(300, 2, generator=g) * 60
+    boxes = torch.cat([xy, xy + 15 + torch.rand(300, 2, generator=g) * 10], 1)
+    scores = torch.rand(300, generator=g)
+    groups = torch.randint(0, 40, (300,), generator=g) * 7  # large, sparse group ids (image * classes + class)
+    assert batched_nms(boxes, scores, groups, 0.3).tolist() == nms_reference(boxes, scores, groups, 0.3)
+
+
+def test_decode_limits_detections_per_image_and_keeps_images_apart():
+    """Peaks in two images at the same cells: each image keeps its own, at most max_detections, best first."""
+    head = DetectionHead(8, ["person", "car"], image_size=56, max_detections=3, score_threshold=0.5)
+    logits = torch.full((2, 2, 8, 8), -10.0)
+    for k, (y, x) in enumerate([(1, 1), (1, 5), (5, 1), (5, 5), (3, 3)]):
+        logits[:, 0, y, x] = 1.0 + k  # five separated peaks per image, scores rising with k
+    dist = torch.full((2, 4, 8, 8), 2.0)
+    out = head.decode((logits, dist), [Letterbox(1, 0, 0)] * 2, [(56, 56)] * 2)
+    assert [len(o) for o in out] == [3, 3]
+    for dets in out:
+        assert [round(d.score, 4) for d in dets] == [round(1 / (1 + math.exp(-v)), 4) for v in (5.0, 4.0, 3.0)]
+        assert dets[0].box == pytest.approx((3 * 7 + 3.5 - 2, 3 * 7 + 3.5 - 2, 3 * 7 + 3.5 + 2, 3 * 7 + 3.5 + 2))

@@ -19,7 +19,7 @@ from contracts.requests import Request
 
 from ..costs import CostModel
 from ..lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
-from ..plan import BatchPlan, Catalog, make_plan
+from ..plan import BatchPlan, Catalog, make_plan, shared_prefix
 
 
 @dataclass(frozen=True)
@@ -133,12 +133,14 @@ class Scheduler:
     def option(self, mode: LoRAMode, requests: list[Request], after: int | None = ...) -> Option:
         """Cost `requests` as one batch in `mode`, the weights holding `after` before it (default: now)."""
         before = self.weights_slot if after is ... else after
-        groups: dict[int, tuple[int, set]] = {}
+        by_size: dict[int, list[Request]] = {}
         for r in requests:
-            size = self.catalog.adapters[r.adapter].size
-            n, ads = groups.get(size, (0, set()))
-            groups[size] = (n + r.num_images, ads | {r.adapter})
-        shape = {size: (n, len(ads)) for size, (n, ads) in groups.items()}
+            by_size.setdefault(self.catalog.adapters[r.adapter].size, []).append(r)
+        shape = {}
+        for size, group in by_size.items():
+            prefix, distinct = shared_prefix(group, mode, self.catalog)
+            shape[size] = (sum(r.num_images for r in group), len({r.adapter for r in group}), prefix, distinct,
+                           self.catalog.blocks)
         switching = self.catalog.has_lora and mode.weights_slot != before
         est = self.costs.plan_s(shape, mode, switching)
         corr = self.costs.correction

@@ -54,13 +54,18 @@ def main_train(argv: list[str] | None = None) -> int:
 
 
 def main_eval(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="vlora-va eval", description="Score an adapter against teacher labels on video.")
-    ap.add_argument("adapter", help="adapter directory")
+    ap = argparse.ArgumentParser(prog="vlora-va eval", description="Score an adapter against teacher labels on video, "
+                                 "and against the human-checked set where it has frames or clips in the ranges.")
+    ap.add_argument("adapter", help="adapter directory, or teacher:centernet (the CenterNet teacher itself, scored "
+                                    "on the human-checked set only)")
     ap.add_argument("--on", nargs="+", required=True, metavar="VIDEO[:START-END][@STEP]",
                     help="held-out footage, e.g. sample_videos/pedestrians.mp4:55-79.5")
     ap.add_argument("--step", type=float, default=0.5, help="seconds between evaluated frames / clips (default 0.5)")
     ap.add_argument("--backbone", default="dinov2-small")
     ap.add_argument("--teachers-dir", type=Path, help="folder with centernet.onnx (default ../shared/assets/teachers)")
+    ap.add_argument("--human", type=Path, metavar="FILE",
+                    help="human-checked set (COCO JSON + activity clips; default adapters/eval/human-v1.json)")
+    ap.add_argument("--no-human", action="store_true", help="teacher-relative figures only")
     ap.add_argument("--json", type=Path, help="also write the report here")
     ap.add_argument("--draw", type=Path, metavar="DIR", help="detection: save one annotated frame per video here")
     args = ap.parse_args(argv)
@@ -68,14 +73,29 @@ def main_eval(argv: list[str] | None = None) -> int:
         ranges = [parse_range(t, args.step) for t in args.on]
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
-    from .evaluate import evaluate_adapter
+    from .evaluate import HUMAN_SET, evaluate_adapter, evaluate_teacher_on_human, load_human_set
 
-    if args.draw:
-        args.draw.mkdir(parents=True, exist_ok=True)
-    report = evaluate_adapter(args.adapter, ranges, args.backbone, args.teachers_dir, draw_dir=args.draw)
+    human = None if args.no_human else args.human or (HUMAN_SET if HUMAN_SET.is_file() else None)
+    if human is not None and not Path(human).is_file():
+        ap.error(f"--human {human}: no such file")
+    if args.adapter.startswith("teacher:"):
+        if args.adapter != "teacher:centernet":
+            ap.error(f"{args.adapter}: the only teacher that can be scored is teacher:centernet")
+        if human is None:
+            ap.error("teacher:centernet is scored on the human-checked set only (drop --no-human or give --human)")
+        report = evaluate_teacher_on_human(load_human_set(human), ranges, args.teachers_dir)
+    else:
+        if args.draw:
+            args.draw.mkdir(parents=True, exist_ok=True)
+        report = evaluate_adapter(args.adapter, ranges, args.backbone, args.teachers_dir, draw_dir=args.draw,
+                                  human=human)
     text = jsonfmt.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text + "\n")
+    if "human_set" in report:
+        hs = report["human_set"]
+        print(f"human-checked set {hs['path']} sha256 {hs['sha256'][:12]}"
+              + ("" if hs["frozen"] else " (NOT the frozen file: figures are not comparable)"))
     for where, rep in report["reports"].items():
         if "top1" in rep:
             print(f"{where}: top-1 {rep['top1']:.3f} over {rep['clips']} clips; confusion (rows = reference) "
@@ -88,8 +108,25 @@ def main_eval(argv: list[str] | None = None) -> int:
                       f"wrong), {fmt_ratio(p['top1_found'])} of those found; found {p['recall']:.3f}, precision "
                       f"{fmt_ratio(p['precision'])}; confusion (rows = reference, last column = missed) "
                       f"{p['activities']}: {p['confusion']}")
-        else:
+        elif "per_class" in rep:
             for c, m in rep["per_class"].items():
                 print(f"{where} {c}: F1@0.5 {m['f1']:.3f} AP50 {m['ap50']:.3f} P {m['precision']:.3f} R {m['recall']:.3f} "
                       f"({m['refs']} refs, threshold {rep['threshold']})")
+        _print_human(where, rep.get("human"))
+        _print_human(where, rep.get("human_persons"), "the teacher's tracking-rule labels, per person")
     return 0
+
+
+def _print_human(where: str, h: dict | None, what: str = "per person") -> None:
+    """One human-set report line (detection per class, or per-person activity)."""
+    if h and "per_class" in h:
+        for c, m in h["per_class"].items():
+            sizes = ", ".join(f"{b} {fmt_ratio(v['recall'])} ({v['found']}/{v['refs']})"
+                              for b, v in m["recall_by_height"].items())
+            print(f"{where} [human] {c}: F1@0.5 {m['f1']:.3f} AP50 {m['ap50']:.3f} P {m['precision']:.3f} "
+                  f"R {m['recall']:.3f} ({m['refs']} refs, threshold {h['threshold']}); recall by height {sizes}")
+    elif h:
+        print(f"{where} [human] {what} (IoU >= {h['iou']}): top-1 {fmt_ratio(h['top1'])} over {h['persons']} "
+              f"persons in {h['clips']} clips (a missed person counts wrong), {fmt_ratio(h['top1_found'])} of "
+              f"those found; found {fmt_ratio(h['recall'])}, precision {fmt_ratio(h['precision'])}; confusion "
+              f"(rows = reference, last column = missed) {h['activities']}: {h['confusion']}")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from streams.chunker import spread
+
 from .actions import main_subject, person_activities
 from .frames import Frame, iter_frames, read_frames
 from .spec import Range, Source, Spec
@@ -81,8 +83,9 @@ class Clip:
 
 
 def pick(n: int, k: int) -> list[int]:
-    """k indices spread evenly over n frames (how a task takes its frames from a 1-s chunk)."""
-    return [int(round(i)) for i in np.linspace(0, n - 1, k)] if n >= k else [min(i, n - 1) for i in range(k)]
+    """k indices of n frames, exactly as a serving task takes its frames from a chunk (streams.chunker.spread);
+    fewer frames than k: the last one repeats."""
+    return list(spread(n, k)) if n >= k else [min(i, n - 1) for i in range(k)]
 
 
 def activity_clips(source: Source, ranges: list[Range], spec: Spec, progress: bool = True) -> list[Clip]:

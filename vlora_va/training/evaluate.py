@@ -4,11 +4,21 @@ This path deliberately shares nothing with training but the label rules: it load
 with `adapters.load_adapter_dir`, folds the LoRA into a fresh backbone (W + scale·B·A, exactly what the
 engine's merged mode serves) and runs the whole backbone on letterboxed frames. The reference labels
 follow the protocol recorded in the adapter's head_config.json ("label_sources").
+
+Beside those teacher-relative figures it scores the adapter against the human-checked set
+(`adapters/eval/human-v1.json`, made and frozen as adapters/eval/README.md says) wherever the set has frames or
+clips inside an evaluated range: detection P/R/F1@0.5 at the adapter's own threshold, AP50 and recall by box
+height; per-person activity (matched by box IoU) for action adapters with a persons branch. The CenterNet
+teacher can be scored on the same set (`evaluate_teacher_on_human`): the student's ceiling is the teacher only
+where the teacher is right.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,11 +26,18 @@ import torch
 from ..adapters import Adapter, fit_module_names, load_adapter_dir
 from ..heads import Features
 from ..models import linear_names, load_backbone, patch_size
-from .data import activity_clips, detection_labels, frame_lookup, merge_labels
+from .data import activity_clips, detection_labels, frame_lookup, label_cache_dir, merge_labels, pick
 from .features import full_hidden
-from .frames import Frame, model_input
-from .metrics import action_report, detection_report, person_activity_report
+from .frames import Frame, iter_frames, model_input
+from .metrics import (action_report, detection_report, human_detection_report, person_activity_iou_report,
+                      person_activity_report)
 from .spec import Range, Source, Spec
+from .teachers import frame_key
+
+HUMAN_SET = Path(__file__).resolve().parents[2] / "adapters" / "eval" / "human-v1.json"
+HUMAN_SET_SHA256 = "c929600b84f2835f28d328e0b97aed801e17a64577118976cc9d72759cc215e5"  # frozen 2026-11-23
+HUMAN_CLASSES = ["person", "car", "truck"]
+TEACHER_LABEL_THRESHOLD = 0.4  # CenterNet boxes scoring at least this are labels in every shipped spec
 
 
 def merged_backbone(backbone: str, adapter: Adapter) -> torch.nn.Module:
@@ -47,19 +64,29 @@ def sources_of(adapter: Adapter) -> list[Source]:
     return [Source(**s) for s in adapter.head_config.get("label_sources", [])]
 
 
-def evaluate_detection_adapter(adapter: Adapter, backbone: str, frames: list[Frame], spec: Spec,
-                               threshold: float | None = None, draw: Path | None = None) -> dict:
+def detection_predictions(adapter: Adapter, model: torch.nn.Module, frames: list[Frame]) -> dict[str, list[dict]]:
+    """{frame key: every detection scoring >= 0.05} (the full ranking AP needs; F1 is read at a threshold)."""
     side = int(adapter.head_config.get("image_size", 224))
-    sources = sources_of(adapter)
-    refs = merge_labels(*(detection_labels(s, frames, spec) for s in sources))
-    model = merged_backbone(backbone, adapter)
     feats, lbs = features(model, frames, side)
     head = adapter.head
+    thr, head.score_threshold = head.score_threshold, 0.05
+    try:
+        preds = [[d.to_json() for d in image] for image in head.decode(head(feats), lbs, [f.size for f in frames])]
+    finally:
+        head.score_threshold = thr
+    return {f.key: p for f, p in zip(frames, preds)}
+
+
+def evaluate_detection_adapter(adapter: Adapter, backbone: str, frames: list[Frame], spec: Spec,
+                               threshold: float | None = None, draw: Path | None = None,
+                               model: torch.nn.Module | None = None) -> dict:
+    sources = sources_of(adapter)
+    refs = merge_labels(*(detection_labels(s, frames, spec) for s in sources))
+    model = merged_backbone(backbone, adapter) if model is None else model
+    head = adapter.head
     thr = head.score_threshold if threshold is None else threshold
-    head.score_threshold = 0.05  # full ranking for AP; F1 is read at `thr`
-    preds = [[d.to_json() for d in image] for image in head.decode(head(feats), lbs, [f.size for f in frames])]
-    head.score_threshold = thr
-    pred_map = {f.key: p for f, p in zip(frames, preds)}
+    pred_map = detection_predictions(adapter, model, frames)
+    preds = [pred_map[f.key] for f in frames]
     if draw is not None and frames:  # the middle frame, predictions at the adapter's threshold over grey teacher boxes
         from .draw import annotate, save_png
 
@@ -69,11 +96,12 @@ def evaluate_detection_adapter(adapter: Adapter, backbone: str, frames: list[Fra
     return {"per_class": detection_report(pred_map, refs, head.classes, thr), "threshold": thr, "frames": len(frames)}
 
 
-def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range], spec: Spec) -> dict:
+def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range], spec: Spec,
+                            model: torch.nn.Module | None = None) -> dict:
     side = int(adapter.head_config.get("image_size", 224))
     clips = [c for s in sources_of(adapter) for c in activity_clips(s, ranges, spec)]
     frames, idx = frame_lookup(clips)
-    model = merged_backbone(backbone, adapter)
+    model = merged_backbone(backbone, adapter) if model is None else model
     feats, lbs = features(model, frames, side)
     head, clip_len = adapter.head, adapter.clip_len
     pred = []
@@ -88,24 +116,195 @@ def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range]
     return report
 
 
+def range_name(r: Range) -> str:
+    return f"{r.video.name}[{r.start:g}-{'end' if r.end is None else f'{r.end:g}'}]"
+
+
 def evaluate_adapter(path: str | Path, ranges: list[Range], backbone: str = "dinov2-small",
-                     teachers_dir: Path | None = None, cache_dir: Path | None = None, draw_dir: Path | None = None) -> dict:
-    """Accuracy of one adapter directory on the given video ranges, one report per range."""
+                     teachers_dir: Path | None = None, cache_dir: Path | None = None, draw_dir: Path | None = None,
+                     human: str | Path | None = None) -> dict:
+    """Accuracy of one adapter directory on the given video ranges, one report per range; with `human` (a
+    human-checked set file), also against that set's frames / clips inside each range (report key "human")."""
     hidden = load_backbone(backbone).config.hidden_size
     adapter = load_adapter_dir(Path(path).name, path, hidden)
     spec = Spec(name="eval", task=adapter.task, output=Path(path), backbone=backbone, teachers_dir=teachers_dir,
                 cache_dir=cache_dir, clip_len=adapter.clip_len)
+    hs = load_human_set(human) if human is not None else None
+    model = merged_backbone(backbone, adapter)
     reports = {}
     for r in ranges:
         t0 = time.monotonic()
-        where = f"{r.video.name}[{r.start:g}-{'end' if r.end is None else f'{r.end:g}'}]"
+        where = range_name(r)
         if adapter.task == "detection":
             from .frames import read_frames
 
             draw = None if draw_dir is None else Path(draw_dir) / f"{r.video.stem}-{r.start:g}.png"
             reports[where] = evaluate_detection_adapter(adapter, backbone, read_frames(r.video, r.start, r.end, r.step),
-                                                        spec, draw=draw)
+                                                        spec, draw=draw, model=model)
+            if hs is not None and hs.frame_keys(r):
+                reports[where]["human"] = evaluate_detection_on_human(adapter, model, hs, r)
         else:
-            reports[where] = evaluate_action_adapter(adapter, backbone, [r], spec)
+            reports[where] = evaluate_action_adapter(adapter, backbone, [r], spec, model=model)
+            if hs is not None and adapter.head.persons and hs.clips_in(r):
+                reports[where]["human"] = evaluate_persons_on_human(adapter, model, hs, r)
         reports[where]["seconds"] = round(time.monotonic() - t0, 1)
-    return {"adapter": str(path), "task": adapter.task, "reports": reports}
+    out = {"adapter": str(path), "task": adapter.task, "reports": reports}
+    if hs is not None:
+        out["human_set"] = hs.describe()
+    return out
+
+
+# --- the human-checked set ------------------------------------------------------------------------------------
+
+@dataclass
+class HumanSet:
+    """The human-checked evaluation set: boxes per frame and labelled persons per 1-s clip (adapters/eval/)."""
+
+    path: Path
+    sha256: str
+    boxes: dict[str, list[dict]]  # frame key -> [{"box": x1y1x2y2, "class", "ignore"}]
+    times: dict[str, tuple[str, float]]  # frame key -> (video stem, media time)
+    clips: list[dict]  # {"video", "start", "end", "persons": [{"box", "label"} or {"box", "ignore": True}]}
+    activities: list[str]
+
+    def frame_keys(self, r: Range) -> list[str]:
+        """The set's frames inside the range (same video, start <= t < end), in time order."""
+        keys = [k for k, (v, t) in self.times.items() if v == r.video.stem and _in_range(t, r)]
+        return sorted(keys, key=lambda k: self.times[k][1])
+
+    def clips_in(self, r: Range) -> list[dict]:
+        """The set's clips lying wholly inside the range."""
+        return [c for c in self.clips if c["video"] == r.video.stem and _in_range(c["start"], r)
+                and (r.end is None or c["end"] <= r.end + 1e-6)]
+
+    def describe(self) -> dict:
+        return {"path": str(self.path), "sha256": self.sha256, "frozen": self.sha256 == HUMAN_SET_SHA256}
+
+
+def _in_range(t: float, r: Range) -> bool:
+    return t >= r.start - 1e-6 and (r.end is None or t < r.end - 1e-6)
+
+
+def load_human_set(path: str | Path = HUMAN_SET) -> HumanSet:
+    """Parse the set's COCO JSON (images named by video + media time; `ignore`/`iscrowd` boxes are don't-care) and
+    its `activity_clips` extension."""
+    raw = Path(path).read_bytes()
+    data = json.loads(raw)
+    cats = {c["id"]: c["name"] for c in data["categories"]}
+    images = {img["id"]: img for img in data["images"]}
+    keys = {i: frame_key(img["video"], float(img["t"])) for i, img in images.items()}
+    boxes: dict[str, list[dict]] = {k: [] for k in keys.values()}
+    for a in data["annotations"]:
+        x, y, w, h = a["bbox"]
+        boxes[keys[a["image_id"]]].append({"box": [x, y, x + w, y + h], "class": cats[a["category_id"]],
+                                           "ignore": bool(a.get("ignore") or a.get("iscrowd"))})
+    clips = [{"video": c["video"], "start": float(c["start"]), "end": float(c["end"]),
+              "persons": [{"box": p["box"], "ignore": True} if p["ignore"] else
+                          {"box": p["box"], "label": p["activity"]} for p in c["persons"]]}
+             for c in data.get("activity_clips", [])]
+    return HumanSet(Path(path), hashlib.sha256(raw).hexdigest(), boxes,
+                    {keys[i]: (img["video"], float(img["t"])) for i, img in images.items()}, clips,
+                    list(data.get("activities", [])))
+
+
+def human_frames(hs: HumanSet, r: Range) -> list[Frame]:
+    """The decoded frames of the set inside the range (decoded once, kept only where the set has labels)."""
+    keys = set(hs.frame_keys(r))
+    if not keys:
+        return []
+    last = max(hs.times[k][1] for k in keys)
+    return [f for f in iter_frames(r.video, r.start, last + 1e-3) if f.key in keys]
+
+
+def human_clip_frames(hs: HumanSet, r: Range, clip_len: int) -> tuple[list[dict], list[list[Frame]]]:
+    """The set's clips inside the range and, per clip, the `clip_len` frames an adapter sees of its 1-s window
+    (spread as in training and `vlora-va eval`: data.pick). Only the picked frames stay decoded."""
+    clips = sorted(hs.clips_in(r), key=lambda c: c["start"])
+    if not clips:
+        return [], []
+    window: list[list[Frame]] = [[] for _ in clips]
+    for f in iter_frames(r.video, clips[0]["start"], max(c["end"] for c in clips)):
+        for i, c in enumerate(clips):
+            if c["start"] - 1e-6 <= f.t < c["end"] - 1e-6:
+                window[i].append(f)
+    picked = [[w[j] for j in pick(len(w), clip_len)] for w in window]
+    return clips, picked
+
+
+def evaluate_detection_on_human(adapter: Adapter, model: torch.nn.Module, hs: HumanSet, r: Range) -> dict:
+    """The adapter against the human boxes of the range's frames, at its own (validation-picked) threshold."""
+    frames = human_frames(hs, r)
+    preds = detection_predictions(adapter, model, frames)
+    thr = adapter.head.score_threshold
+    refs = {f.key: hs.boxes[f.key] for f in frames}
+    return {"per_class": human_detection_report(preds, refs, adapter.head.classes, thr), "threshold": thr,
+            "frames": len(frames)}
+
+
+def evaluate_persons_on_human(adapter: Adapter, model: torch.nn.Module, hs: HumanSet, r: Range) -> dict:
+    """Per-person activity of an action adapter with a persons branch on the set's clips inside the range."""
+    clips, picked = human_clip_frames(hs, r, adapter.clip_len)
+    side = int(adapter.head_config.get("image_size", 224))
+    head, preds = adapter.head, []
+    for frames in picked:
+        feats, lbs = features(model, frames, side)
+        result = head.decode(head(feats, adapter.clip_len), [lbs[0]], [frames[0].size])[0]
+        preds.append([p.to_json() for p in result.persons or ()])
+    refs = [c["persons"] for c in clips]
+    report = person_activity_iou_report(preds, refs, head.person_labels, head.score_threshold)
+    report["clips"] = len(clips)
+    # the same at IoU >= 0.3: how much of the gap is where the person box is rather than which activity
+    loose = person_activity_iou_report(preds, refs, head.person_labels, head.score_threshold, iou=0.3)
+    report["at_iou_0.3"] = {k: loose[k] for k in ("top1", "top1_found", "recall", "precision")}
+    return report
+
+
+def evaluate_teacher_on_human(hs: HumanSet, ranges: list[Range], teachers_dir: Path | None = None,
+                              cache_dir: Path | None = None, threshold: float = TEACHER_LABEL_THRESHOLD) -> dict:
+    """The CenterNet teacher against the human boxes, read at the score above which its boxes are labels (its AP50
+    ranks every box it gives, score >= 0.1); and, where the set has activity clips, the activity labels the
+    teacher's tracking rule (actions.py, the `activity` source of the action specs) gives each person, matched
+    to the human persons like an adapter's ("human_persons"): how right the action adapters' training labels are."""
+    from .teachers import CenterNetTeacher
+
+    path = Path(teachers_dir) / "centernet.onnx" if teachers_dir else None
+    teacher = CenterNetTeacher(path, classes=HUMAN_CLASSES, score_threshold=0.1)
+    spec = Spec(name="eval", task="detection", output=Path("."), cache_dir=cache_dir, teachers_dir=teachers_dir)
+    reports = {}
+    for r in ranges:
+        frames = human_frames(hs, r)
+        clips = hs.clips_in(r)
+        if not frames and not clips:
+            continue
+        t0 = time.monotonic()
+        rep: dict = {}
+        if frames:
+            preds = teacher.label(frames, label_cache_dir(spec), progress=False)
+            refs = {f.key: hs.boxes[f.key] for f in frames}
+            rep["human"] = {"per_class": human_detection_report(preds, refs, HUMAN_CLASSES, threshold),
+                            "threshold": threshold, "frames": len(frames)}
+        if clips:
+            rep["human_persons"] = _teacher_rule_persons(clips, r, spec)
+        rep["seconds"] = round(time.monotonic() - t0, 1)
+        reports[range_name(r)] = rep
+    return {"adapter": f"teacher:centernet ({teacher.path.name})", "task": "detection", "reports": reports,
+            "human_set": hs.describe()}
+
+
+def _teacher_rule_persons(clips: list[dict], r: Range, spec: Spec) -> dict:
+    """The tracking rule's persons (every person tracked through the 1-s window, its mean box and activity) on
+    the set's clips, scored like an adapter's persons (they all have score 1)."""
+    from .actions import PERSON_ACTIVITIES
+
+    source = Source(name="activity", kind="activity", score_threshold=TEACHER_LABEL_THRESHOLD)
+    starts = sorted({c["start"] for c in clips})
+    if all(abs((s - starts[0]) - round(s - starts[0])) < 1e-6 for s in starts):  # one decode for a 1-s grid
+        ranged = [Range(r.video, starts[0], max(c["end"] for c in clips), 1.0)]
+    else:
+        ranged = [Range(r.video, s, s + 1.0, 1.0) for s in starts]
+    made = {(c.video, round(c.start, 3)): c for c in activity_clips(source, ranged, spec, progress=False)}
+    preds = [[{"box": p["box"], "score": 1.0, "activity": p["label"]}
+              for p in made[(c["video"], round(c["start"], 3))].persons] for c in clips]
+    report = person_activity_iou_report(preds, [c["persons"] for c in clips], PERSON_ACTIVITIES, 0.5)
+    report["clips"] = len(clips)
+    return report

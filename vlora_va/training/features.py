@@ -15,39 +15,23 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from .. import vit
 from .frames import Frame, model_input
-
-
-def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The transformer blocks of a (possibly peft-wrapped) HF ViT/DINOv2."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.encoder.layer
-
-
-def final_norm(model: nn.Module) -> nn.Module:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.layernorm
 
 
 @torch.no_grad()
 def lower_hidden(model: nn.Module, pixels: torch.Tensor, split: int) -> torch.Tensor:
     """Embeddings + layers [0, split): the frozen prefix. [B, tokens, D]."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    h = base.embeddings(pixels)
-    for layer in base.encoder.layer[:split]:
-        h = layer(h)
-    return h
+    return vit.lower(model, pixels, split)
 
 
 def upper_hidden(model: nn.Module, hidden: torch.Tensor, split: int) -> torch.Tensor:
     """Layers [split, L) + the final layer norm: the backbone's last hidden state (what heads read)."""
-    for layer in encoder_layers(model)[split:]:
-        hidden = layer(hidden)
-    return final_norm(model)(hidden)
+    return vit.upper(model, hidden, split)
 
 
 def full_hidden(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-    return upper_hidden(model, lower_hidden(model, pixels, 0), 0)
+    return vit.upper(model, vit.lower(model, pixels, 0), 0)
 
 
 class FeatureCache:

@@ -11,6 +11,11 @@ unmatched reference person whose mean box centre is within half its box height o
 centre. Persons are small (the mean box of someone walking for a second), so a centre rule is steadier
 than IoU. Top-1 counts a reference person as right only when it was found and given its activity:
 a missed person is a wrong answer.
+
+Against the human-checked set (adapters/eval/README.md) the same detection rule is reported with recall by
+reference box height (`HEIGHT_BUCKETS`, original-frame pixels), and persons are matched by box IoU
+(`person_activity_iou_report`): its person boxes are drawn by hand, so overlap is meaningful, and persons
+whose activity could not be judged are "ignore" references (a prediction on one counts neither way).
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ from ..heads import box_iou
 
 def match_image(preds: list[dict], refs: list[dict], iou: float = 0.5) -> tuple[list[tuple[float, int]], int]:
     """One class, one image: ([(score, 1 TP / 0 FP)] for counted predictions, number of counted refs)."""
+    scored, counted, _ = _match(preds, refs, iou)
+    return scored, len(counted)
+
+
+def _match(preds: list[dict], refs: list[dict], iou: float) -> tuple[list[tuple[float, int]], list[dict], list[bool]]:
+    """`match_image`'s greedy rule, also returning the counted refs and which of them were matched."""
     preds = sorted(preds, key=lambda p: -p["score"])
     counted = [r for r in refs if not r.get("ignore")]
     ignored = [r for r in refs if r.get("ignore")]
@@ -42,7 +53,7 @@ def match_image(preds: list[dict], refs: list[dict], iou: float = 0.5) -> tuple[
             continue  # matched an ignored reference: does not count
         else:
             out.append((p["score"], 0))
-    return out, len(counted)
+    return out, counted, used
 
 
 def average_precision(scored: list[tuple[float, int]], n_ref: int) -> float:
@@ -80,6 +91,40 @@ def detection_report(preds: dict[str, list[dict]], refs: dict[str, list[dict]], 
         f1 = 2 * p * r / (p + r) if n_ref and p + r > 0 else (0.0 if n_ref else float("nan"))
         report[c] = {"precision": round(p, 4), "recall": round(r, 4), "f1": round(f1, 4),
                      "ap50": round(average_precision(scored, n_ref), 4), "refs": n_ref, "tp": tp, "fp": fp}
+    return report
+
+
+HEIGHT_BUCKETS = ("<40", "40-100", ">100")  # reference box height in original-frame pixels
+
+
+def height_bucket(box) -> str:
+    """"<40" below 40 px, ">100" above 100 px, else "40-100" (both ends included)."""
+    h = box[3] - box[1]
+    return "<40" if h < 40 else ">100" if h > 100 else "40-100"
+
+
+def recall_by_height(preds: dict[str, list[dict]], refs: dict[str, list[dict]], cls: str, threshold: float,
+                     iou: float = 0.5) -> dict[str, dict]:
+    """One class: of the counted reference boxes in each height bucket (`height_bucket`), how many a prediction
+    scoring >= threshold matched (the rule of `match_image`). Recall is None for an empty bucket."""
+    refs_n = {name: 0 for name in HEIGHT_BUCKETS}
+    found = {name: 0 for name in HEIGHT_BUCKETS}
+    for key, ref in refs.items():
+        shown = [p for p in preds.get(key, []) if p["class"] == cls and p["score"] >= threshold]
+        _, counted, used = _match(shown, [r for r in ref if r["class"] == cls], iou)
+        for r, hit in zip(counted, used):
+            name = height_bucket(r["box"])
+            refs_n[name] += 1
+            found[name] += int(hit)
+    return {n: {"refs": refs_n[n], "found": found[n], "recall": _ratio(found[n], refs_n[n])} for n in refs_n}
+
+
+def human_detection_report(preds: dict[str, list[dict]], refs: dict[str, list[dict]], classes: list[str],
+                           threshold: float, iou: float = 0.5) -> dict[str, dict]:
+    """`detection_report` plus, per class, recall by reference box height (`HEIGHT_BUCKETS`) at `threshold`."""
+    report = detection_report(preds, refs, classes, threshold, iou)
+    for c in classes:
+        report[c]["recall_by_height"] = recall_by_height(preds, refs, c, threshold, iou)
     return report
 
 
@@ -160,6 +205,53 @@ def person_activity_report(preds: list[list[dict]], refs: list[list[dict]], acti
             "recall": _ratio(n_found, n_ref), "precision": _ratio(n_found, predicted),
             "persons": n_ref, "predicted": predicted, "threshold": threshold, "activities": activities,
             "confusion": cm.tolist()}
+
+
+def _match_persons_iou(preds: list[dict], refs: list[dict], iou: float) -> tuple[list[tuple[int, int]], set[int]]:
+    """Predictions best first, each to the free counted reference it overlaps most (IoU >= iou): (pred, ref)
+    pairs, and the unmatched predictions that overlap an ignored reference (they count neither way)."""
+    counted = [k for k, r in enumerate(refs) if not r.get("ignore")]
+    ignored = [k for k, r in enumerate(refs) if r.get("ignore")]
+    m = box_iou(torch.tensor([p["box"] for p in preds], dtype=torch.float32).reshape(-1, 4),
+                torch.tensor([r["box"] for r in refs], dtype=torch.float32).reshape(-1, 4))
+    free, pairs, dropped = set(counted), [], set()
+    for i in sorted(range(len(preds)), key=lambda i: -preds[i]["score"]):
+        best, j = iou, -1
+        for k in free:
+            if float(m[i, k]) >= best:
+                best, j = float(m[i, k]), k
+        if j >= 0:
+            free.discard(j)
+            pairs.append((i, j))
+        elif any(float(m[i, k]) >= iou for k in ignored):
+            dropped.add(i)
+    return pairs, dropped
+
+
+def person_activity_iou_report(preds: list[list[dict]], refs: list[list[dict]], activities: list[str],
+                               threshold: float, iou: float = 0.5) -> dict:
+    """Per clip lists of predicted persons ({box, score, activity}) and reference persons ({box, label} or
+    {box, ignore: true}), matched by box IoU (`_match_persons_iou`). Same report as `person_activity_report`:
+    top-1 counts a missed person as wrong; precision is over predictions that are not on an ignored person."""
+    activities = _with_unknown(activities, (r["label"] for ref in refs for r in ref if not r.get("ignore")))
+    idx = {a: i for i, a in enumerate(activities)}
+    cm = np.zeros((len(activities), len(activities) + 1), dtype=int)
+    predicted = ignored = 0
+    for pred, ref in zip(preds, refs):
+        pred = [p for p in pred if p["score"] >= threshold]
+        pairs, dropped = _match_persons_iou(pred, ref, iou)
+        predicted += len(pred) - len(dropped)
+        ignored += sum(1 for r in ref if r.get("ignore"))
+        found = {j: pred[i]["activity"] for i, j in pairs}
+        for j, r in enumerate(ref):
+            if not r.get("ignore"):
+                cm[idx[r["label"]], idx[found[j]] if j in found else len(activities)] += 1
+    n_ref, n_found = int(cm.sum()), int(cm[:, :-1].sum())
+    right = int(np.trace(cm[:, :-1]))
+    return {"top1": _ratio(right, n_ref), "top1_found": _ratio(right, n_found),
+            "recall": _ratio(n_found, n_ref), "precision": _ratio(n_found, predicted),
+            "persons": n_ref, "ignored_persons": ignored, "predicted": predicted, "threshold": threshold, "iou": iou,
+            "activities": activities, "confusion": cm.tolist()}
 
 
 def best_person_threshold(preds: list[list[dict]], refs: list[list[dict]], activities: list[str]) -> float:

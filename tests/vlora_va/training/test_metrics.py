@@ -96,3 +96,67 @@ def test_best_person_threshold_separates_people_from_noise():
              [person(0, 0, activity="standing", score=0.6), person(300, 0, activity="standing", score=0.3)]]
     t = best_person_threshold(preds, refs, ["standing"])
     assert 0.35 < t <= 0.6
+
+
+# --- human-checked set metrics: recall by box height, per-person activity matched by IoU ----------------------
+
+def test_height_buckets_are_the_reference_box_height_in_pixels():
+    from vlora_va.training.metrics import height_bucket
+
+    assert [height_bucket([0, 0, 5, h]) for h in (39.9, 40, 100, 100.1)] == ["<40", "40-100", "40-100", ">100"]
+
+
+def test_human_detection_report_adds_recall_by_height_at_the_threshold():
+    from vlora_va.training.metrics import human_detection_report
+
+    refs = {"a": [box(0, 0, h=30), box(50, 0, h=60), box(100, 0, h=150), box(200, 0, h=20, ignore=True)],
+            "b": [box(0, 0, h=70), box(50, 0, h=30, cls="car")]}
+    preds = {"a": [box(0, 0, h=30, score=0.9),    # TP, <40
+                   box(100, 0, h=150, score=0.2),  # would be a TP (>100) but scores below the threshold
+                   box(200, 0, h=20, score=0.8),   # on the ignore region: counts neither way
+                   box(300, 0, score=0.7)],        # nobody there: FP
+             "b": [box(0, 0, h=70, score=0.6),     # TP, 40-100
+                   box(0, 0, h=70, score=0.55)]}   # duplicate of a matched person: FP
+    rep = human_detection_report(preds, refs, ["person", "car"], threshold=0.5)
+    p = rep["person"]
+    assert (p["refs"], p["tp"], p["fp"]) == (4, 2, 2)
+    assert p["precision"] == 0.5 and p["recall"] == 0.5 and p["f1"] == 0.5
+    # ranking: TP .9, FP .7, TP .6, FP .55, TP .2 -> AP = 1/4*1 + 1/4*2/3 + 1/4*3/5
+    assert p["ap50"] == pytest.approx((1 + 2 / 3 + 3 / 5) / 4, abs=1e-4)
+    assert p["recall_by_height"] == {"<40": {"refs": 1, "found": 1, "recall": 1.0},
+                                     "40-100": {"refs": 2, "found": 1, "recall": 0.5},
+                                     ">100": {"refs": 1, "found": 0, "recall": 0.0}}
+    c = rep["car"]
+    assert (c["refs"], c["tp"], c["fp"], c["recall"]) == (1, 0, 0, 0.0)
+    assert c["recall_by_height"]["<40"] == {"refs": 1, "found": 0, "recall": 0.0}
+    assert c["recall_by_height"][">100"] == {"refs": 0, "found": 0, "recall": None}  # empty bucket: undefined
+
+
+def test_person_activity_iou_report_counts_exactly():
+    from vlora_va.training.metrics import person_activity_iou_report
+
+    acts = ["standing", "walking_left", "walking_right"]
+    refs = [[person(0, 0, "walking_left"), person(100, 0, "standing"), {"box": [200, 0, 210, 40], "ignore": True}],
+            [person(0, 0, "walking_right")]]
+    preds = [[person(2, 4, activity="walking_left", score=0.9),   # IoU (8*36)/(400+400-288) = 0.5625: found, right
+              person(105, 0, activity="walking_left", score=0.8),  # IoU 5*40/(800-200) = 1/3 < 0.5: a false alarm
+              person(201, 0, activity="standing", score=0.7),      # on the ignore person: counts neither way
+              person(400, 0, activity="standing", score=0.1)],     # below the person threshold
+             [person(0, 0, activity="walking_left", score=0.6)]]   # found, wrong activity
+    rep = person_activity_iou_report(preds, refs, acts, threshold=0.5)
+    assert rep["confusion"] == [[0, 0, 0, 1], [0, 1, 0, 0], [0, 1, 0, 0]]  # rows: reference; last column: missed
+    assert (rep["persons"], rep["ignored_persons"], rep["predicted"]) == (3, 1, 3)
+    assert rep["top1"] == pytest.approx(1 / 3, abs=1e-4) and rep["top1_found"] == 0.5
+    assert rep["recall"] == pytest.approx(2 / 3, abs=1e-4) and rep["precision"] == pytest.approx(2 / 3, abs=1e-4)
+    # at a looser IoU the shifted prediction finds the standing person (with the wrong activity)
+    loose = person_activity_iou_report(preds, refs, acts, threshold=0.5, iou=0.3)
+    assert loose["confusion"][0] == [0, 1, 0, 0] and loose["recall"] == 1.0
+
+
+def test_person_iou_matching_gives_each_reference_to_the_best_scoring_prediction():
+    from vlora_va.training.metrics import person_activity_iou_report
+
+    refs = [[person(0, 0, "standing")]]
+    preds = [[person(1, 0, activity="walking_left", score=0.6), person(0, 0, activity="standing", score=0.9)]]
+    rep = person_activity_iou_report(preds, refs, ["standing", "walking_left"], threshold=0.5)
+    assert rep["confusion"] == [[1, 0, 0], [0, 0, 0]] and rep["predicted"] == 2 and rep["precision"] == 0.5

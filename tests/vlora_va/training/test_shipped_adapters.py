@@ -45,10 +45,14 @@ def test_eval_cli_on_two_held_out_frames(tmp_path):
     video = ROOT / "sample_videos" / "pedestrians.mp4"
     assert main_eval([str(ROOT / "adapters" / "detect"), "--on", f"{video}:60-61@0.5", "--json", str(out),
                       "--draw", str(tmp_path)]) == 0
-    rep = json.loads(out.read_text())["reports"]
-    (where, r), = rep.items()
+    report = json.loads(out.read_text())
+    (where, r), = report["reports"].items()
     assert r["frames"] == 2 and r["per_class"]["person"]["refs"] > 0
     assert (tmp_path / "pedestrians-60.png").is_file()
+    # beside the teacher-relative figures: the human-checked set's two frames in 60-61 s, by default
+    assert report["human_set"]["frozen"] and r["human"]["frames"] == 2
+    person = r["human"]["per_class"]["person"]
+    assert person["refs"] == sum(b["refs"] for b in person["recall_by_height"].values()) > 0
 
 
 @pytest.mark.slow
@@ -62,3 +66,22 @@ def test_eval_cli_scores_the_action_adapter_per_clip_and_per_person(tmp_path):
     persons = r["persons"]
     assert persons["persons"] > 0 and sum(map(sum, persons["confusion"])) == persons["persons"]
     assert persons["activities"][:2] == ["standing", "walking_away"]
+    human = r["human"]  # the human-checked set's clips [60, 61) and [61, 62), matched by box IoU
+    assert human["clips"] == 2 and human["iou"] == 0.5
+    assert human["persons"] > 0 and sum(map(sum, human["confusion"])) == human["persons"]
+
+
+def test_eval_cli_scores_the_teacher_on_the_human_set(tmp_path):
+    if not (DEFAULT_TEACHER_DIR / "centernet.onnx").is_file():
+        pytest.skip("CenterNet teacher (development asset) not present")
+    from vlora_va.training.cli import main_eval
+
+    out = tmp_path / "t.json"
+    video = ROOT / "sample_videos" / "pedestrians.mp4"
+    assert main_eval(["teacher:centernet", "--on", f"{video}:60-61", "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["reports"].values()
+    assert r["human"]["frames"] == 2 and r["human"]["threshold"] == 0.4
+    assert r["human"]["per_class"]["person"]["refs"] > 0
+    assert r["human_persons"]["clips"] == 1 and r["human_persons"]["persons"] > 0
+    with pytest.raises(SystemExit):
+        main_eval(["teacher:centernet", "--on", str(video), "--no-human"])

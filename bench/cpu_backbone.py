@@ -1,0 +1,271 @@
+"""CPU backbone compute of the default pipeline: a naive fp32 eager forward against the daemon's way, in one run.
+
+One second of the default pipeline's video (pipelines.yaml) is: detect on 1 frame at 336 px of `pedestrians` and
+of `bikes`, activity (`actions`) on 8 frames at 224 px of `pedestrians`. Frames are real (the sample videos at
+5 s, letterboxed to daemon.image_size 336 as ingest does, picked as the chunker picks them, so tasks share a
+buffer where they share a frame). Compared, interleaved round by round (a burst of other load hits every variant
+alike), medians over the rounds:
+
+    naive      the plain Hugging Face DINOv2-small, fp32, eager, one forward per size of the same images
+               (frames resized to 224 in advance: the forward only)
+    engine/P   `Engine.execute` of the same requests as one premerged batch plan (per-slot W + ΔW, shared prefix
+               where sizes match), precision P; "backbone" = its forwards alone, "execute" = with resizing and heads
+    options    fewer frames per clip (activity 4 frames) and a shared size (`actions-persons`, 4 frames at 336,
+               instead of `actions`): what they would save, for the accuracy report to weigh
+               (bench/precision_accuracy.py)
+
+Then threads (1 vs 2) and batch size: seconds per image of naive fp32 and engine int8 / bf16 at 224 and 336.
+Writes bench/results/cpu_backbone.json and .md.
+
+    python bench/cpu_backbone.py                 # ~5-10 min on 2 shared cores
+    python bench/cpu_backbone.py --rounds 3 --skip threads
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from contracts.geometry import Letterbox  # noqa: E402
+from contracts.requests import Request  # noqa: E402
+from streams.chunker import letterbox, plan_chunk  # noqa: E402
+from vlora_va.adapters import load_adapter_dir  # noqa: E402
+from vlora_va.engine import Engine  # noqa: E402
+from vlora_va.lora import PREMERGED, LoRAMode  # noqa: E402
+from vlora_va.models import load_backbone, normalise  # noqa: E402
+from vlora_va.plan import make_plan  # noqa: E402
+from vlora_va.precision import Capabilities, cpu_flags  # noqa: E402
+
+IMAGE_SIZE = 336  # pipelines.yaml daemon.image_size
+FPS = 10
+AT_S = 5.0  # which second of the videos (bikes.mp4 is 10 s long)
+
+
+class _Task:  # what plan_chunk reads of a TaskConfig
+    def __init__(self, name, adapter, k):
+        self.name, self.adapter, self.frames_per_chunk = name, adapter, k
+
+
+def video_second(path: Path, start: float, fps: int = FPS) -> list[np.ndarray]:
+    from vlora_va.training.frames import read_frames
+
+    frames = read_frames(path, start, start + 1.0, 1.0 / fps)
+    return [f.rgb for f in frames[:fps]]
+
+
+def chunk_requests(stream: str, frames: list[np.ndarray], tasks: list[_Task]) -> list[Request]:
+    """The requests the daemon gets for one chunk: frames letterboxed once, shared by the tasks that pick them."""
+    union, picks = plan_chunk(len(frames), tuple(tasks))
+    boxed = [letterbox(frames[i], IMAGE_SIZE) for i in union]
+    lb = boxed[0][1]
+    h, w = frames[0].shape[:2]
+    now = time.time()
+    return [Request(stream, 0, t.name, t.adapter, [boxed[j][0] for j in p], [0.1 * j for j in p], lb, (w, h),
+                    now, now, now + 10) for t, p in zip(tasks, picks)]
+
+
+def pipelines(videos: dict[str, list[np.ndarray]]) -> dict[str, list[Request]]:
+    """Today's default pipeline and the size / frame options, as one second of requests each."""
+    ped, bikes = videos["pedestrians"], videos["bikes"]
+    bikes_req = chunk_requests("bikes", bikes, [_Task("detect", "detect", 1)])
+    return {
+        "default": chunk_requests("pedestrians", ped, [_Task("detect", "detect", 1), _Task("activity", "actions", 8)])
+                   + bikes_req,
+        "activity 4 frames": chunk_requests("pedestrians", ped, [_Task("detect", "detect", 1),
+                                                                 _Task("activity", "actions", 4)]) + bikes_req,
+        "actions-persons 4@336": chunk_requests("pedestrians", ped, [_Task("detect", "detect", 1),
+                                                                     _Task("activity", "actions-persons", 4)])
+                                 + bikes_req,
+    }
+
+
+def naive_inputs(reqs: list[Request], sizes: dict[str, int]) -> dict[int, torch.Tensor]:
+    """Normalised pixels per size for a naive forward of the same images (each request's frames at its size)."""
+    by_size: dict[int, list[torch.Tensor]] = {}
+    for r in reqs:
+        x = normalise(torch.from_numpy(np.stack(r.frames)))
+        s = sizes[r.adapter]
+        if s != x.shape[-1]:
+            x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
+        by_size.setdefault(s, []).append(x)
+    return {s: torch.cat(xs) for s, xs in by_size.items()}
+
+
+def naive_forward(model, inputs: dict[int, torch.Tensor]) -> None:
+    with torch.inference_mode():
+        for x in inputs.values():
+            model(pixel_values=x)
+
+
+def engine_backbone(engine: Engine, plan) -> None:
+    """The plan's backbone forwards alone (what Engine._run_size runs before the heads)."""
+    for group in plan.groups:
+        frames, slots = [], []
+        for i in group.members:
+            r = plan.requests[i]
+            frames.extend(r.frames)
+            slots.extend([engine.slots[r.adapter]] * r.num_images)
+        engine.features(frames, slots, plan.mode, group.size, group.prefix)
+
+
+def interleaved(fns: dict[str, callable], rounds: int, threads: dict[str, int] | None = None) -> dict[str, dict]:
+    """{name: {median, min, times}} seconds, all variants once per round (after one warm-up each)."""
+    threads = threads or {}
+    default = torch.get_num_threads()
+    for name, fn in fns.items():
+        torch.set_num_threads(threads.get(name, default))
+        fn()
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.set_num_threads(threads.get(name, default))
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    torch.set_num_threads(default)
+    return {n: {"median": statistics.median(t), "min": min(t), "times": [round(x, 4) for x in t]}
+            for n, t in times.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for the main comparison (default 2)")
+    ap.add_argument("--precisions", default="fp32,bf16,int8")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: options, threads")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    torch.set_num_threads(args.threads)
+    caps = Capabilities.detect("cpu")
+    flags = cpu_flags()
+    print(f"CPU: {platform.processor() or platform.machine()}, torch {torch.__version__} ({caps.isa}), "
+          f"native bf16 {caps.native_bf16}, VNNI {caps.vnni}, int8 kernels {caps.int8_kernels}, "
+          f"{os.cpu_count()} cores, {args.threads} threads; load {os.getloadavg()[0]:.1f}", flush=True)
+    precisions = [p for p in args.precisions.split(",") if p]
+
+    backbone = load_backbone("dinov2-small")
+    names = ["detect", "actions"] + ([] if "options" in skip else ["actions-persons"])
+    adapters = {n: load_adapter_dir(n, ROOT / "adapters" / n, 384) for n in names}
+    sizes = {n: int(a.head_config.get("image_size", IMAGE_SIZE)) for n, a in adapters.items()}
+    videos = {v: video_second(ROOT / "sample_videos" / f"{v}.mp4", AT_S) for v in ("pedestrians", "bikes")}
+    reqs = pipelines(videos)
+    if "options" in skip:
+        reqs = {"default": reqs["default"]}
+
+    naive = copy.deepcopy(backbone).eval()
+    engines = {}
+    for p in precisions:
+        t0 = time.perf_counter()
+        engines[p] = Engine(copy.deepcopy(backbone), {n: copy.deepcopy(a) for n, a in adapters.items()}, IMAGE_SIZE,
+                            premerge_max_mb=4096, precision=p)
+        print(f"engine {p}: built in {time.perf_counter() - t0:.1f} s", flush=True)
+    mode = LoRAMode(PREMERGED)
+    catalog = next(iter(engines.values())).catalog()
+
+    # ---- one second of each pipeline: naive fp32 vs the engine per precision
+    fns, meta = {}, {}
+    for pipe, rs in reqs.items():
+        inputs = naive_inputs(rs, sizes)
+        fns[f"{pipe} | naive fp32"] = (lambda inputs=inputs: naive_forward(naive, inputs))
+        meta[pipe] = {"images": {str(s): int(x.shape[0]) for s, x in inputs.items()},
+                      "requests": [[r.stream, r.adapter, r.num_images] for r in rs]}
+        for p, e in engines.items():
+            plan = make_plan(rs, mode, catalog)
+            meta[pipe]["prefix"] = {str(g.size): g.prefix for g in plan.groups}
+            fns[f"{pipe} | engine {p} backbone"] = (lambda e=e, plan=plan: engine_backbone(e, plan))
+            fns[f"{pipe} | engine {p} execute"] = (lambda e=e, plan=plan: e.execute(plan))
+    print(f"timing {len(fns)} variants x {args.rounds} rounds ...", flush=True)
+    res = interleaved(fns, args.rounds)
+    base = res["default | naive fp32"]["median"]
+    rows = []
+    for pipe in reqs:
+        own = res[f"{pipe} | naive fp32"]["median"]
+        for name in [n for n in res if n.startswith(pipe + " |")]:
+            m = res[name]["median"]
+            rows.append({"pipeline": pipe, "variant": name.split(" | ")[1], "median_s": round(m, 4),
+                         "min_s": round(res[name]["min"], 4), "vs_naive_default": round(m / base, 3),
+                         "vs_naive_same_images": round(m / own, 3), "times": res[name]["times"]})
+            print(f"  {name:55s} {m:7.3f} s  {m / base:5.2f}x naive(default)  {m / own:5.2f}x naive(same images)",
+                  flush=True)
+
+    # ---- threads and batch size
+    scaling = []
+    if "threads" not in skip:
+        rng = np.random.default_rng(0)
+        frames = [letterbox(videos["pedestrians"][i], IMAGE_SIZE)[0] for i in range(8)]
+        del rng
+        for size, batches in ((224, (1, 2, 4, 8)), (336, (1, 2, 4))):
+            fns, threads = {}, {}
+            for n in batches:
+                x = naive_inputs([Request("x", 0, "t", "detect", frames[:n], [0.0] * n, Letterbox(1.0, 0.0, 0.0),
+                                          (768, 576), 0, 0, 0)], {"detect": size})
+                for t in (1, 2):
+                    fns[f"naive fp32|{n}|{t}"] = (lambda x=x: naive_forward(naive, x))
+                    threads[f"naive fp32|{n}|{t}"] = t
+                    for p, e in engines.items():
+                        if p == "fp32":
+                            continue
+                        k = f"engine {p}|{n}|{t}"
+                        fns[k] = (lambda e=e, n=n: e.features(frames[:n], [0] * n, mode, size))
+                        threads[k] = t
+            print(f"threads x batch at {size} px: {len(fns)} variants x {max(3, args.rounds // 2)} rounds ...", flush=True)
+            r = interleaved(fns, max(3, args.rounds // 2), threads)
+            for k, v in r.items():
+                variant, n, t = k.split("|")
+                scaling.append({"size": size, "variant": variant, "images": int(n), "threads": int(t),
+                                "median_s": round(v["median"], 4), "s_per_image": round(v["median"] / int(n), 4)})
+                print(f"  {size} px {variant:12s} batch {n} threads {t}: {v['median'] / int(n) * 1000:7.1f} ms/image",
+                      flush=True)
+
+    out = {"cpu": {"model": platform.processor() or platform.machine(), "isa": caps.isa, "flags_bf16": caps.native_bf16,
+                   "vnni": caps.vnni, "int8_kernels": caps.int8_kernels, "cores": os.cpu_count(),
+                   "avx512": "avx512f" in flags},
+           "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
+           "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pipelines": meta, "results": rows, "scaling": scaling}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu_backbone.json").write_text(json.dumps(out, indent=1) + "\n")
+    (args.out / "cpu_backbone.md").write_text(markdown(out) + "\n")
+    print(f"wrote {args.out / 'cpu_backbone.json'} and .md")
+    return 0
+
+
+def markdown(out: dict) -> str:
+    c = out["cpu"]
+    lines = [f"# CPU backbone: naive fp32 eager vs the daemon's way ({out['created']})", "",
+             f"CPU {c['model']} ({c['isa']}, native bf16 {c['flags_bf16']}, VNNI {c['vnni']}), {c['cores']} cores, "
+             f"torch {out['torch']}, {out['threads']} threads, medians of {out['rounds']} interleaved rounds. "
+             "One second of video per pipeline; `backbone` = the engine's forwards, `execute` = with resize and heads.",
+             "", "| pipeline | images | variant | median s | × naive fp32 (default images) | × naive fp32 (same images) |",
+             "|---|---|---|---:|---:|---:|"]
+    for r in out["results"]:
+        imgs = ", ".join(f"{n}@{s}" for s, n in out["pipelines"][r["pipeline"]]["images"].items())
+        lines.append(f"| {r['pipeline']} | {imgs} | {r['variant']} | {r['median_s']:.3f} | {r['vs_naive_default']:.2f} | "
+                     f"{r['vs_naive_same_images']:.2f} |")
+    if out["scaling"]:
+        lines += ["", "Threads and batch size (ms per image; engine = premerged, one adapter):", "",
+                  "| size | variant | batch | 1 thread | 2 threads |", "|---|---|---:|---:|---:|"]
+        seen = {}
+        for r in out["scaling"]:
+            seen.setdefault((r["size"], r["variant"], r["images"]), {})[r["threads"]] = r["s_per_image"]
+        for (size, variant, n), t in seen.items():
+            lines.append(f"| {size} | {variant} | {n} | {t.get(1, 0) * 1000:.0f} | {t.get(2, 0) * 1000:.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

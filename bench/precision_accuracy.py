@@ -1,0 +1,271 @@
+"""Accuracy gate for the backbone's precision (and cheaper inputs): paired, held-out, bootstrap 95% intervals.
+
+Every shipped adapter is scored through the daemon's own engine (premerged weights, frames letterboxed to
+daemon.image_size 336 as ingest does and resized by the engine) under fp32 and under each candidate, on the same
+held-out frames / clips (pedestrians.mp4 55-79.5 s every 0.5 s; the human-checked set's frames and clips where it
+has them), and each candidate's difference to fp32 gets a bootstrap 95% interval (vlora_va/training/paired.py,
+2000 resamples of frames / clips, seed 0):
+
+    detect            person F1@0.5 at the adapter's threshold (teacher labels; human boxes), person AP50
+    actions           clip top-1 (teacher tracking-rule labels)
+    actions-persons   per-person top-1 (teacher labels, centre rule; human persons, IoU >= 0.5), clip top-1
+
+A precision passes for an adapter unless one of its gated metrics' interval lies wholly below -0.01
+(precision.GATE_MIN_DELTA); `--write-gate` records that beside each adapter (adapters/NAME/precision.json, tied
+to the adapter's sha256), which is what `daemon.precision: auto` reads. Options (`--options`, never gated): the
+actions adapter on 4 frames instead of 8, and actions-persons (4 frames at 336, clip label) in place of actions.
+Writes bench/results/precision_accuracy.json and .md. Needs the teacher label cache or the teachers
+(`../shared/assets/teachers`); about 10-20 min on 2 shared cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from streams.chunker import letterbox  # noqa: E402
+from vlora_va import precision as P  # noqa: E402
+from vlora_va.adapters import load_adapter_dir  # noqa: E402
+from vlora_va.engine import Engine  # noqa: E402
+from vlora_va.heads import Features  # noqa: E402
+from vlora_va.lora import PREMERGED, LoRAMode  # noqa: E402
+from vlora_va.models import load_backbone  # noqa: E402
+from vlora_va.training import paired  # noqa: E402
+from vlora_va.training.data import activity_clips, detection_labels, merge_labels  # noqa: E402
+from vlora_va.training.evaluate import (HUMAN_SET, human_clip_frames, human_frames, load_human_set,  # noqa: E402
+                                        sources_of)
+from vlora_va.training.frames import Frame, read_frames  # noqa: E402
+from vlora_va.training.spec import Range, Spec  # noqa: E402
+
+IMAGE_SIZE = 336
+PED = ROOT / "sample_videos" / "pedestrians.mp4"
+BIKES = ROOT / "sample_videos" / "bikes.mp4"
+HELD_OUT = Range(PED, 55.0, 79.5, 0.5)
+# name -> (precision, int8 activations in 7 bits)
+VARIANTS = {"fp32": ("fp32", True), "bf16": ("bf16", True), "int8": ("int8", True), "int8 8-bit": ("int8", False)}
+GATED = {"int8": "int8", "bf16": "bf16"}  # variant -> the precision its result gates (int8 8-bit is not shipped)
+
+
+class Scorer:
+    """One adapter served by an engine in one precision: predictions for frames and clips."""
+
+    def __init__(self, backbone, adapter, precision: str, reduce_range: bool = True):
+        self.adapter, self.reduce_range = adapter, reduce_range
+        self.engine = Engine(copy.deepcopy(backbone), {adapter.name: adapter}, IMAGE_SIZE, max_slots=1,
+                             premerge_max_mb=4096, precision=precision)
+        self.size = self.engine.sizes[adapter.name]
+        self.head = adapter.head
+        self._cache: dict[str, tuple] = {}
+
+    def features(self, frames: list[Frame], batch: int = 8) -> tuple[Features, list]:
+        """Backbone features of the frames (cached by frame key), as the daemon computes them, and letterboxes."""
+        todo = list({f.key: f for f in frames if f.key not in self._cache}.values())
+        keep = P.REDUCE_RANGE
+        P.REDUCE_RANGE = self.reduce_range
+        try:
+            for i in range(0, len(todo), batch):
+                part = todo[i:i + batch]
+                boxed = [letterbox(f.rgb, IMAGE_SIZE) for f in part]
+                feats = self.engine.features([b[0] for b in boxed], [0] * len(part), LoRAMode(PREMERGED), self.size)
+                for j, (f, b) in enumerate(zip(part, boxed)):
+                    self._cache[f.key] = (feats.select(slice(j, j + 1)), b[1].resized(self.size / IMAGE_SIZE))
+        finally:
+            P.REDUCE_RANGE = keep
+        parts = [self._cache[f.key] for f in frames]
+        return (Features(torch.cat([p[0].cls for p in parts]), torch.cat([p[0].grid for p in parts])),
+                [p[1] for p in parts])
+
+    def detections(self, frames: list[Frame]) -> dict[str, list[dict]]:
+        """{frame key: detections scoring >= 0.05} (AP needs the ranking; F1 reads it at the threshold)."""
+        feats, lbs = self.features(frames)
+        thr, self.head.score_threshold = self.head.score_threshold, 0.05
+        try:
+            dets = self.head.decode(self.head(feats), lbs, [f.size for f in frames])
+        finally:
+            self.head.score_threshold = thr
+        return {f.key: [d.to_json() for d in ds] for f, ds in zip(frames, dets)}
+
+    def clips(self, clips: list[list[Frame]], clip_len: int) -> list[dict]:
+        out = []
+        for frames in clips:
+            feats, lbs = self.features(frames)
+            res = self.head.decode(self.head(feats, clip_len), [lbs[0]], [frames[0].size])[0]
+            out.append(res.to_json())
+        return out
+
+
+def spec_for(adapter, clip_len: int | None = None) -> Spec:
+    return Spec(name="eval", task=adapter.task, output=Path(adapter.path), clip_len=clip_len or adapter.clip_len)
+
+
+def score_detect(s: Scorer, data: dict) -> dict:
+    preds = s.detections(data["frames"])
+    thr = s.head.score_threshold
+    teacher = paired.detection_items(preds, data["teacher"], data["teacher_keys"], "person")
+    human = paired.detection_items(preds, data["human"], data["human_keys"], "person")
+    return {"person F1@0.5 (teacher)": (teacher, lambda it: paired.f1_at(it, thr)),
+            "person AP50 (teacher)": (teacher, paired.ap50),
+            "person F1@0.5 (human)": (human, lambda it: paired.f1_at(it, thr))}
+
+
+def score_clips(s: Scorer, data: dict, clip_len: int) -> dict:
+    preds = s.clips(data["clips"], clip_len)
+    out = {"clip top-1 (teacher)": ([int(p["label"] == t) for p, t in zip(preds, data["labels"])], paired.clip_top1)}
+    if s.head.persons:
+        thr = s.head.score_threshold
+        out["person top-1 (teacher)"] = (paired.person_items([p["persons"] for p in preds], data["persons"],
+                                                             s.head.person_labels, thr), paired.persons_top1)
+        hp = s.clips(data["human_clips"], clip_len)
+        out["person top-1 (human)"] = (paired.person_items([p["persons"] for p in hp], data["human_persons"],
+                                                           s.head.person_labels, thr, iou=0.5), paired.persons_top1)
+    return out
+
+
+GATE_METRICS = {"detect": ["person F1@0.5 (teacher)", "person F1@0.5 (human)"],
+                "actions": ["clip top-1 (teacher)"],
+                "actions-persons": ["person top-1 (teacher)", "person top-1 (human)"]}
+
+
+def detect_data(adapter, hs) -> dict:
+    frames = read_frames(HELD_OUT.video, HELD_OUT.start, HELD_OUT.end, HELD_OUT.step)
+    spec = spec_for(adapter)
+    teacher = merge_labels(*(detection_labels(src, frames, spec, progress=False) for src in sources_of(adapter)))
+    hframes = human_frames(hs, HELD_OUT) + human_frames(hs, Range(BIKES, 0.0, None, 0.5))
+    by_key = {f.key: f for f in frames + hframes}
+    return {"frames": list(by_key.values()), "teacher": teacher, "teacher_keys": [f.key for f in frames],
+            "human": {f.key: hs.boxes[f.key] for f in hframes}, "human_keys": [f.key for f in hframes]}
+
+
+def clip_data(adapter, hs, clip_len: int) -> dict:
+    spec = spec_for(adapter, clip_len)
+    clips = [c for src in sources_of(adapter) for c in activity_clips(src, [HELD_OUT], spec, progress=False)]
+    data = {"clips": [c.frames for c in clips], "labels": [c.label for c in clips],
+            "persons": [c.persons for c in clips], "starts": [c.start for c in clips]}
+    if adapter.head.persons:
+        hclips, picked = human_clip_frames(hs, HELD_OUT, clip_len)
+        data["human_clips"], data["human_persons"] = picked, [c["persons"] for c in hclips]
+    return data
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--adapters", default="detect,actions,actions-persons")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--options", action="store_true", help="also the size / frame options (not gated)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write-gate", action="store_true", help="write adapters/NAME/precision.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    backbone = load_backbone("dinov2-small")
+    hs = load_human_set(HUMAN_SET)
+    variants = [v for v in args.variants.split(",") if v]
+    assert variants[0] == "fp32", "fp32 (the reference) comes first"
+    report = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "held_out": "pedestrians.mp4 55-79.5 s every 0.5 s",
+              "human_set": hs.describe(), "bootstrap": {"resamples": paired.BOOTSTRAP, "seed": paired.SEED},
+              "gate_min_delta": P.GATE_MIN_DELTA, "torch": torch.__version__, "adapters": {}, "options": {}}
+    for name in [a for a in args.adapters.split(",") if a]:
+        adapter = load_adapter_dir(name, ROOT / "adapters" / name, 384)
+        t0 = time.monotonic()
+        data = detect_data(adapter, hs) if adapter.task == "detection" else clip_data(adapter, hs, adapter.clip_len)
+        scored: dict[str, dict] = {}
+        for v in variants:
+            prec, rr = VARIANTS[v]
+            s = Scorer(backbone, copy.deepcopy(adapter), prec, rr)
+            scored[v] = score_detect(s, data) if adapter.task == "detection" else score_clips(s, data, adapter.clip_len)
+            print(f"{name} {v}: " + ", ".join(f"{m} {fn(items):.4f}" for m, (items, fn) in scored[v].items()), flush=True)
+            del s
+        rows = {}
+        for v in variants[1:]:
+            rows[v] = {m: paired.paired(scored["fp32"][m][0], items, fn) for m, (items, fn) in scored[v].items()}
+            for m, d in rows[v].items():
+                print(f"  {name} {v} - fp32 {m}: {d['delta']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]", flush=True)
+        report["adapters"][name] = {"sha256": adapter.sha256, "seconds": round(time.monotonic() - t0),
+                                    "fp32": {m: round(fn(items), 4) for m, (items, fn) in scored["fp32"].items()},
+                                    "vs_fp32": rows}
+        gate = {}
+        for v, prec in GATED.items():
+            if v in rows:
+                gate[prec] = P.gate_entry({m: rows[v][m] for m in GATE_METRICS[name] if m in rows[v]})
+                print(f"  gate {name} {prec}: {'passes' if gate[prec]['passes'] else 'FAILS'} ({gate[prec]['summary']})")
+        report["adapters"][name]["gate"] = gate
+        if args.write_gate and gate:
+            path = ROOT / "adapters" / name / P.GATE_FILE
+            path.write_text(json.dumps({
+                "adapter_sha256": adapter.sha256, "written_by": "bench/precision_accuracy.py --write-gate",
+                "created": report["created"], "rule": f"a precision passes unless a gated metric's paired bootstrap "
+                f"95% interval (vs fp32) lies wholly below {P.GATE_MIN_DELTA}", "precisions": gate}, indent=1) + "\n")
+            print(f"  wrote {path}")
+
+    if args.options:
+        report["options"] = options(backbone, hs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "precision_accuracy.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "precision_accuracy.md").write_text(markdown(report) + "\n")
+    print(f"wrote {args.out / 'precision_accuracy.json'} and .md")
+    return 0
+
+
+def options(backbone, hs) -> dict:
+    """Cheaper inputs for the activity task, each against today's actions (8 frames at 224, fp32), paired by clip."""
+    actions = load_adapter_dir("actions", ROOT / "adapters" / "actions", 384)
+    persons = load_adapter_dir("actions-persons", ROOT / "adapters" / "actions-persons", 384)
+    d8 = clip_data(actions, hs, 8)
+    d4 = clip_data(actions, hs, 4)
+    dp = clip_data(persons, hs, persons.clip_len)
+    assert d8["starts"] == d4["starts"] == dp["starts"], "the options must score the same clips"
+    ref = score_clips(Scorer(backbone, copy.deepcopy(actions), "fp32"), d8, 8)["clip top-1 (teacher)"]
+    out = {}
+    for name, adapter, data, clip_len, prec in (("actions, 4 frames, fp32", actions, d4, 4, "fp32"),
+                                               ("actions, 4 frames, int8", actions, d4, 4, "int8"),
+                                               ("actions, 8 frames, int8", actions, d8, 8, "int8"),
+                                               ("actions-persons (4 frames at 336), fp32", persons, dp, 4, "fp32"),
+                                               ("actions-persons (4 frames at 336), int8", persons, dp, 4, "int8")):
+        items, fn = score_clips(Scorer(backbone, copy.deepcopy(adapter), prec), data, clip_len)["clip top-1 (teacher)"]
+        out[name] = {"clip top-1 (teacher) vs actions 8 frames fp32": paired.paired(ref[0], items, fn)}
+        d = out[name]["clip top-1 (teacher) vs actions 8 frames fp32"]
+        print(f"option {name}: clip top-1 {d['variant']:.4f} vs {d['reference']:.4f}: {d['delta']:+.4f} "
+              f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]", flush=True)
+    return out
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Precision accuracy gate ({r['created']})", "",
+             f"Held-out {r['held_out']} (and the human-checked set `{Path(r['human_set']['path']).name}`, sha256 "
+             f"{r['human_set']['sha256'][:12]}{'' if r['human_set']['frozen'] else ', NOT the frozen file'}), through "
+             f"the engine (premerged, frames letterboxed to {IMAGE_SIZE} px). Paired differences to fp32 on the same "
+             f"frames / clips, bootstrap 95% interval ({r['bootstrap']['resamples']} resamples, seed "
+             f"{r['bootstrap']['seed']}). A precision stays off for an adapter when a gated metric's interval lies "
+             f"wholly below {r['gate_min_delta']}.", "",
+             "| adapter | metric | fp32 | variant | variant value | Δ vs fp32 | 95% interval | gated |",
+             "|---|---|---:|---|---:|---:|---|---|"]
+    for name, a in r["adapters"].items():
+        for v, metrics in a["vs_fp32"].items():
+            for m, d in metrics.items():
+                lines.append(f"| {name} | {m} | {d['reference']:.3f} | {v} | {d['variant']:.3f} | {d['delta']:+.3f} | "
+                             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {'yes' if m in GATE_METRICS[name] else ''} |")
+    lines += ["", "| adapter | precision | gate |", "|---|---|---|"]
+    for name, a in r["adapters"].items():
+        for prec, g in a.get("gate", {}).items():
+            lines.append(f"| {name} | {prec} | {'passes' if g['passes'] else 'off: ' + ', '.join(g['failing'])} |")
+    if r.get("options"):
+        lines += ["", "Options for the activity task, against today's `actions` (8 frames at 224 px, fp32), clip top-1 "
+                  "on the same 48 clips (teacher labels):", "", "| option | top-1 | Δ | 95% interval |", "|---|---:|---:|---|"]
+        for name, o in r["options"].items():
+            d = next(iter(o.values()))
+            lines.append(f"| {name} | {d['variant']:.3f} | {d['delta']:+.3f} | [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The benchmarks' own logic (their figures come from running them, not from tests): bench/gpu.py skips
+cleanly without CUDA; bench/serving.py's load schedule and its summary arithmetic."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import serving as S  # noqa: E402
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine runs the real benchmark")
+def test_gpu_bench_says_it_skipped_and_exits_0_without_cuda():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "skipped: no CUDA device" in r.stdout
+
+
+def test_serving_schedule_offers_the_asked_load_and_skew():
+    w = S.Workload(streams=6, adapters=4, skew=0.9, load=3.0)
+    plan = S.schedule(w, capacity=10.0, duration=20.0, seed=1)
+    assert len(plan) == 600  # 3 x 10 images/s for 20 s
+    assert plan == sorted(plan) and plan[1][0] - plan[0][0] == pytest.approx(1 / 30)
+    share = sum(a == 0 for *_, a in plan) / len(plan)
+    assert share == pytest.approx(0.9, abs=0.04)
+    per_stream = {s: [q for _, st, q, _ in plan if st == s] for s in range(6)}
+    assert all(v == list(range(len(v))) for v in per_stream.values())  # each stream's chunks numbered in order
+    assert plan == S.schedule(w, 10.0, 20.0, seed=1)  # the same sequence for every policy
+
+
+def test_serving_analysis_and_ratios():
+    def row(stream, status, met=True, total=500.0):
+        return {"stream": stream, "status": status, "deadline_met": met and status == "ok",
+                "latency_ms": {"total": total}}
+    rows = [row("s0", "ok")] * 99 + [row("s0", "ok", met=False, total=2500.0)] + [row("s1", "shed")] * 50 + \
+        [row("s1", "ok")] * 50
+    f = S.analyse(rows, offered=210, duration=10.0, n_switches=3)
+    assert f["in_deadline_per_s"] == pytest.approx(14.9) and f["not_answered"] == 10
+    assert f["shed_rate"] == pytest.approx(50 / 210) and f["miss_rate"] == pytest.approx(1 / 210)
+    assert f["streams_held"] == 1 and f["p99_latency_ms"] == 500.0
+    points = [{"backbone": "b", "workload": "w", "policy": p, "figures": dict(f, in_deadline_per_s=v)}
+              for p, v in (("vlora", 12.0), ("edf", 10.0), ("unmerge-only", 8.0), ("merge-only", 6.0), ("dlora", 9.0))]
+    summary = {r["policy"]: r for r in S.summarise(points)}
+    assert summary["vlora"]["vs_best_baseline"] == pytest.approx(1.2)
+    assert summary["vlora"]["vs_unmerge_only"] == pytest.approx(1.5)
