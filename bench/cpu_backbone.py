@@ -146,7 +146,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2, help="torch threads for the main comparison (default 2)")
     ap.add_argument("--precisions", default="fp32,bf16,int8")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: options, threads")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: pipelines, options, threads, linears")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -189,26 +189,29 @@ def main() -> int:
             meta[pipe]["prefix"] = {str(g.size): g.prefix for g in plan.groups}
             fns[f"{pipe} | engine {p} backbone"] = (lambda e=e, plan=plan: engine_backbone(e, plan))
             fns[f"{pipe} | engine {p} execute"] = (lambda e=e, plan=plan: e.execute(plan))
+    rows = []
+    if "pipelines" in skip:
+        fns, reqs = {}, {}
     print(f"timing {len(fns)} variants x {args.rounds} rounds ...", flush=True)
     res = interleaved(fns, args.rounds)
-    base = res["default | naive fp32"]["median"]
-    rows = []
+    base = res["default | naive fp32"]["median"] if res else 0.0
     for pipe in reqs:
         own = res[f"{pipe} | naive fp32"]["median"]
         for name in [n for n in res if n.startswith(pipe + " |")]:
             m = res[name]["median"]
+            # the ratio within each round (both hit by the same burst of other load), then its median
+            paired = statistics.median(a / b for a, b in zip(res[name]["times"], res["default | naive fp32"]["times"]))
             rows.append({"pipeline": pipe, "variant": name.split(" | ")[1], "median_s": round(m, 4),
                          "min_s": round(res[name]["min"], 4), "vs_naive_default": round(m / base, 3),
+                         "vs_naive_default_per_round": round(paired, 3),
                          "vs_naive_same_images": round(m / own, 3), "times": res[name]["times"]})
-            print(f"  {name:55s} {m:7.3f} s  {m / base:5.2f}x naive(default)  {m / own:5.2f}x naive(same images)",
-                  flush=True)
+            print(f"  {name:55s} {m:7.3f} s  {m / base:5.2f}x naive(default), per round {paired:5.2f}x  "
+                  f"{m / own:5.2f}x naive(same images)", flush=True)
 
     # ---- threads and batch size
     scaling = []
     if "threads" not in skip:
-        rng = np.random.default_rng(0)
         frames = [letterbox(videos["pedestrians"][i], IMAGE_SIZE)[0] for i in range(8)]
-        del rng
         for size, batches in ((224, (1, 2, 4, 8)), (336, (1, 2, 4))):
             fns, threads = {}, {}
             for n in batches:
@@ -232,16 +235,59 @@ def main() -> int:
                 print(f"  {size} px {variant:12s} batch {n} threads {t}: {v['median'] / int(n) * 1000:7.1f} ms/image",
                       flush=True)
 
+    linears = [] if "linears" in skip else linear_layers(args.rounds)
+
     out = {"cpu": {"model": platform.processor() or platform.machine(), "isa": caps.isa, "flags_bf16": caps.native_bf16,
                    "vnni": caps.vnni, "int8_kernels": caps.int8_kernels, "cores": os.cpu_count(),
                    "avx512": "avx512f" in flags},
            "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
-           "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pipelines": meta, "results": rows, "scaling": scaling}
+           "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pipelines": meta, "results": rows, "scaling": scaling,
+           "linears": linears}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cpu_backbone.json").write_text(json.dumps(out, indent=1) + "\n")
     (args.out / "cpu_backbone.md").write_text(markdown(out) + "\n")
     print(f"wrote {args.out / 'cpu_backbone.json'} and .md")
     return 0
+
+
+def linear_layers(rounds: int, calls: int = 5) -> list[dict]:
+    """One ViT-S linear layer per shape at the rows of the default pipeline's two forwards (2 x 577 tokens at
+    336 px, 8 x 257 at 224): fp32 (nn.Linear), bf16 (weights and input bf16), int8 as the engine runs it (fbgemm,
+    precision.Int8Linear), and torchao's int8 dynamic-activation / int8-weight linear where torchao is installed
+    (it is not a dependency: `pip install torchao`, or PYTHONPATH to a copy)."""
+    from vlora_va.precision import Int8Linear
+
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    except ImportError:
+        quantize_ = None
+    out = []
+    for rows_name, n in (("2x336", 2 * 577), ("8x224", 8 * 257)):
+        for o, i in ((384, 384), (1536, 384), (384, 1536)):
+            lin = torch.nn.Linear(i, o).eval()
+            x = torch.randn(n, i)
+            bf = copy.deepcopy(lin).to(torch.bfloat16)
+            xb = x.to(torch.bfloat16)
+            q8 = Int8Linear(copy.deepcopy(lin))
+            fns = {"fp32": lambda: lin(x), "bf16": lambda: bf(xb), "int8 fbgemm (engine)": lambda: q8(x)}
+            if quantize_ is not None:
+                ao = copy.deepcopy(lin)
+                quantize_(ao, Int8DynamicActivationInt8WeightConfig())
+                fns["int8 torchao"] = lambda: ao(x)
+
+            def many(fn):
+                with torch.inference_mode():
+                    for _ in range(calls):
+                        fn()
+
+            res = interleaved({k: (lambda f=f: many(f)) for k, f in fns.items()}, rounds)
+            fp32 = res["fp32"]["median"]
+            for k, v in res.items():
+                out.append({"rows": rows_name, "shape": f"{i}->{o}", "variant": k, "ms": round(v["median"] / calls * 1e3, 3),
+                            "vs_fp32": round(v["median"] / fp32, 3)})
+                print(f"  linear {rows_name} {i}->{o} {k:22s} {v['median'] / calls * 1e3:7.2f} ms  {v['median'] / fp32:5.2f}x",
+                      flush=True)
+    return out
 
 
 def markdown(out: dict) -> str:
@@ -250,12 +296,16 @@ def markdown(out: dict) -> str:
              f"CPU {c['model']} ({c['isa']}, native bf16 {c['flags_bf16']}, VNNI {c['vnni']}), {c['cores']} cores, "
              f"torch {out['torch']}, {out['threads']} threads, medians of {out['rounds']} interleaved rounds. "
              "One second of video per pipeline; `backbone` = the engine's forwards, `execute` = with resize and heads.",
-             "", "| pipeline | images | variant | median s | × naive fp32 (default images) | × naive fp32 (same images) |",
-             "|---|---|---|---:|---:|---:|"]
+             "`× naive` = median over rounds of the variant / the median of naive fp32 on today's default images; "
+             "`per round` = the median of the ratio taken within each round (the two runs a few seconds apart, hit "
+             "by the same load).",
+             "", "| pipeline | images | variant | median s | × naive fp32 (default images) | per round | "
+             "× naive fp32 (same images) |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for r in out["results"]:
         imgs = ", ".join(f"{n}@{s}" for s, n in out["pipelines"][r["pipeline"]]["images"].items())
         lines.append(f"| {r['pipeline']} | {imgs} | {r['variant']} | {r['median_s']:.3f} | {r['vs_naive_default']:.2f} | "
-                     f"{r['vs_naive_same_images']:.2f} |")
+                     f"{r['vs_naive_default_per_round']:.2f} | {r['vs_naive_same_images']:.2f} |")
     if out["scaling"]:
         lines += ["", "Threads and batch size (ms per image; engine = premerged, one adapter):", "",
                   "| size | variant | batch | 1 thread | 2 threads |", "|---|---|---:|---:|---:|"]
@@ -264,6 +314,11 @@ def markdown(out: dict) -> str:
             seen.setdefault((r["size"], r["variant"], r["images"]), {})[r["threads"]] = r["s_per_image"]
         for (size, variant, n), t in seen.items():
             lines.append(f"| {size} | {variant} | {n} | {t.get(1, 0) * 1000:.0f} | {t.get(2, 0) * 1000:.0f} |")
+    if out.get("linears"):
+        lines += ["", "Linear layers alone (ms per call, × fp32), rows of the default pipeline's forwards:", "",
+                  "| rows | shape | variant | ms | × fp32 |", "|---|---|---|---:|---:|"]
+        lines += [f"| {r['rows']} | {r['shape']} | {r['variant']} | {r['ms']:.2f} | {r['vs_fp32']:.2f} |"
+                  for r in out["linears"]]
     return "\n".join(lines)
 
 

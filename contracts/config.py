@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from .security import CurveConfig, KeyFileError, read_authorized, read_public, read_secret
 from .wire import MAX_FRAME_SIDE, MAX_FRAMES, MAX_TASKS, NAME, STREAM_ID
 
 DROP_POLICIES = ("drop_oldest", "drop_newest", "block")
@@ -25,6 +26,11 @@ DEVICES = ("cpu", "cuda", "auto")
 # Scheduling policies (vlora_va/scheduling): the V-LoRA policy and the baselines it is measured against.
 POLICIES = ("vlora", "edf", "merge-only", "unmerge-only", "dlora")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+HW_DECODE = ("auto", "off", "cuda", "vaapi", "qsv", "drm", "videotoolbox", "d3d11va", "amf")  # FFmpeg device types
+# How the backbone computes (vlora_va/precision.py): auto picks per machine what its measured speed and each
+# adapter's accuracy gate allow; int8 = dynamic-int8 linear layers (CPU); bf16 = the bfloat16 dtype.
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+_PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "int8": "float32"}  # what daemon.dtype must then be
 # What sustained overload does to the lowest-priority work first (see DaemonConfig.degrade).
 DEGRADE_OPTIONS = ("shed", "frames", "stride")
 SINK_TYPES = ("jsonl", "stdout", "webhook")
@@ -50,6 +56,9 @@ class DaemonConfig:
     device: str = "cpu"
     # Backbone precision: auto = bfloat16 on CUDA (tensor cores; heads stay float32), float32 on a CPU.
     dtype: str = "auto"
+    # Backbone compute precision: auto | fp32 | bf16 | int8 (CPU). auto: CUDA bf16; a CPU the fastest precision
+    # measured here among those it runs natively and every adapter's accuracy gate passed (else fp32).
+    precision: str = "auto"
     threads: int = 0  # torch intra-op threads; 0 = all cores minus one per local ingest worker
     max_batch_images: int = 16
     max_wait_ms: float = 20.0  # how long to wait for more requests before running a partial batch
@@ -88,6 +97,9 @@ class IngestConfig:
     # standalone worker stays connected this long after its last chunk (`vlora-va run` waits for the
     # daemon's "drained" signal instead).
     close_grace_s: float = 10.0
+    # Do not decode frames nothing refers to when a stream's tasks use at most half of each chunk's frames.
+    skip_frames: bool = True
+    hw_decode: str = "auto"  # hardware decoding: auto (NVDEC where an NVIDIA GPU is visible), off, or a type
 
 
 @dataclass(frozen=True)
@@ -145,6 +157,14 @@ class SinkConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """security: in pipelines.yaml. curve: ZeroMQ CURVE on the data, control and results sockets
+    (contracts/security.py); None = plain sockets (fine on loopback and ipc)."""
+
+    curve: CurveConfig | None = None
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     daemon: DaemonConfig
     ingest: IngestConfig
@@ -153,6 +173,7 @@ class PipelineConfig:
     sinks: tuple[SinkConfig, ...]
     source_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def stream(self, stream_id: str) -> StreamConfig:
         for s in self.streams:
@@ -249,7 +270,8 @@ def _daemon(c: _Checker, raw: Any, base_dir: Path) -> DaemonConfig:
     for name, f in fields.items():
         default = f.default
         kind = {bool: bool, int: int, float: float, str: str}.get(type(default), str)
-        choices = {"device": DEVICES, "policy": POLICIES, "degrade": DEGRADE_OPTIONS, "dtype": DTYPES}.get(name)
+        choices = {"device": DEVICES, "policy": POLICIES, "degrade": DEGRADE_OPTIONS, "dtype": DTYPES,
+                   "precision": PRECISIONS}.get(name)
         minimum = 1 if name in ("image_size", "max_batch_images", "max_slots", "max_rank") else (
             0 if kind in (int, float) else None)
         kw[name] = c.get(d, name, "daemon", kind, default, minimum=minimum, choices=choices)
@@ -257,6 +279,12 @@ def _daemon(c: _Checker, raw: Any, base_dir: Path) -> DaemonConfig:
         c.error("daemon.image_size", f"must be at most {MAX_FRAME_SIDE}, got {kw['image_size']}")
     if kw["image_size"] % 14:
         c.error("daemon.image_size", f"must be a multiple of the patch size 14, got {kw['image_size']}")
+    want = _PRECISION_DTYPE.get(kw["precision"])
+    if want and kw["dtype"] not in ("auto", want):
+        c.error("daemon.precision", f"{kw['precision']} computes in {want}, but daemon.dtype is {kw['dtype']} "
+                                    f"(leave dtype at auto, or set it to {want})")
+    if kw["precision"] == "int8" and kw["device"] == "cuda":
+        c.error("daemon.precision", "int8 runs on CPU devices only (daemon.device is cuda)")
     if not re.match(r"^(tcp|ipc|inproc)://", kw["endpoint"]):
         c.error("daemon.endpoint", f"expected a ZeroMQ endpoint like tcp://host:port or ipc:///path, got {kw['endpoint']!r}")
     if kw["control_endpoint"] and not re.match(r"^(tcp|ipc|inproc)://", kw["control_endpoint"]):
@@ -274,8 +302,8 @@ def _http(c: _Checker, kw: dict[str, Any]) -> None:
             c.error(f"daemon.{key}", f"must be a TCP port (at most 65535), got {kw[key]}")
     if kw["metrics_port"]:
         if kw["http_port"] and kw["http_port"] != kw["metrics_port"]:
-            c.error("daemon.metrics_port", f"is the older name of daemon.http_port (one server serves /metrics and "
-                                           f"the dashboard): set one of them, not {kw['metrics_port']} and {kw['http_port']}")
+            c.error("daemon.metrics_port", f"is the older name of daemon.http_port (one server serves /metrics and the "
+                                           f"dashboard): set one of them, not {kw['metrics_port']} and {kw['http_port']}")
         kw["http_port"] = kw["metrics_port"]
     host = kw["http_host"]
     try:
@@ -297,6 +325,8 @@ def _ingest(c: _Checker, raw: Any) -> IngestConfig:
         "reconnect_initial_s": c.get(d, "reconnect_initial_s", "ingest", float, IngestConfig.reconnect_initial_s, minimum=0.01),
         "reconnect_max_s": c.get(d, "reconnect_max_s", "ingest", float, IngestConfig.reconnect_max_s, minimum=0.01),
         "close_grace_s": c.get(d, "close_grace_s", "ingest", float, IngestConfig.close_grace_s, minimum=0),
+        "skip_frames": c.get(d, "skip_frames", "ingest", bool, IngestConfig.skip_frames),
+        "hw_decode": c.get(d, "hw_decode", "ingest", str, IngestConfig.hw_decode, choices=HW_DECODE),
     }
     return IngestConfig(**kw)
 
@@ -458,11 +488,43 @@ def _sinks(c: _Checker, raw: Any, base_dir: Path) -> tuple[SinkConfig, ...]:
     return sinks
 
 
+_CURVE_READERS = {"server_secret": read_secret, "server_public": read_public, "client_secret": read_secret,
+                  "client_public": read_authorized}
+
+
+def _security(c: _Checker, raw: Any, base_dir: Path) -> SecurityConfig:
+    d = c.mapping(raw, "security", {"curve"})
+    if d.get("curve") is None:
+        return SecurityConfig()
+    cv = c.mapping(d["curve"], "security.curve", set(_CURVE_READERS))
+    kw = {}
+    for key, read in _CURVE_READERS.items():
+        value = c.get(cv, key, "security.curve", str, "")
+        if value:
+            p = Path(value)
+            value = str(p if p.is_absolute() else base_dir / p)
+            try:
+                read(value)
+            except KeyFileError as e:
+                c.error(f"security.curve.{key}", str(e))
+        kw[key] = value
+    curve = CurveConfig(**kw)
+    for a, b, host in (("server_secret", "client_public", "the daemon's host"),
+                       ("client_secret", "server_public", "a client's host")):
+        if bool(kw[a]) != bool(kw[b]):
+            missing = b if kw[a] else a
+            c.error(f"security.curve.{missing}", f"required beside {a if kw[a] else b} ({host} needs both)")
+    if not (curve.server_side or curve.client_side):
+        c.error("security.curve", "needs server_secret + client_public (the daemon's host) and/or client_secret + "
+                                  "server_public (a client's host); `vlora-va keys DIR` makes all four")
+    return SecurityConfig(curve=curve)
+
+
 def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike = ".") -> PipelineConfig:
     """Validate YAML text; relative paths are resolved against base_dir."""
     data, lines = _parse_yaml(text, file)
     c = _Checker(lines, file)
-    top = c.mapping(data, "", {"version", "daemon", "ingest", "adapters", "streams", "sinks"})
+    top = c.mapping(data, "", {"version", "daemon", "ingest", "adapters", "streams", "sinks", "security"})
     if top.get("version", 1) != 1:
         c.error("version", f"unsupported config version {top.get('version')!r} (this build reads version 1)")
     base = Path(base_dir)
@@ -480,6 +542,7 @@ def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike
         daemon=_daemon(c, top.get("daemon"), base),
         ingest=_ingest(c, top.get("ingest")),
         adapters=adapters, streams=streams, sinks=sinks, source_file=file,
+        security=_security(c, top.get("security"), base),
     )
 
 

@@ -154,9 +154,12 @@ class ResultRecord:
         return row
 
 
-def iso_utc(t: float) -> str:
-    """2026-11-23T10:15:30.123Z: ISO 8601, UTC, milliseconds."""
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def iso_utc(t: float) -> str | None:
+    """2026-11-23T10:15:30.123Z: ISO 8601, UTC, milliseconds; None for a time no calendar date holds."""
+    try:
+        return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 # ---------------------------------------------------------------- rows from requests
@@ -183,3 +186,25 @@ def not_served(req, status: str, reason: str, now: float, provenance: dict | Non
         frame_ts=tuple(req.frame_ts), latency=Latency(0.0, 0.0, now - req.ready), deadline_ms=req.deadline_ms,
         deadline_met=False, dropped_before=req.dropped_before, outage_before_s=req.outage_before_s,
         captured_at=req.ready, provenance=provenance)
+
+
+# ---------------------------------------------------------------- reading rows back
+class JsonlFollower:
+    """A JSON Lines results file read as it grows (a consumer's tail -f): `new_lines()` returns the complete
+    lines appended since the last call; a line still being written waits for its newline. A file that does not
+    exist yet reads as empty."""
+
+    def __init__(self, path):
+        self.path, self._pos, self._partial = path, 0, ""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path) as f:
+                f.seek(self._pos)
+                text = f.read()
+                self._pos = f.tell()
+        except FileNotFoundError:
+            return []
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        return [line for line in lines if line]

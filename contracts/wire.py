@@ -69,12 +69,15 @@ class ChunkHeader:
     # reconnect, or a stall longer than a second); 0 normally. Left out of the JSON when 0, so a v2 daemon
     # older than this field still reads every chunk that follows no outage.
     outage_s: float = 0.0
+    reconnects: int = 0  # this stream's source reconnects so far (ingest's count; left out when 0)
+    decoded: int = 0  # source frames this stream's ingest decoded so far (left out when 0)
     v: int = PROTOCOL_VERSION
 
     def to_json(self) -> bytes:
         d = asdict(self)
-        if not d["outage_s"]:
-            del d["outage_s"]
+        for optional in ("outage_s", "reconnects", "decoded"):
+            if not d[optional]:
+                del d[optional]
         return json.dumps(d, separators=(",", ":")).encode()
 
 
@@ -201,7 +204,9 @@ HEADER_SCHEMA = _obj({
     "sent_wall": _num(0.0, MAX_WALL),
     "dropped_before": _int(0, MAX_SEQ),
     "outage_s": _num(0.0, MAX_MEDIA_S),
-}, optional={"dropped_before": 0, "outage_s": 0.0})
+    "reconnects": _int(0, MAX_SEQ),
+    "decoded": _int(0, MAX_SEQ),
+}, optional={"dropped_before": 0, "outage_s": 0.0, "reconnects": 0, "decoded": 0})
 
 
 def _relations(d: dict) -> None:
@@ -241,7 +246,7 @@ def parse_header(raw) -> ChunkHeader:
         stream=d["stream"], seq=d["seq"], fps=d["fps"], frame_ts=d["frame_ts"], frame_shape=d["frame_shape"],
         orig_size=d["orig_size"], letterbox=Letterbox(**d["letterbox"]),
         tasks=tuple(TaskRequest(**t) for t in d["tasks"]), ready_wall=d["ready_wall"], sent_wall=d["sent_wall"],
-        dropped_before=d["dropped_before"], outage_s=d["outage_s"])
+        dropped_before=d["dropped_before"], outage_s=d["outage_s"], reconnects=d["reconnects"], decoded=d["decoded"])
 
 
 def decode_chunk(parts: Sequence[Any]) -> Chunk:

@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond Python: a real RTSP server (GStreamer) for the RTSP tests.
-# Installs them with apt-get when they are missing (as root, or through sudo). Without apt, the RTSP tests
-# skip locally, and fail under CI=true.
+# System packages the test suite needs beyond Python, installed with apt-get when missing (as root, or through
+# sudo); what is already there is skipped, so this is safe to re-run:
+#   - a real RTSP server (GStreamer) for the RTSP tests;
+#   - Chromium for the dashboard test (driven by the Python playwright package with executable_path=/usr/bin/chromium;
+#     `playwright install` cannot download browsers here).
+# Without apt, those tests skip locally, and fail under CI=true.
 set -euo pipefail
-PKGS="python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly"
-if /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); from gi.repository import GstRtspServer' 2>/dev/null; then
+GST_PKGS="python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly"
+BROWSER_PKGS="chromium fonts-dejavu-core"
+PKGS=""
+if ! /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); from gi.repository import GstRtspServer' 2>/dev/null; then
+  PKGS="$GST_PKGS"
+fi
+if [ ! -x /usr/bin/chromium ]; then
+  PKGS="$PKGS $BROWSER_PKGS"
+fi
+if [ -z "${PKGS// /}" ]; then
   exit 0
 fi
 if ! command -v apt-get >/dev/null; then
-  echo "[setup] no apt-get: install the GStreamer RTSP server packages yourself ($PKGS) or the RTSP tests skip"
+  echo "[setup] no apt-get: install these packages yourself ($PKGS) or the RTSP / dashboard tests skip"
   exit 0
 fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-echo "[setup] installing the GStreamer RTSP server for the tests: $PKGS"
+echo "[setup] installing system packages for the tests:$PKGS"
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $PKGS >/dev/null

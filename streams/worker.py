@@ -26,6 +26,7 @@ import cv2
 import zmq
 
 from contracts.config import PipelineConfig, StreamConfig
+from contracts.security import curve_client
 from contracts.wire import encode_chunk
 
 from .chunker import Chunker, ReadyChunk, plan_chunk
@@ -114,6 +115,27 @@ class ChunkQueue:
         log.debug("stream %s: dropped chunk %d (%s)", h.stream, h.seq, self.policy)
 
 
+class Resume:
+    """Where a stream stands, kept by a supervisor across worker restarts in a shared array of floats
+    (`Resume.new(ctx)`: a multiprocessing array; a plain list works within one process).
+
+        [0] the next chunk's seq   [1] the last seq handed to ZeroMQ   [2] media time after the last chunk
+        [3] wall time of the last chunk's last frame                    [4] 1 once the stream has ended
+
+    A worker started on a state that has chunks continues the stream like a camera that reconnected: chunk
+    numbers go on from [0], media time goes on from [2] with the time the stream was down as an outage
+    (`outage_s` of the first chunk), and the chunks the previous worker made but never sent show as
+    `dropped_before`. A stream that ended is not started again."""
+
+    @staticmethod
+    def new(ctx) -> "list[float]":
+        return ctx.Array("d", [0.0, -1.0, 0.0, 0.0, 0.0], lock=False)
+
+    @staticmethod
+    def started(state) -> bool:
+        return state is not None and state[0] > 0
+
+
 def plan_workers(config: PipelineConfig) -> list[list[str]]:
     """Stream ids grouped IngestConfig.streams_per_worker at a time, in config order: one list per worker."""
     ids = [s.id for s in config.streams]
@@ -122,14 +144,21 @@ def plan_workers(config: PipelineConfig) -> list[list[str]]:
 
 
 def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop: StopEvent | None = None,
-               flushed: StopEvent | None = None, release: StopEvent | None = None) -> dict:
+               flushed: StopEvent | None = None, release: StopEvent | None = None,
+               resume: dict | None = None) -> dict:
     """Run one ingest worker for `stream_ids` (default: all streams) until every stream has ended or
     `stop` (a threading or multiprocessing Event) is set; then flush the queue for up to FLUSH_TIMEOUT_S.
     Once flushed, sets `flushed` and keeps the socket connected until `release` is set (or, without
     `release`, for IngestConfig.close_grace_s): see _hold_connection.
+    resume: stream id -> its `Resume` state (a supervisor's, kept across restarts of this worker).
     Returns per stream: chunks_sent, chunks_dropped, errors, reconnects, outages, outage_s (and chunks_made,
     last_error)."""
     streams = [config.stream(sid) for sid in stream_ids] if stream_ids is not None else list(config.streams)
+    resume = resume or {}
+    ended = [s.id for s in streams if resume.get(s.id) is not None and resume[s.id][4]]
+    if ended:
+        log.info("ingest worker: stream(s) %s already ended; not started again", ", ".join(ended))
+        streams = [s for s in streams if s.id not in ended]
     cv2.setNumThreads(1)  # one OpenCV thread per stream thread; the cores are shared with decode and inference
     stats = {s.id: StreamStats() for s in streams}
     queue = ChunkQueue(config.ingest.send_hwm, config.ingest.drop_policy, stats)
@@ -139,12 +168,15 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     log.info("ingest worker: %d stream(s) %s -> %s (queue %d chunks, %s)", len(streams),
              ", ".join(s.id for s in streams), config.daemon.endpoint, queue.maxsize, queue.policy)
     threads = [threading.Thread(target=_stream_main, name=f"ingest-{s.id}", daemon=True,
-                                args=(s, config, queue, stats[s.id], halt)) for s in streams]
+                                args=(s, config, queue, stats[s.id], halt, resume.get(s.id))) for s in streams]
     for t in threads:
         t.start()
     clock = _FlushClock(stop, halt, threads)
     try:
-        _send_loop(sock, queue, stats, clock)
+        _send_loop(sock, queue, stats, clock, resume)
+        halt.set()
+        for t in threads:  # once flushed is said, no stream thread makes another chunk (a supervisor may start
+            t.join(timeout=5.0)  # a new worker on their Resume states then)
         if flushed is not None:
             flushed.set()
         if any(st.chunks_sent for st in stats.values()):  # nothing in flight otherwise
@@ -168,7 +200,10 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
 
 
 def _push_socket(ctx: zmq.Context, config: PipelineConfig, streams: list[StreamConfig]) -> zmq.Socket:
+    client = curve_client(config.security.curve)  # CURVE: the daemon accepts only authorised workers
     sock = ctx.socket(zmq.PUSH)
+    if client is not None:
+        client.secure(sock)
     sock.setsockopt(zmq.SNDHWM, ZMQ_SNDHWM)
     sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing in zmq until the daemon is really connected
     # Kernel socket buffers autotune to megabytes: dozens of small chunks could hide there, out of reach
@@ -197,14 +232,20 @@ def _chunk_bytes(stream: StreamConfig, image_size: int) -> int:
 
 
 def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue, stats: StreamStats,
-                 halt: threading.Event) -> None:
-    """Decode, chunk and queue one stream until it ends, fails, reaches max_chunks or halt is set."""
+                 halt: threading.Event, state=None) -> None:
+    """Decode, chunk and queue one stream until it ends, fails, reaches max_chunks or halt is set. state: its
+    `Resume` array (continued where a previous worker left it, and kept current)."""
+    # Tasks that look at no more than half of a chunk's frames do not need the frames nothing refers to.
+    sent = len(plan_chunk(stream.frames_per_chunk, stream.tasks)[0])
     source = FrameSource(stream.source, stream.fps, loop=stream.loop, realtime=stream.realtime,
                          name=stream.id, stop=halt, reconnect_initial_s=config.ingest.reconnect_initial_s,
-                         reconnect_max_s=config.ingest.reconnect_max_s)
+                         reconnect_max_s=config.ingest.reconnect_max_s,
+                         skip_nonref=config.ingest.skip_frames and 2 * sent <= stream.frames_per_chunk,
+                         hw_decode=config.ingest.hw_decode)
     try:
         chunker = Chunker(stream, config.daemon.image_size)
-        for frame in source:
+        frames = _resumed(source, stream, chunker, state) if Resume.started(state) else source
+        for frame in frames:
             stats.reconnects = source.reconnects
             chunk = chunker.add(frame)
             if chunk is None:
@@ -215,8 +256,12 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
                 stats.outage_s += chunk.header.outage_s
                 log.warning("stream %s: source outage: %.2f s of media missing before chunk %d (%d reconnects so far)",
                             stream.id, chunk.header.outage_s, chunk.header.seq, source.reconnects)
+            # What ingest did for this stream so far travels with the chunk: the daemon exports it per stream.
+            chunk.header = replace(chunk.header, reconnects=source.reconnects, decoded=source.decoded)
+            if state is not None:
+                state[0], state[2], state[3] = chunker.seq, frame.ts + 1.0 / stream.fps, frame.wall
             queue.put(chunk, halt)
-            if stream.max_chunks and stats.chunks_made >= stream.max_chunks:
+            if stream.max_chunks and chunker.seq >= stream.max_chunks:
                 log.info("stream %s: max_chunks=%d reached", stream.id, stream.max_chunks)
                 break
             if halt.is_set():
@@ -229,9 +274,30 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
         stats.errors += 1
         stats.last_error = f"{type(e).__name__}: {e}"
         log.exception("stream %s: failed", stream.id)
+    else:
+        if state is not None and not halt.is_set():
+            state[4] = 1.0  # ended by itself (end of file, max_chunks): a restarted worker leaves it alone
     finally:
         stats.reconnects = source.reconnects
         log.debug("stream %s: thread ends after %d chunks", stream.id, stats.chunks_made)
+
+
+def _resumed(source, stream: StreamConfig, chunker: Chunker, state):
+    """The source's frames placed after where the stream's previous worker stopped: chunk numbers go on, and
+    media time goes on with the wall time the stream was down as an outage on the first frame."""
+    chunker.seq = int(state[0])
+    shift = None
+    for frame in source:
+        if shift is None:
+            step = 1.0 / stream.fps
+            down = max(0.0, frame.wall - state[3] - step)
+            shift = state[2] + down - frame.ts
+            log.warning("stream %s: resumed by a new ingest worker at chunk %d after %.1f s down (%d chunk(s) made "
+                        "but not sent before)", stream.id, chunker.seq, down, max(0, int(state[0] - state[1] - 1)))
+            frame = replace(frame, ts=round(frame.ts + shift, 6), outage_s=round(frame.outage_s + down, 3))
+        else:
+            frame = replace(frame, ts=round(frame.ts + shift, 6))
+        yield frame
 
 
 class _FlushClock:
@@ -259,9 +325,12 @@ class _FlushClock:
         return max(0.0, self.deadline - time.monotonic()) if self.deadline is not None else 0.0
 
 
-def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats], clock: _FlushClock) -> None:
+def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats], clock: _FlushClock,
+               resume: dict | None = None) -> None:
     """Send queued chunks until the worker is finishing and the queue is empty (or the flush time is up)."""
-    last_sent = {sid: -1 for sid in stats}  # seq of each stream's last sent chunk
+    resume = resume or {}
+    # seq of each stream's last sent chunk (a resumed stream: the previous worker's)
+    last_sent = {sid: int(resume[sid][1]) if sid in resume else -1 for sid in stats}
     next_log = time.monotonic() + LOG_EVERY_S
     window = {sid: 0 for sid in stats}
     while True:
@@ -287,6 +356,8 @@ def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats
                         h.stream, header.dropped_before, h.seq, queue.policy)
         log.debug("stream %s: sent chunk %d (%d frames)", h.stream, h.seq, len(chunk.frames))
         last_sent[h.stream] = h.seq
+        if h.stream in resume:
+            resume[h.stream][1] = h.seq
         stats[h.stream].chunks_sent += 1
         window[h.stream] += 1
 

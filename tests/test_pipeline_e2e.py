@@ -3,6 +3,7 @@ through real ingest processes, real ZeroMQ sockets and the real daemon."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -33,6 +34,7 @@ def pipeline(tmp_path: Path, **stream_overrides) -> Path:
     """The repository's default pipeline, with a private endpoint and sink, and lossless ingest."""
     cfg = yaml.safe_load((ROOT / "pipelines.yaml").read_text())
     cfg["daemon"]["endpoint"] = f"ipc://{tmp_path}/daemon.sock"
+    cfg["daemon"]["http_port"] = 0  # tests may overlap: no fixed dashboard port
     cfg["ingest"]["drop_policy"] = "block"  # every chunk must reach the daemon, however slow this machine is
     cfg["adapters"] = {n: str(ROOT / p) for n, p in cfg["adapters"].items()}
     for s in cfg["streams"]:
@@ -96,13 +98,92 @@ def check_payload(r: dict, size: tuple[int, int]) -> None:
                                           "walking_away", "cycling")
 
 
+def reference_rows(path: Path) -> dict[tuple[str, int, str], dict]:
+    """What every request of the pipeline must be answered with: the chunks its ingest sends (captured by running
+    the same ingest code against a plain receiver), each task computed alone by a fresh engine with the shipped
+    adapters. Keyed by (stream, chunk, task)."""
+    import threading
+
+    import zmq
+
+    from contracts.config import load_config
+    from contracts.requests import requests_from_chunk
+    from streams.worker import run_ingest
+    from tests.streams.ingest_helpers import Receiver
+    from vlora_va.adapters import load_adapter_dir
+    from vlora_va.engine import Engine
+    from vlora_va.lora import UNMERGED, LoRAMode
+    from vlora_va.models import load_backbone
+    from vlora_va.plan import make_plan
+
+    cfg = load_config(path)
+    ctx = zmq.Context()
+    receiver = Receiver(ctx)
+    cfg = dataclasses.replace(cfg, daemon=dataclasses.replace(cfg.daemon, endpoint=receiver.endpoint))
+    flushed, release = threading.Event(), threading.Event()
+    worker = threading.Thread(target=run_ingest, args=(cfg, None, None, flushed, release), daemon=True)
+    worker.start()
+    total = sum(s.max_chunks for s in cfg.streams)
+    assert receiver.pump(lambda: len(receiver.chunks) == total, 300), len(receiver.chunks)
+    release.set()
+    worker.join(60)
+    receiver.sock.close()
+    ctx.term()
+    backbone = load_backbone(cfg.daemon.backbone)
+    adapters = {n: load_adapter_dir(n, p, backbone.config.hidden_size) for n, p in cfg.adapters.items()}
+    engine = Engine(backbone, adapters, cfg.daemon.image_size)
+    out = {}
+    for chunk in receiver.chunks:
+        for r in requests_from_chunk(chunk, time.time()):
+            out[(r.stream, r.seq, r.task)] = engine.execute(make_plan([r], LoRAMode(UNMERGED), engine.catalog()))[0].to_json()
+    return out
+
+
+def same_payload(got: dict, want: dict, threshold: float) -> str | None:
+    """None when a row carries the reference's result (batched float maths aside), else what differs. A detection
+    within 0.01 of the head's score threshold may fall on either side of it."""
+    if "label" in want:
+        if got.get("label") != want["label"]:
+            return f"label {got.get('label')} != {want['label']}"
+        off = {k: (got["scores"].get(k), v) for k, v in want["scores"].items() if abs(got["scores"].get(k, -1) - v) > 1e-3}
+        return f"scores differ: {off}" if off else None
+    if len(got["frames"]) != len(want["frames"]):
+        return f"{len(got['frames'])} frames != {len(want['frames'])}"
+    for g, w in zip(got["frames"], want["frames"]):
+        for mine, other, what in ((w["detections"], g["detections"], "missing"),
+                                  (g["detections"], w["detections"], "extra")):
+            for d in mine:
+                if d["score"] < threshold + 0.01:
+                    continue
+                if not any(e["class"] == d["class"] and abs(e["score"] - d["score"]) <= 1e-3
+                           and max(abs(x - y) for x, y in zip(e["box"], d["box"])) <= 1.0 for e in other):
+                    return f"frame {w['ts']}: {what} {d}"
+    return None
+
+
 def test_default_pipeline_on_the_sample_videos(tmp_path):
+    """Every request answered, with what the shipped adapters compute for exactly those frames (a pipeline that
+    sent the wrong frames, mixed up adapters or rows, or answered with nothing, fails), and people found in the
+    surveillance scene."""
     path = pipeline(tmp_path, max_chunks=3, realtime=False)
-    proc, rows = run(path)
     config = yaml.safe_load(path.read_text())
+    config["daemon"]["precision"] = "fp32"  # the reference below computes in fp32 (int8/bf16 depend on the batch)
+    path.write_text(yaml.safe_dump(config))
+    proc, rows = run(path)
     check_rows(rows, config)
     assert len(rows) == sum(3 * len(s["tasks"]) for s in config["streams"])
     assert "daemon stopped" in proc.stderr and "opened" in proc.stderr
+    want = reference_rows(path)
+    assert set(want) == {(r["stream"], r["chunk"], r["task"]) for r in rows}
+    thresholds = {n: json.loads((Path(p) / "head_config.json").read_text()).get("params", {}).get("score_threshold", 0)
+                  for n, p in config["adapters"].items()}
+    for r in rows:
+        assert r["status"] == "ok", r
+        problem = same_payload(r, want[(r["stream"], r["chunk"], r["task"])], thresholds[r["adapter"]])
+        assert problem is None, f"{r['stream']} chunk {r['chunk']} {r['task']}: {problem}"
+    people = [[d for d in f["detections"] if d["class"] == "person"]
+              for r in rows if r["stream"] == "pedestrians" and r["task"] == "detect" for f in r["frames"]]
+    assert len(people) == 3 and all(people), people  # people walk through every second of this scene
 
 
 def test_per_person_activity_adapter_in_the_pipeline(tmp_path):
@@ -188,6 +269,7 @@ def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_pat
     in full again, without a restart."""
     cfg = yaml.safe_load((ROOT / "pipelines.yaml").read_text())
     cfg["daemon"]["endpoint"] = f"ipc://{tmp_path}/daemon.sock"
+    cfg["daemon"]["http_port"] = 0
     cfg["ingest"].update(drop_policy="drop_oldest", streams_per_worker=2)
     cfg["adapters"] = {n: str(ROOT / p) for n, p in cfg["adapters"].items()}
     peds = next(s for s in cfg["streams"] if s["id"] == "pedestrians")

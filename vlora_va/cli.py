@@ -26,8 +26,17 @@ def input_warnings(cfg) -> list[str]:
     import json
     from pathlib import Path
 
+    from contracts.security import bind_warning, is_local_host
+
     problems = [f"streams[{i}].source: no such file {s.source}" for i, s in enumerate(cfg.streams)
                 if not s.is_rtsp and not Path(s.source).is_file()]
+    d, curve = cfg.daemon, cfg.security.curve is not None
+    binds = [(d.endpoint, "daemon.endpoint"), (d.control_endpoint, "daemon.control_endpoint"),  # derived: loopback
+             (d.results_endpoint, "daemon.results_endpoint")]
+    problems += [w for e, what in binds if e and (w := bind_warning(e, curve, what))]
+    if d.http_port and not is_local_host(d.http_host):
+        problems.append(f"daemon.http_host is {d.http_host}, not loopback: the dashboard, /metrics and the health "
+                        f"checks are open to the network, with no authentication")
     problems += [f"adapters.{name}: no adapter_config.json in {path}" for name, path in cfg.adapters.items()
                  if not (Path(path) / "adapter_config.json").is_file()]
     clip_lens = {}
@@ -84,9 +93,10 @@ def _print_capacity(cfg, remeasure: bool = False) -> int:
     return 0
 
 
-def _load(path: str, endpoint: str | None = None):
+def _load(path: str, endpoint: str | None = None, roles: tuple[str, ...] = ()):
     """The validated config; `endpoint` overrides daemon.endpoint (a daemon binds e.g. tcp://*:5555 while
-    ingest on another host connects to tcp://daemon-host:5555)."""
+    ingest on another host connects to tcp://daemon-host:5555). roles: "server" (this process binds the daemon's
+    sockets) and/or "client" (it connects to them): with security.curve set, the keys each needs must be there."""
     import dataclasses
 
     from contracts.config import ConfigError, load_config
@@ -96,6 +106,14 @@ def _load(path: str, endpoint: str | None = None):
     except ConfigError as e:
         log.error("%s", e)
         raise SystemExit(2) from None
+    curve = cfg.security.curve
+    need = {"server": ("server_side", "server_secret and client_public (the daemon's key pair, the clients it accepts)"),
+            "client": ("client_side", "client_secret and server_public (this client's key pair, the daemon's key)")}
+    for role in roles if curve is not None else ():
+        ok, what = need[role]
+        if not getattr(curve, ok):
+            log.error("%s: security.curve: this command needs %s", path, what)
+            raise SystemExit(2)
     if endpoint:
         cfg = dataclasses.replace(cfg, daemon=dataclasses.replace(cfg.daemon, endpoint=endpoint))
     return cfg
@@ -104,7 +122,7 @@ def _load(path: str, endpoint: str | None = None):
 def cmd_run(args) -> int:
     from .runner import run_pipeline
 
-    cfg = _load(args.config)  # fail fast, before any process starts
+    cfg = _load(args.config, roles=("server", "client"))  # fail fast, before any process starts
     for problem in input_warnings(cfg):
         log.warning("%s", problem)
     return run_pipeline(args.config, args.log_level)
@@ -113,7 +131,7 @@ def cmd_run(args) -> int:
 def cmd_daemon(args) -> int:
     from .daemon import Daemon
 
-    cfg = _load(args.config, args.endpoint)
+    cfg = _load(args.config, args.endpoint, roles=("server",))
     stop = _stop_on_signals()
     Daemon(cfg).run(stop)
     return 0
@@ -122,7 +140,7 @@ def cmd_daemon(args) -> int:
 def cmd_ingest(args) -> int:
     from streams.worker import run_ingest
 
-    cfg = _load(args.config, args.endpoint)
+    cfg = _load(args.config, args.endpoint, roles=("client",))
     ids = args.streams.split(",") if args.streams else None
     unknown = [i for i in ids or [] if i not in {s.id for s in cfg.streams}]
     if unknown:
@@ -175,22 +193,46 @@ def cmd_adapters_control(args) -> int:
 
     from .control import control_endpoint, request
 
-    endpoint = args.control
-    if not endpoint:
-        cfg = _load(args.config)
-        endpoint = control_endpoint(cfg.daemon.control_endpoint, cfg.daemon.endpoint)
+    endpoint, curve = args.control, None
+    if not endpoint or Path(args.config).is_file():  # the file also holds the CURVE keys, if any
+        cfg = _load(args.config, roles=("client",))
+        endpoint = endpoint or control_endpoint(cfg.daemon.control_endpoint, cfg.daemon.endpoint)
+        curve = cfg.security.curve
     message = {"op": args.what}
     if args.what != "list":
         message["name"] = args.name
     if args.what == "load":
         message.update(path=str(Path(args.dir).resolve()), pin=args.pin)
     try:
-        reply = request(endpoint, message)
+        reply = request(endpoint, message, curve=curve)
     except TimeoutError as e:
-        log.error("%s (is the daemon running?)", e)
+        log.error("%s (is the daemon running%s?)", e, ", and does it accept this client's CURVE key" if curve else "")
         return 1
     print(json.dumps(reply, indent=1))
     return 0 if reply.get("ok") else 1
+
+
+def cmd_keys(args) -> int:
+    """`vlora-va keys DIR`: the CURVE key pairs a pipeline needs, and the pipelines.yaml lines that use them."""
+    import os
+
+    from contracts.security import create_keys
+
+    try:
+        keys = create_keys(args.dir)
+    except (FileExistsError, OSError) as e:
+        log.error("%s", e)
+        return 1
+    d = os.path.relpath(args.dir) if not os.path.isabs(args.dir) else args.dir
+    for name, path in keys.items():
+        print(f"{path}{'  (secret: mode 0600, keep it on its host)' if name.endswith('_secret') else ''}", file=sys.stderr)
+    print(f"""security:
+  curve:
+    server_secret: {d}/server.key_secret   # daemon host
+    client_public: {d}/client.key          # daemon host: the clients it accepts (a .key file or a directory)
+    client_secret: {d}/client.key_secret   # ingest / control hosts
+    server_public: {d}/server.key          # ingest / control hosts""")
+    return 0
 
 
 def cmd_draw(args) -> int:
@@ -274,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", default="pipelines.yaml", help="the pipeline the daemon runs (for its address)")
         p.add_argument("--control", help="the daemon's control endpoint (default: from the pipeline file)")
         p.set_defaults(func=cmd_adapters_control)
+
+    p = sub.add_parser("keys", help="make CURVE key pairs for authenticated, encrypted ZeroMQ links (security.curve)")
+    p.add_argument("dir", help="directory for server.key, server.key_secret, client.key, client.key_secret")
+    p.set_defaults(func=cmd_keys)
 
     p = sub.add_parser("draw", help="draw one result frame's detections on the source video frame")
     p.add_argument("results", help="a JSON Lines results file")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import zmq
 
+from contracts.security import CurveConfig, curve_client, curve_server, warn_bind
+
 from .adapters import Adapter, AdapterError, load_adapter_dir
 
 log = logging.getLogger(__name__)
@@ -55,16 +57,25 @@ class Operation:
 
 
 class ControlServer:
-    def __init__(self, endpoint: str, hidden: int, operations: "queue.Queue[Operation]", loading: set[str]):
+    def __init__(self, endpoint: str, hidden: int, operations: "queue.Queue[Operation]", loading: set[str],
+                 curve: CurveConfig | None = None):
         """operations: where prepared operations go for the daemon thread; loading: names being read now (the
-        daemon holds requests for them instead of answering 'unknown adapter')."""
+        daemon holds requests for them instead of answering 'unknown adapter'); curve: the daemon's CURVE keys
+        (security.curve): only authorised clients may load or unload."""
         self.endpoint, self.hidden, self.operations, self.loading = endpoint, hidden, operations, loading
         self._stop = threading.Event()
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, REQUEST_MAX_BYTES)
-        self._sock.bind(endpoint)
+        server = curve_server(curve)
+        self._auth = server.secure(self._ctx, self._sock, "daemon.control_endpoint") if server else None
+        warn_bind(endpoint, server is not None, "daemon.control_endpoint")
+        try:
+            self._sock.bind(endpoint)
+        except zmq.ZMQError:
+            self._teardown()
+            raise
         self._thread = threading.Thread(target=self._run, name="control", daemon=True)
 
     def start(self) -> None:
@@ -74,7 +85,12 @@ class ControlServer:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
+        self._teardown()
+
+    def _teardown(self) -> None:
         self._sock.close()
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()
 
     def _run(self) -> None:
@@ -122,11 +138,16 @@ class ControlServer:
         return op.reply
 
 
-def request(endpoint: str, message: dict, timeout_s: float = 150.0) -> dict:
-    """Send one request to a daemon's control socket and return its reply (raises TimeoutError)."""
+def request(endpoint: str, message: dict, timeout_s: float = 150.0, curve: CurveConfig | None = None) -> dict:
+    """Send one request to a daemon's control socket and return its reply (raises TimeoutError). curve: this
+    client's CURVE keys (security.curve) where the daemon requires them; a daemon that refuses the key never
+    answers, so that too ends in TimeoutError."""
+    client = curve_client(curve)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
+    if client is not None:
+        client.secure(sock)
     try:
         sock.connect(endpoint)
         sock.send(json.dumps(message).encode())

@@ -34,6 +34,7 @@ from contracts.requests import Request
 
 from .lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from .plan import BatchPlan, Catalog, SizeGroup
+from .precision import precision_of
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ CORRECTION_ALPHA = 0.25  # weight of the newest batch in the online correction
 # Without new batches the correction fades back to the profile: a daemon that sheds everything (because a
 # slow spell made every prediction hopeless) would otherwise never observe the machine recover.
 CORRECTION_FADE_S = 15.0
-CORRECTION_RANGE = (0.5, 4.0)
+CORRECTION_RANGE = (0.25, 4.0)  # a profile taken on a busy machine can be several times too slow
 MARGIN_BATCHES = 40  # the safety margin is read off this many recent batches
 MARGIN_QUANTILE = 0.95
 MARGIN_RANGE = (1.1, 2.0)
@@ -108,6 +109,7 @@ def profile_key(device: torch.device, backbone_id: str, backbone: torch.nn.Modul
         "adapters": sorted([a.name, a.size, a.task, adapter_ranks.get(a.name, 0)] for a in catalog.adapters.values()),
         "premerged": catalog.can_premerge, "image_size": catalog.image_size, "max_batch": catalog.max_batch_images,
         "modes": sorted(modes), "dtype": str(next(backbone.parameters()).dtype).removeprefix("torch."),
+        "precision": precision_of(backbone),
     }
 
 

@@ -30,11 +30,13 @@ from contracts.requests import Request
 from contracts.results import ResultRecord, not_served, served
 
 from . import costs as C
+from . import precision
 from .adapters import Adapter, AdapterError, load_adapter_dir
 from .admission import estimate
 from .control import ControlServer, Operation, control_endpoint
 from .engine import Engine
 from .lora import LoRAMode
+from .logs import Throttle
 from .metrics import DaemonMetrics, Totals
 from .models import load_backbone
 from .plan import BatchPlan
@@ -86,8 +88,14 @@ def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     torch.set_num_threads(d.threads or os.cpu_count() or 1)
     backbone = load_backbone(d.backbone, d.allow_download, device)
     adapters, failed = load_adapters(config, backbone.config.hidden_size)
+    sizes = sorted({int(a.head_config.get("image_size", d.image_size)) for a in adapters.values()}) or [d.image_size]
+    choice = precision.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, sizes,
+                            C.profile_dir(d.profile_cache))
+    log.info("backbone precision %s: %s", choice.precision, choice.reason)
+    dtype = precision.dtype_of(choice.precision) if d.dtype == "auto" else pick_dtype(d.dtype, device)
     engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, device, d.premerge_max_mb,
-                    d.max_batch_images, pick_dtype(d.dtype, device))
+                    d.max_batch_images, dtype,
+                    precision=choice.precision if choice.precision in precision.PRECISIONS else None)
     failed.update(engine.rejected)
     return engine, failed
 
@@ -136,6 +144,10 @@ class Daemon:
         self.pinned: set[str] = set(self.catalog.adapters)  # the configured adapters are never evicted
         self._last_used: dict[str, float] = {}
         self._held: list[Request] = []
+        self.metrics.slots_used.set(len(self.engine.slots))
+        self.heartbeat = time.monotonic()  # the loop's last round (for /healthz)
+        self._log_malformed = Throttle(log, "malformed messages")
+        self._log_errors = Throttle(log, "error rows")
 
     def _make_provenance(self) -> dict[str | None, dict]:
         """What every row says produced it, per adapter: the adapter's content hash (and version if its trainer
@@ -180,6 +192,7 @@ class Daemon:
                                               f"(daemon.max_slots) hold pinned adapters ({', '.join(self.engine.slots)}); "
                                               f"unload one first"}
             evicted = min(victims, key=lambda n: self._last_used.get(n, 0.0))  # least recently used
+            self.metrics.eviction()
             self._remove(evicted, f"adapter {evicted!r} was evicted (least recently used) to load {name!r}", sinks)
         reloaded = name in self.engine.slots
         target = self.engine.slots.get(name, (self.engine.free_slots() or [None])[0])
@@ -231,6 +244,7 @@ class Daemon:
         self.scheduler.weights_slot = self.engine.weights_slot
 
     def _refresh(self) -> None:
+        self.metrics.slots_used.set(len(self.engine.slots))
         self.catalog = self.engine.catalog()
         self.scheduler.catalog = self.catalog
         self._provenance = self._make_provenance()
@@ -283,10 +297,16 @@ class Daemon:
     def _accept(self, item, sinks) -> None:
         if isinstance(item, Malformed):
             self.metrics.malformed()
-            log.error("malformed message rejected (%d parts): %s", item.parts, item.reason)
+            self._log_malformed.error(time.monotonic(), "malformed message rejected (%d parts): %s", item.parts,
+                                      item.reason)
             return
         assert isinstance(item, Received)
         self.metrics.chunk(item.stream, len(item.requests), item.dropped_before)
+        outage = item.requests[0].outage_before_s if item.requests else 0.0
+        self.metrics.ingest_report(item.stream, item.reconnects, item.decoded, outage)
+        if outage:
+            log.warning("stream %s: its source missed %.1f s of media before chunk %d (outage)", item.stream, outage,
+                        item.seq)
         if item.dropped_before:
             log.warning("stream %s: ingest dropped %d chunk(s) before chunk %d", item.stream, item.dropped_before,
                         item.seq)
@@ -332,7 +352,8 @@ class Daemon:
         for rec, cause in rows:
             self.metrics.row(rec, cause)
             if rec.status == "error":
-                log.error("stream %s chunk %d task %s: %s", rec.stream, rec.chunk, rec.task, rec.reason)
+                self._log_errors.error(time.monotonic(), "stream %s chunk %d task %s: %s", rec.stream, rec.chunk,
+                                       rec.task, rec.reason)
         records = [rec for rec, _ in rows]
         for s in sinks:
             s.write(records)
@@ -391,26 +412,32 @@ class Daemon:
                 self.taps.remove(tap)
 
     def status(self) -> dict:
-        """A snapshot of what the daemon is doing (for a dashboard or a health check; read from any thread)."""
+        """A snapshot of what the daemon is doing (for a dashboard or a health check; read from any thread:
+        every dict is copied through list(items()), one step under the GIL, never iterated while it grows)."""
         t = self.stats
-        slot_names = {a.slot: n for n, a in self.catalog.adapters.items()}
+        catalog = self.catalog  # replaced whole on a load or unload, never changed in place
+        adapters = list(catalog.adapters.items())
+        slot_names = {a.slot: n for n, a in adapters}
+        weights = self.engine.weights_slot
         return {
             "ready": self.ready.is_set(), "policy": self.config.daemon.policy,
-            "device": str(self.engine.device), "last_batch": dict(self._last_batch),
-            "weights_hold": slot_names.get(self.engine.weights_slot) if self.engine.weights_slot is not None else None,
-            "adapters": {n: {"slot": a.slot, "size": a.size, "task": a.task, "trained": a.trained}
-                         for n, a in self.catalog.adapters.items()},
-            "failed_adapters": dict(self.failed_adapters),
-            "slots": {"used": len(self.catalog.adapters), "total": self.config.daemon.max_slots},
+            "device": str(self.engine.device), "last_batch": dict(list(self._last_batch.items())),
+            "weights_hold": slot_names.get(weights) if weights is not None else None,
+            "adapters": {n: {"slot": a.slot, "size": a.size, "task": a.task, "trained": a.trained} for n, a in adapters},
+            "failed_adapters": dict(list(self.failed_adapters.items())),
+            "slots": {"used": len(adapters), "total": self.config.daemon.max_slots},
             "queue": {"requests": len(self.scheduler.queue), "images": self.scheduler.queued_images},
-            "offered_load": round(self._offered_load, 3), "admitted": dict(self.overload.fractions),
+            "offered_load": round(self._offered_load, 3), "admitted": dict(list(self.overload.fractions.items())),
             "cost_correction": round(self.costs.correction, 3), "cost_margin": round(self.costs.margin, 3),
             "capacity": self.estimate.message if self.estimate else None,
-            "totals": {k: v for k, v in dataclasses.asdict(t).items() if k != "shed_by"},
+            "totals": {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name != "shed_by"},
+            "ingest": {s: dict(list(v.items())) for s, v in list(self.metrics.ingest.items())},
+            "loop_age_s": round(time.monotonic() - self.heartbeat, 3),
         }
 
     def _step(self, transport: Transport, sinks, stopping: bool) -> int:
         """Take what arrived, then run one batch if one is due. Returns the items taken."""
+        self.heartbeat = time.monotonic()
         self._apply_operations(sinks)
         self._shed_held(sinks)
         now = time.time()
@@ -467,7 +494,8 @@ class Daemon:
         counted in its stats(), exported by _gauges. On exit all sinks start their final flush together."""
         sinks = [stack.enter_context(make_sink(c)) for c in self.config.sinks]
         if self.config.daemon.results_endpoint:
-            sinks.append(stack.enter_context(ZmqPubSink(self.config.daemon.results_endpoint)))
+            sinks.append(stack.enter_context(ZmqPubSink(self.config.daemon.results_endpoint,
+                                                         curve=self.config.security.curve)))
         stack.callback(close_all, sinks)  # runs before the sinks' own exits (last in, first out)
         self.sinks = sinks
         return sinks
@@ -493,7 +521,8 @@ class Daemon:
             self.warm_up()
         if self.estimate is not None:
             (log.info if self.estimate.fits else log.warning)("capacity: %s", self.estimate.message)
-        transport = Transport(d.endpoint, d.image_size, QUEUE_BATCHES * d.max_batch_images)
+        transport = Transport(d.endpoint, d.image_size, QUEUE_BATCHES * d.max_batch_images,
+                              curve=self.config.security.curve)
         control = self._control()
         try:
             with ExitStack() as stack:
@@ -528,7 +557,8 @@ class Daemon:
         if not endpoint:
             return None
         try:
-            server = ControlServer(endpoint, self.engine.backbone.config.hidden_size, self.operations, self.loading)
+            server = ControlServer(endpoint, self.engine.backbone.config.hidden_size, self.operations, self.loading,
+                                   curve=self.config.security.curve)
         except zmq.ZMQError as e:
             log.error("control socket %s not bound (%s): adapters cannot be loaded at run time", endpoint, e)
             return None

@@ -30,7 +30,7 @@ from . import precision as precision_mod
 from .models import normalise, patch_size, tensor_digest
 from .graphs import Graphs
 from .plan import AdapterInfo, BatchPlan, Catalog, SizeGroup, bucket, frame_key
-from .vit import block_of, lower, num_blocks, upper
+from .vit import block_of, fold_layer_scale, lower, num_blocks, upper
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,10 @@ class Engine:
         # (any targets, any free slot) needs no new wrapping, so captured forwards stay valid.
         targets = [n for n, m in self.backbone.named_modules() if isinstance(m, torch.nn.Linear) and block_of(n) is not None]
         targets = targets or sorted({m for a in adapters.values() for m in a.lora})
+        folded = fold_layer_scale(self.backbone)  # exact, and two fewer elementwise passes per block
         if targets:
-            self.lora_ctx = inject_lora(self.backbone, targets, num_slots=max_slots, max_rank=max_rank)
+            self.lora_ctx = inject_lora(self.backbone, targets, num_slots=max_slots, max_rank=max_rank,
+                                        out_scales=folded)
         # An adapter that does not fit this backbone is rejected alone: the others still serve.
         self.rejected: dict[str, str] = {}
         for name, a in adapters.items():

@@ -203,6 +203,9 @@ class LoRALinear(nn.Module):
         self.in_features, self.out_features = base.in_features, base.out_features
         self.name = name
         self._ctx, self._group, self._index = ctx, group, index  # plain attributes: not submodules/buffers
+        # Set when the base layer's output was pre-scaled per channel (vit.fold_layer_scale): every adapter's
+        # B is scaled the same way on load, so W + s B A stays the folded form of the adapter's layer.
+        self.out_scale: torch.Tensor | None = None
 
     @property
     def lora_A(self) -> torch.Tensor:  # [S, R, in]
@@ -312,9 +315,11 @@ def _linear_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torc
 
 
 # ---- model-level API ------------------------------------------------------------------------------
-def inject_lora(model: nn.Module, target_modules: list[str], num_slots: int, max_rank: int) -> LoRAContext:
+def inject_lora(model: nn.Module, target_modules: list[str], num_slots: int, max_rank: int,
+                out_scales: dict[str, torch.Tensor] | None = None) -> LoRAContext:
     """Replace every nn.Linear whose qualified name ends with one of target_modules (PEFT-style suffix
-    match on dotted components) by a LoRALinear sharing the returned context."""
+    match on dotted components) by a LoRALinear sharing the returned context. out_scales: {name: per-output
+    factor} of layers whose weights were pre-scaled (vit.fold_layer_scale); adapters loaded there follow."""
     if num_slots < 1 or max_rank < 1:
         raise ValueError(f"num_slots ({num_slots}) and max_rank ({max_rank}) must be >= 1")
     if _lora_layers(model):
@@ -334,7 +339,10 @@ def inject_lora(model: nn.Module, target_modules: list[str], num_slots: int, max
         for l, (n, m) in enumerate(members):
             parent_name, _, child = n.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, LoRALinear(m, ctx, group, l, n))
+            layer = LoRALinear(m, ctx, group, l, n)
+            if out_scales and n in out_scales:
+                layer.out_scale = out_scales[n].to(m.weight.device, m.weight.dtype)
+            setattr(parent, child, layer)
     return ctx
 
 
@@ -389,7 +397,7 @@ def load_adapter(model: nn.Module, slot: int, weights: dict[str, tuple[torch.Ten
             lay = layers[name]
             g, l, r = lay._group, lay._index, a.shape[0]
             g.A[l, slot, :r].copy_(a)
-            g.B[l, slot, :, :r].copy_(b)
+            g.B[l, slot, :, :r].copy_(b if lay.out_scale is None else b.to(lay.out_scale) * lay.out_scale[:, None])
             g.rank_py[l][slot], g.scale_py[l][slot] = r, float(scales[name])
     for g in ctx.groups:  # one host->device copy per group
         g.rank.copy_(torch.tensor(g.rank_py, dtype=torch.int32))

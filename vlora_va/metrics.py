@@ -1,14 +1,18 @@
-"""The daemon's accounting: every event is counted once, here, into Prometheus metrics (served on
-daemon.metrics_port when set) and the running totals the log and the tests read.
+"""The daemon's accounting: every event is counted once, here, into Prometheus metrics (served at /metrics by the
+daemon's HTTP server, vlora_va/dashboard, when daemon.http_port is set) and the running totals the log and the
+tests read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from contracts.results import ResultRecord
+
+MAX_STREAM_LABELS = 256  # streams with series of their own; more share one
+OTHER_STREAMS = "other"
 
 
 @dataclass
@@ -64,6 +68,16 @@ class DaemonMetrics:
         self._latency_s = Histogram("vlora_result_latency_seconds", "Chunk ready to result, served rows",
                                     ["stream", "task"], registry=r, buckets=(0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10))
         self._modes_seen: set[str] = set()
+        self._reconnects = Gauge("vlora_ingest_reconnects", "Source reconnects so far, as ingest reports them",
+                                 ["stream"], registry=r)
+        self._decoded = Gauge("vlora_ingest_decoded_frames", "Source frames decoded so far, as ingest reports them "
+                              "(rate() gives the decode frames/s)", ["stream"], registry=r)
+        self._outage = Counter("vlora_ingest_outage_seconds", "Media time missing in source outages", ["stream"],
+                               registry=r)
+        self.slots_used = Gauge("vlora_adapter_slots_used", "Adapter slots holding an adapter", registry=r)
+        self._evictions = Counter("vlora_adapter_evictions", "Adapters evicted to make room for another", registry=r)
+        self.ingest: dict[str, dict] = {}  # per stream: what ingest last reported (for the status view)
+        self._labels: set[str] = set()  # stream ids with their own series (bounded: see stream_label)
         self._sink_rows = Counter("vlora_sink_rows", "Result rows by sink and outcome (written: delivered; "
                                   "dropped: queue full, refused, or undelivered at shutdown)", ["sink", "outcome"],
                                   registry=r)
@@ -73,11 +87,9 @@ class DaemonMetrics:
                                  registry=r)
         self.sinks: dict[str, dict] = {}  # sink name -> its last stats()
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=host, registry=self.registry)
-
     # ------------------------------------------------------------------ events
     def chunk(self, stream: str, requests: int, dropped_before: int) -> None:
+        stream = self.stream_label(stream)
         t = self.totals
         t.chunks += 1
         t.requests += requests
@@ -85,6 +97,31 @@ class DaemonMetrics:
         if dropped_before:
             t.ingest_dropped += dropped_before
             self._ingest_dropped.labels(stream).inc(dropped_before)
+            seen = self.ingest.setdefault(stream, {"outage_s": 0.0})
+            seen["dropped"] = seen.get("dropped", 0) + dropped_before
+
+    def stream_label(self, stream: str) -> str:
+        """A stream's label in the series: its id for the first MAX_STREAM_LABELS streams seen, then "other",
+        so senders that invent stream ids cannot grow the daemon's memory."""
+        if stream in self._labels:
+            return stream
+        if len(self._labels) < MAX_STREAM_LABELS:
+            self._labels.add(stream)
+            return stream
+        return OTHER_STREAMS
+
+    def ingest_report(self, stream: str, reconnects: int, decoded: int, outage_s: float) -> None:
+        stream = self.stream_label(stream)
+        self._reconnects.labels(stream).set(reconnects)
+        self._decoded.labels(stream).set(decoded)
+        if outage_s:
+            self._outage.labels(stream).inc(outage_s)
+        seen = self.ingest.setdefault(stream, {"outage_s": 0.0})
+        seen.update(reconnects=reconnects, decoded=decoded, outage_s=seen["outage_s"] + outage_s,
+                    dropped=seen.get("dropped", 0))
+
+    def eviction(self) -> None:
+        self._evictions.inc()
 
     def malformed(self) -> None:
         self.totals.malformed += 1
@@ -93,18 +130,20 @@ class DaemonMetrics:
     def row(self, rec: ResultRecord, cause: str | None = None) -> None:
         """One result row written (every request gets exactly one)."""
         t = self.totals
-        self._results.labels(rec.stream, rec.task, rec.status).inc()
+        stream = self.stream_label(rec.stream)
+        task = rec.task if stream != OTHER_STREAMS else OTHER_STREAMS
+        self._results.labels(stream, task, rec.status).inc()
         if rec.status == "ok":
             t.ok += 1
-            self._latency_s.labels(rec.stream, rec.task).observe(rec.latency.total_s)
+            self._latency_s.labels(stream, task).observe(rec.latency.total_s)
             if not rec.deadline_met:
                 t.deadline_missed += 1
-                self._missed.labels(rec.stream, rec.task).inc()
+                self._missed.labels(stream, task).inc()
         elif rec.status == "shed":
             t.shed += 1
-            key = (rec.stream, rec.task)
+            key = (stream, task)
             t.shed_by[key] = t.shed_by.get(key, 0) + 1
-            self._shed.labels(rec.stream, rec.task, cause or "deadline").inc()
+            self._shed.labels(stream, task, cause or "deadline").inc()
         else:
             t.errors += 1
 
@@ -131,6 +170,10 @@ class DaemonMetrics:
         """A sink's own running totals (sinks.py: written, dropped, errors, queue) into the Prometheus series;
         counters advance by what changed since the last call."""
         last = self.sinks.get(name, {})
+        if name not in self.sinks:  # every sink's series exist from the start, at 0 (rate() and alerts need them)
+            for key in ("written", "dropped"):
+                self._sink_rows.labels(name, key)
+            self._sink_errors.labels(name)
         for key in ("written", "dropped"):
             delta = stats.get(key, 0) - last.get(key, 0)
             if delta > 0:

@@ -31,6 +31,7 @@ from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
 from contracts.config import SinkConfig
+from contracts.security import CurveConfig, curve_server, warn_bind
 from contracts.results import ResultRecord
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,9 @@ class QueuedSink:
             if not rows:
                 self._safe(self._idle)
                 continue
+            rows = self._drop_unwritable(rows)
+            if not rows:
+                continue
             try:
                 self._deliver(rows)
             except Rejected as e:  # the destination is up but refuses these rows: no retry, no failing state
@@ -213,6 +217,26 @@ class QueuedSink:
                 log.warning("sink %s: recovered after %.1f s", self.name, time.monotonic() - self._failing_since)
                 self._failing_since = None
             self._cv.notify_all()
+
+    def _drop_unwritable(self, rows: list[ResultRecord]) -> list[ResultRecord]:
+        """Rows that cannot even be turned into JSON (a bug, never the destination's fault) are dropped and
+        counted, not retried: retrying them would stop every row after them."""
+        bad = []
+        for r in rows:
+            try:
+                r.to_json()
+            except Exception as e:  # noqa: BLE001 - any row-level failure
+                bad.append(r)
+                log.error("sink %s: a row of stream %s chunk %s cannot be written (%s: %s): dropped", self.name,
+                          getattr(r, "stream", "?"), getattr(r, "chunk", "?"), type(e).__name__, e)
+        if not bad:
+            return rows
+        with self._cv:
+            self._inflight = [r for r in self._inflight if all(r is not b for b in bad)]
+            self._dropped += len(bad)
+            self._errors += len(bad)
+            self._cv.notify_all()
+        return [r for r in rows if all(r is not b for b in bad)]
 
     def _drop_inflight(self) -> None:
         with self._cv:
@@ -529,28 +553,34 @@ class ZmqPubSink:
     daemon's thread; rows refused at the high-water mark are counted as dropped. An endpoint that cannot
     be bound is reported and its rows counted as dropped; the daemon keeps serving."""
 
-    def __init__(self, endpoint: str):
-        self.endpoint = endpoint
+    def __init__(self, endpoint: str, curve: CurveConfig | None = None):
+        """curve: the daemon's CURVE keys (security.curve): only authorised subscribers receive, encrypted."""
+        self.endpoint, self.curve = endpoint, curve
         self.name = f"zmq:{endpoint}"
-        self._ctx = self._sock = None
+        self._ctx = self._sock = self._auth = None
         self._written = self._dropped = self._errors = 0
 
     def __enter__(self) -> "ZmqPubSink":
         import zmq
 
-        self._ctx = zmq.Context.instance()
+        server = curve_server(self.curve)
+        self._ctx = zmq.Context()  # its own: the key check (ZAP) is per context
         sock = self._ctx.socket(zmq.PUB)
         sock.setsockopt(zmq.SNDHWM, 1000)
         sock.setsockopt(zmq.LINGER, 0)
+        if server is not None:
+            self._auth = server.secure(self._ctx, sock, "daemon.results_endpoint")
+        warn_bind(self.endpoint, server is not None, "daemon.results_endpoint")
         try:
             sock.bind(self.endpoint)
         except zmq.ZMQError as e:
             sock.close()
+            self._teardown()
             self._errors += 1
             log.error("sink %s: cannot bind %s: %s; its results are dropped", self.name, self.endpoint, e)
             return self
         self._sock = sock
-        log.info("publishing results on %s", self.endpoint)
+        log.info("publishing results on %s%s", self.endpoint, " (CURVE)" if server else "")
         return self
 
     def write(self, records: Iterable[ResultRecord]) -> None:
@@ -573,6 +603,15 @@ class ZmqPubSink:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
 
 
 def make_sink(cfg: SinkConfig):

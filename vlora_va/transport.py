@@ -18,6 +18,7 @@ wall clocks directly.
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import zmq
 
 from contracts.requests import Request, requests_from_chunk
+from contracts.security import CurveConfig, curve_server, warn_bind
 from contracts.wire import MAX_FRAMES, WireError, decode_chunk, largest_part_bytes
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,9 @@ log = logging.getLogger(__name__)
 POLL_MS = 50
 CLOCK_WINDOW_S = 600.0  # the offset estimate forgets samples older than this (clock drift is slow)
 CLOCK_MAX_STREAMS = 4096  # stream ids with a clock estimate (each message may name a new one)
-CLOCK_MAX_SAMPLES = 4096  # samples kept per stream (a sender whose offset keeps rising keeps them all)
+CLOCK_SAMPLES = 64  # recent messages per stream the offset is estimated from
+CLOCK_ROBUST_RANK = 3  # ...as their third smallest (receive - sent): one wrong sent time is ignored
+CLOCK_MAX_SKEW_S = 7 * 86400.0  # a sender whose clock is further off than this is refused, not believed
 
 
 @dataclass(frozen=True)
@@ -51,19 +55,23 @@ class Received:
     dropped_before: int
     requests: list[Request]
     clock_offset: float
+    reconnects: int = 0  # ingest's counts for this stream so far
+    decoded: int = 0
 
 
 class ClockOffset:
-    """Per stream: daemon clock - sender clock, as the minimum of (received - sent) over a window.
+    """Per stream: daemon clock - sender clock, estimated from (received - sent) of the stream's recent
+    messages. Transit and queueing only ever add to that difference, so a small one is close to the true
+    offset; the estimate is the third smallest of the last CLOCK_SAMPLES within the window, so one message with
+    a wrong sent time (a clock jump, a hostile sender) cannot shift a stream's deadlines.
 
     Bounded whatever senders do: a stream id is forgotten once its samples have all left the window (it
-    starts afresh if it comes back), at most `max_streams` are kept (the least recently seen goes first),
-    and each keeps at most `max_samples` (then the oldest go, shortening its window)."""
+    starts afresh if it comes back), and at most `max_streams` are kept (the least recently seen goes first)."""
 
     def __init__(self, window_s: float = CLOCK_WINDOW_S, max_streams: int = CLOCK_MAX_STREAMS,
-                 max_samples: int = CLOCK_MAX_SAMPLES):
+                 max_samples: int = CLOCK_SAMPLES):
         self.window_s, self.max_streams, self.max_samples = window_s, max_streams, max_samples
-        # stream -> its samples; ordered from least to most recently updated
+        # stream -> its recent (received, offset) samples; ordered from least to most recently updated
         self._samples: collections.OrderedDict[str, collections.deque[tuple[float, float]]] = \
             collections.OrderedDict()
 
@@ -73,18 +81,15 @@ class ClockOffset:
     def update(self, stream: str, sent: float, received: float) -> float:
         samples = self._samples.get(stream)
         if samples is None:
-            samples = self._samples[stream] = collections.deque()
+            samples = self._samples[stream] = collections.deque(maxlen=self.max_samples)
         else:
             self._samples.move_to_end(stream)  # now the most recently updated
-        offset = received - sent
-        # A monotone deque: every kept sample is smaller than all later ones, so the front is the minimum.
-        while samples and samples[-1][1] >= offset:
-            samples.pop()
-        samples.append((received, offset))
-        while samples[0][0] < received - self.window_s or len(samples) > self.max_samples:
+        samples.append((received, received - sent))
+        while samples[0][0] < received - self.window_s:
             samples.popleft()
         self._forget(received)
-        return samples[0][1]
+        offsets = heapq.nsmallest(CLOCK_ROBUST_RANK, (o for _, o in samples))
+        return offsets[-1]
 
     def _forget(self, now: float) -> None:
         """Drop streams with no sample left in the window, and the least recent beyond max_streams."""
@@ -96,7 +101,9 @@ class ClockOffset:
 
 
 class Transport:
-    def __init__(self, endpoint: str, image_size: int, max_images: int, rcvhwm: int = 4):
+    def __init__(self, endpoint: str, image_size: int, max_images: int, rcvhwm: int = 4,
+                 curve: CurveConfig | None = None):
+        """curve: the daemon's CURVE keys (security.curve): only authorised ingest workers get through."""
         self.endpoint, self.max_images = endpoint, max_images
         self.clock = ClockOffset()
         self.held_images = 0  # images the daemon holds outside the inbox (its queue); it keeps this current
@@ -111,7 +118,14 @@ class Transport:
         self._sock.setsockopt(zmq.RCVBUF, 1 << 20)  # the kernel buffer too: chunks hidden there are only latency
         self._sock.setsockopt(zmq.MAXMSGSIZE, largest_part_bytes(image_size))
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(endpoint)
+        server = curve_server(curve)
+        self._auth = server.secure(self._ctx, self._sock, "daemon.endpoint") if server else None
+        warn_bind(endpoint, server is not None, "daemon.endpoint")
+        try:
+            self._sock.bind(endpoint)
+        except zmq.ZMQError:
+            self._teardown()
+            raise
         self._thread = threading.Thread(target=self._run, name="transport", daemon=True)
         self.last_read = time.monotonic()
 
@@ -128,7 +142,12 @@ class Transport:
         self._reading.set()
         if self._thread.is_alive():
             self._thread.join(10)
+        self._teardown()
+
+    def _teardown(self) -> None:
         self._sock.close()
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()
 
     # ------------------------------------------------------------------ the daemon side
@@ -188,8 +207,12 @@ class Transport:
         try:
             chunk = decode_chunk(parts)
             h = chunk.header
+            if abs(received - h.sent_wall) > CLOCK_MAX_SKEW_S:
+                return Malformed(len(parts), f"header.sent_wall: the sender's clock is {(h.sent_wall - received) / 86400:+.0f} "
+                                             f"days from the daemon's (more than {CLOCK_MAX_SKEW_S / 86400:.0f} days: refused)")
             offset = self.clock.update(h.stream, h.sent_wall, received)
-            return Received(h.stream, h.seq, h.dropped_before, requests_from_chunk(chunk, received, offset), offset)
+            return Received(h.stream, h.seq, h.dropped_before, requests_from_chunk(chunk, received, offset), offset,
+                            h.reconnects, h.decoded)
         except WireError as e:
             return Malformed(len(parts), str(e))
         except Exception as e:  # noqa: BLE001 - nothing one message holds may take the daemon down

@@ -8,7 +8,7 @@ import pytest
 from contracts.geometry import Letterbox
 from contracts.requests import Request
 from contracts.results import (RESULT_VERSION, iso_utc, STATUSES, ActivityResult, Detection, DetectionResult, FrameDetections,
-                               Latency, PersonActivity, ResultRecord, not_served, served)
+                               JsonlFollower, Latency, PersonActivity, ResultRecord, not_served, served)
 
 
 def record(**kw) -> ResultRecord:
@@ -190,3 +190,17 @@ def test_rows_carry_capture_time_in_utc_and_their_provenance():
     assert row["provenance"] == prov
     assert not_served(req, "shed", "late", now=1795430131.0, provenance=prov).to_json()["provenance"] == prov
     assert iso_utc(0.0) == "1970-01-01T00:00:00.000Z"
+
+
+def test_a_follower_returns_each_complete_line_once_and_waits_for_a_partial_one(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    follower = JsonlFollower(path)
+    assert follower.new_lines() == []  # not written yet
+    with open(path, "w") as f:
+        f.write('{"a":1}\n{"b":')
+        f.flush()
+        assert follower.new_lines() == ['{"a":1}']
+        f.write('2}\n\n{"c":3}\n')
+        f.flush()
+        assert follower.new_lines() == ['{"b":2}', '{"c":3}']
+        assert follower.new_lines() == []

@@ -257,3 +257,23 @@ def test_the_sample_videos_have_no_damaged_frame_and_end_where_their_index_says(
             assert len(frames) == n and not any(f.is_corrupt for f in frames), path
             assert frames[-1].time + 1 / float(stream.average_rate) == pytest.approx(
                 float(stream.duration * stream.time_base), abs=0.05), path
+
+
+def test_hardware_decoding_falls_back_to_software_and_says_so(caplog):
+    """ingest.hw_decode asks FFmpeg for a device decoder; where there is none (this host), the source logs it
+    once and decodes in software, frame for frame the same."""
+    import itertools
+    import logging
+    import os
+
+    from streams.source import FrameSource, hw_device
+
+    assert hw_device("off") is None and hw_device("vaapi") == "vaapi"
+    if os.path.exists("/dev/nvidia0"):
+        pytest.skip("this host has an NVIDIA GPU: hardware decoding may work here")
+    assert hw_device("auto") is None  # no GPU visible: software
+    with caplog.at_level(logging.WARNING, logger="streams"):
+        hw = [f.to_rgb() for f in itertools.islice(FrameSource(str(BIKES), fps=10, hw_decode="cuda"), 5)]
+    sw = [f.to_rgb() for f in itertools.islice(FrameSource(str(BIKES), fps=10), 5)]
+    assert "hardware decoding (cuda) unavailable" in caplog.text
+    assert all((a == b).all() for a, b in zip(hw, sw)) and len(hw) == 5

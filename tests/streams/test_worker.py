@@ -99,7 +99,8 @@ def test_a_bad_file_stops_its_stream_alone_with_a_clear_error(receiver, tmp_path
                else CORRUPT_MESSAGES[bad][0].replace("stream cam: ", ""))
     cfg = pipeline(receiver.endpoint, stream("broken", path, fps=10),
                    stream("good", BIKES, fps=10, chunk_seconds=0.5, loop=True, realtime=True),
-                   drop_policy="block")  # lossless: this test is about failures, not drops
+                   drop_policy="block",  # lossless: this test is about failures, not drops
+                   skip_frames=False)  # every frame decoded: the error names how many came before the damage
     with caplog.at_level(logging.INFO, logger="streams"):
         w = WorkerThread(cfg)
         w.start()
@@ -285,3 +286,21 @@ def test_a_stalled_source_reports_its_outage_in_the_chunk_the_log_and_the_result
         shed = not_served(req, "shed", "overload", now=req.received).to_json()
         for row in (ok, shed):
             assert row.get("outage_before_s") == (c.header.outage_s or None)
+
+
+def test_streams_that_need_few_frames_skip_decoding_frames_nothing_refers_to(receiver):
+    """A detect-only stream (1 frame of 10 a chunk) does not decode the frames no other frame refers to: fewer
+    frames decoded for the same chunks, the same frame times sent. A clip task (8 of 10) decodes them all."""
+    def run(skip):
+        cfg = pipeline(receiver.endpoint, stream(f"bikes-{skip}", BIKES, fps=10), skip_frames=skip, drop_policy="block")
+        w = WorkerThread(cfg)
+        w.start()
+        receiver.drain(w, timeout=30)
+        w.finish(timeout=30)
+        chunks = receiver.by_stream()[f"bikes-{skip}"]
+        return chunks, chunks[-1].header.decoded
+
+    skipped, n_skipped = run(True)
+    full, n_full = run(False)
+    assert [c.header.frame_ts for c in skipped] == [c.header.frame_ts for c in full]
+    assert len(skipped) == len(full) == 10 and 0 < n_skipped < 0.8 * n_full

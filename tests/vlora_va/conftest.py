@@ -19,7 +19,12 @@ def tiny_backbone_dir(tmp_path_factory):
     cfg = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=4,
                        patch_size=14, image_size=TINY_IMAGE)
     path = tmp_path_factory.mktemp("tiny-dinov2")
-    Dinov2Model(cfg).save_pretrained(path, safe_serialization=True)
+    model = Dinov2Model(cfg)
+    with torch.no_grad():  # LayerScale far from 1 (as in real DINOv2), so folding it wrongly shows everywhere
+        for block in model.encoder.layer:
+            block.layer_scale1.lambda1.uniform_(0.2, 1.5)
+            block.layer_scale2.lambda1.uniform_(0.2, 1.5)
+    model.save_pretrained(path, safe_serialization=True)
     return path
 
 

@@ -69,3 +69,46 @@ def test_ingest_endpoint_override_is_used(tmp_path):
     proc = subprocess.run([*CLI, "ingest", str(cfg), "--streams", "pedestrians", "--endpoint", "tcp://127.0.0.1:1"],
                           capture_output=True, text=True, timeout=120)
     assert "-> tcp://127.0.0.1:1" in proc.stderr
+
+
+def test_daemon_binds_the_endpoint_override_and_drains_on_sigterm(tmp_path, tiny_backbone_dir):
+    """`vlora-va daemon FILE --endpoint E`: it serves on E (not daemon.endpoint), correctly, and SIGTERM ends it
+    with exit code 0 after answering what it received."""
+    import re
+    import signal
+
+    from tests.fuzz_messages import make_seeing_detector
+
+    from .pipeline_helpers import Run, probe, stopped_counts, tiny_pipeline, write
+
+    seeing = make_seeing_detector(tmp_path / "seeing")
+    cfg = tiny_pipeline(tmp_path, tiny_backbone_dir, {"seeing": seeing}, [{"id": "a"}])
+    other = f"ipc://{tmp_path}/other.sock"
+    run = Run(write(tmp_path / "pipeline.yaml", cfg), "--endpoint", other, command="daemon")
+    try:
+        run.wait_log(rf"daemon ready on {re.escape(other)} ")
+        probe(dict(cfg, daemon=dict(cfg["daemon"], endpoint=other)), tiny_backbone_dir, {"seeing": seeing}, 0,
+              [("det", "seeing")], run)
+        assert run.finish(signal.SIGTERM, group=False) == 0
+    finally:
+        run.close()
+    counts = stopped_counts(run.log())
+    assert counts["chunks"] == 1 and counts["requests"] == counts["ok"] == 1
+
+
+def test_draw_command_writes_the_frame_and_says_what_it_drew(tmp_path):
+    import json
+    import os
+
+    import cv2
+
+    results = tmp_path / "r.jsonl"
+    results.write_text(json.dumps({"stream": "bikes", "chunk": 1, "task": "detect", "frames": [
+        {"ts": 1.5, "detections": [{"box": [100, 50, 200, 150], "class": "person", "score": 0.9}]}]}) + "\n")
+    out = tmp_path / "f.jpg"
+    video = os.path.join(os.getcwd(), "sample_videos", "bikes.mp4")
+    proc = run("draw", str(results), "--video", video, "--stream", "bikes", "--ts", "1.4", "--out", str(out))
+    assert proc.returncode == 0 and proc.stdout.strip() == f"{out}: 1 detection(s) at t=1.50 s", proc.stderr
+    assert cv2.imread(str(out)).shape == (272, 640, 3)
+    proc = run("draw", str(results), "--video", str(tmp_path / "nosuch.mp4"), "--stream", "bikes", "--out", str(out))
+    assert proc.returncode == 1 and "nosuch.mp4" in proc.stderr

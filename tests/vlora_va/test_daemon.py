@@ -277,18 +277,20 @@ def test_log_and_gauges_keep_moving_under_sustained_load(tmp_path, tiny_backbone
     caplog.set_level(logging.INFO, logger="vlora_va.daemon")
     d = RunningDaemon(cfg)
     scrapes = []
-    t_end = time.monotonic() + 3.0
+    t_end = time.monotonic() + 4.0
+    next_scrape = time.monotonic() + 0.5
     seq = 0
     while time.monotonic() < t_end:  # always more queued than one batch: the daemon never idles
         for _ in range(4):
             d.send(chunk_parts("cam", seq, [("det", "detect"), ("act", "actions")], n_frames=2))
             seq += 1
-        if seq % 40 == 0:
+        if time.monotonic() >= next_scrape:
             scrapes.append(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+            next_scrape += 0.5
         time.sleep(0.02)
     d.finish()
     progress = [r for r in caplog.records if "chunks/s" in r.getMessage()]
-    assert len(progress) >= 5  # ~every 0.3 s over 3 s of load
+    assert len(progress) >= 5  # ~every 0.3 s over 4 s of load
     batches = [sum(float(v) for v in re.findall(r"^vlora_batches_total\{mode=\"[^\"]+\"\} (\S+)", text, re.M))
                for text in scrapes]
     assert len(batches) >= 3 and batches == sorted(batches) and batches[-1] > batches[0]
@@ -314,3 +316,19 @@ def test_prometheus_metrics_count_what_happened(tmp_path, tiny_backbone_dir, tin
     assert 'vlora_results_total{status="ok",stream="cam",task="det"} 1.0' in text
     assert 'vlora_results_total{status="shed",stream="cam",task="det"} 1.0' in text
     assert 'vlora_requests_shed_total{cause="deadline",stream="cam",task="det"} 1.0' in text
+
+
+def test_log_throttle_says_the_first_lines_then_how_many_more():
+    from vlora_va.logs import Throttle
+
+    lines = []
+
+    class Sink:
+        def error(self, msg, *args):
+            lines.append(msg % args)
+
+    t = Throttle(Sink(), "malformed messages", burst=3, period_s=10)
+    for i in range(50):
+        t.error(100.0 + i * 0.1, "bad %d", i)  # 50 in 5 s
+    t.error(111.0, "bad %d", 99)  # the next period: the count of the suppressed ones, then this one
+    assert lines == ["bad 0", "bad 1", "bad 2", "... and 47 more malformed messages in the last 10 s", "bad 99"]

@@ -190,6 +190,41 @@ def test_merge_unmerge_cycles_leave_no_drift(setup):
     assert lora.merged_slot(model) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_switch_cycles_leave_every_layer_group_exactly_pristine(dtype):
+    """A fresh model (not the shared fixture, which other tests switch): after 50 cycles through both slots and
+    back, every wrapped layer of every group (q_proj, v_proj, fc2 of both blocks) holds exactly the weights of
+    the never-wrapped model, and merging a slot again gives exactly the first merge of it, also in bfloat16,
+    where accumulated rounding would show first."""
+    base = tiny_model().to(dtype)
+    pristine = {n: m.weight.detach().clone() for n, m in base.named_modules()
+                if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in TARGETS}
+    model = copy.deepcopy(base)
+    lora.inject_lora(model, TARGETS, num_slots=4, max_rank=16)
+    lora.load_adapter(model, 0, random_adapter(tiny_model(), 4, 1), 2.0)
+    lora.load_adapter(model, 2, random_adapter(tiny_model(), 16, 2), 0.5)
+    layers = lora._lora_layers(model)
+    assert set(layers) == set(pristine) and len(layers) == 2 * len(TARGETS)
+
+    def weights():
+        return {n: layer.base.weight.detach().clone() for n, layer in layers.items()}
+
+    lora.merge_slot(model, 2)
+    first_merge = weights()
+    assert all(not torch.equal(first_merge[n], pristine[n]) for n in layers)  # the merge changed every layer
+    for i in range(50):
+        lora.merge_slot(model, 0)
+        lora.switch_weights(model, 2)
+        lora.switch_weights(model, None if i % 2 else 0)
+        lora.unmerge(model)
+    assert lora.merged_slot(model) is None
+    for n, w in weights().items():
+        assert w.dtype == dtype and torch.equal(w, pristine[n]), n
+    lora.merge_slot(model, 2)
+    for n, w in weights().items():
+        assert torch.equal(w, first_merge[n]), n
+
+
 def test_slot_delta_weights(setup):
     _, adapters, model, _, _ = setup
     dw = lora.slot_delta_weights(model, 2)

@@ -533,3 +533,24 @@ def test_daemon_with_an_unwritable_sink_serves_everything_to_the_working_one(tmp
     assert d.daemon.metrics.sinks[f"jsonl:{bad}"]["written"] == 0
     assert any(f"jsonl:{bad}" in r.getMessage() and r.levelno >= logging.ERROR for r in caplog.records)
     assert finish_s < 30
+
+
+def test_a_row_that_cannot_be_serialised_is_dropped_and_counted_not_retried_forever(tmp_path):
+    """One bad row (a bug: to_json raises) must not stop the rows after it."""
+    from vlora_va.sinks import JsonlSink
+
+    class Broken:
+        stream, chunk = "cam", 99
+
+        def to_json(self):
+            raise ValueError("year -1086 is out of range")
+
+    path = tmp_path / "rows.jsonl"
+    rows = records(0, 3)
+    sink = JsonlSink(path)
+    with sink:
+        sink.write([rows[0], Broken(), *rows[1:]])
+        assert sink.flush(10)
+    lines = path.read_text().splitlines()
+    st = sink.stats()
+    assert st["dropped"] == 1 and st["errors"] >= 1 and len(lines) == 3

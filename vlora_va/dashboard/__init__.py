@@ -15,17 +15,6 @@ The server is on when `daemon.http_port` (or its older name `daemon.metrics_port
 
 from __future__ import annotations
 
-import ipaddress
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
 
 def url_for(host: str, port: int) -> str:
     """The URL a local browser opens for a server bound on host:port (a wildcard bind is reached on loopback)."""

@@ -29,6 +29,7 @@ MAX_POINTS = 1200  # per stream (about 10 rows/s over HISTORY_S); older points g
 RECENT_ROWS = 8  # recent results listed per stream
 JPEG_QUALITY = 75
 COUNTED_CHUNKS = 64  # chunks remembered per stream, so a chunk's ingest drops / outage count once
+MAX_STREAMS = 64  # streams a page shows (and the hub keeps a frame of): more evict the oldest
 
 
 @dataclass
@@ -101,6 +102,8 @@ class Hub:
     def _stream(self, sid: str) -> _Stream:
         st = self._streams.get(sid)
         if st is None:
+            if len(self._order) >= MAX_STREAMS:  # bounded whatever stream ids senders invent: the oldest goes
+                del self._streams[self._order.pop(0)]
             st = self._streams[sid] = _Stream(sid)
             self._order.append(sid)
         return st

@@ -27,6 +27,7 @@ WINDOW_S = 5.0  # the load is measured over this long: overload must last about 
 MIN_SPAN_S = 1.0
 TARGET_UTILISATION = 0.95  # of the engine's time: some is lost to batching and switches
 REPORT_EVERY_S = 10.0  # a degraded tier's state is logged at most this often
+MAX_CREDITS = 4096  # (stream, task) pairs whose admitted share is spread (the least recent are forgotten)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class OverloadControl:
         self._arrivals: collections.deque[tuple[float, int, float]] = collections.deque()  # (time, tier, seconds)
         self._load: dict[int, float] = {}
         self._first: float | None = None
-        self._credit: dict[tuple[str, str], float] = {}
+        self._credit: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
         self.fractions: dict[int, float] = {}
         self._reported: dict[int, tuple[float, float]] = {}  # tier -> (fraction, when) last logged
 
@@ -95,7 +96,9 @@ class OverloadControl:
                 return Admission(request)
             return Admission(None, f"overload: priority {tier} serves every {k}th chunk")
         key = (request.stream, request.task)  # shed: an even spread of the admitted share per stream and task
-        credit = self._credit.get(key, 0.0) + fraction
+        credit = self._credit.pop(key, 0.0) + fraction
+        if len(self._credit) >= MAX_CREDITS:  # bounded whatever stream ids senders invent
+            self._credit.popitem(last=False)
         if credit >= 1.0:
             self._credit[key] = credit - 1.0
             return Admission(request)
