@@ -146,7 +146,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2, help="torch threads for the main comparison (default 2)")
     ap.add_argument("--precisions", default="fp32,bf16,int8")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: pipelines, options, threads, linears")
+    ap.add_argument("--skip", default="",
+                    help="comma list of sections to skip: pipelines, options, threads, linears, prefix")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -236,18 +237,47 @@ def main() -> int:
                       flush=True)
 
     linears = [] if "linears" in skip else linear_layers(args.rounds)
+    prefix = [] if "prefix" in skip or "actions-persons" not in adapters else \
+        shared_prefix(engines, videos, mode, args.rounds)
 
     out = {"cpu": {"model": platform.processor() or platform.machine(), "isa": caps.isa, "flags_bf16": caps.native_bf16,
                    "vnni": caps.vnni, "int8_kernels": caps.int8_kernels, "cores": os.cpu_count(),
                    "avx512": "avx512f" in flags},
            "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pipelines": meta, "results": rows, "scaling": scaling,
-           "linears": linears}
+           "linears": linears, "prefix": prefix}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cpu_backbone.json").write_text(json.dumps(out, indent=1) + "\n")
     (args.out / "cpu_backbone.md").write_text(markdown(out) + "\n")
     print(f"wrote {args.out / 'cpu_backbone.json'} and .md")
     return 0
+
+
+def shared_prefix(engines: dict, videos: dict, mode: LoRAMode, rounds: int) -> list[dict]:
+    """Two adapters on the same frames: detect and actions-persons (LoRA on blocks 8-11 only, both at 336 px)
+    each on the same 4 frames, blocks below their first LoRA block run once per frame (the engine's shared
+    prefix) against once per request, per precision. Needs the options section's actions-persons."""
+    frames = [letterbox(videos["pedestrians"][i], IMAGE_SIZE)[0] for i in (0, 3, 6, 9)]
+    fns, blocks = {}, {}
+    for p, e in engines.items():
+        info = e.catalog().adapters
+        blocks[p] = min(info[n].first_block for n in ("detect", "actions-persons"))
+        slots = [e.slots["detect"]] * len(frames) + [e.slots["actions-persons"]] * len(frames)
+        for variant, prefix in (("shared", blocks[p]), ("per request", 0)):
+            fns[f"{p}|{variant}"] = (lambda e=e, slots=slots, prefix=prefix:
+                                     e.features(frames + frames, slots, mode, 336, prefix))
+    print(f"shared prefix: {len(fns)} variants x {rounds} rounds ...", flush=True)
+    r = interleaved(fns, rounds)
+    out = []
+    for p in engines:
+        shared, alone = r[f"{p}|shared"], r[f"{p}|per request"]
+        paired = statistics.median(a / b for a, b in zip(shared["times"], alone["times"]))
+        out.append({"precision": p, "prefix_blocks": blocks[p], "frames": len(frames), "adapters": 2,
+                    "shared_s": round(shared["median"], 4), "per_request_s": round(alone["median"], 4),
+                    "saving_per_round": round(1 - paired, 3)})
+        print(f"  {p}: shared prefix ({blocks[p]} blocks) {shared['median']:.3f} s vs {alone['median']:.3f} s "
+              f"per request: {100 * (1 - paired):.0f}% less", flush=True)
+    return out
 
 
 def linear_layers(rounds: int, calls: int = 5) -> list[dict]:
@@ -319,6 +349,13 @@ def markdown(out: dict) -> str:
                   "| rows | shape | variant | ms | × fp32 |", "|---|---|---|---:|---:|"]
         lines += [f"| {r['rows']} | {r['shape']} | {r['variant']} | {r['ms']:.2f} | {r['vs_fp32']:.2f} |"
                   for r in out["linears"]]
+    if out.get("prefix"):
+        lines += ["", "Shared prefix: detect and actions-persons on the same 4 frames at 336 px (8 images), backbone "
+                  "forward (s); blocks below both adapters' first LoRA block once per frame vs once per request:", "",
+                  "| precision | prefix blocks | shared s | per request s | less compute (per round) |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['precision']} | {r['prefix_blocks']} | {r['shared_s']:.3f} | {r['per_request_s']:.3f} | "
+                  f"{100 * r['saving_per_round']:.0f}% |" for r in out["prefix"]]
     return "\n".join(lines)
 
 

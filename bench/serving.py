@@ -301,7 +301,10 @@ def run_point(b: Backbone, backbone_id: str, adapters: dict, policy: str, w: Wor
 
 
 # ---------------------------------------------------------------- the grid
-def grid(quick: bool) -> dict[str, list[Workload]]:
+def grid(quick: bool, loads: set[float] | None = None) -> dict[str, list[Workload]]:
+    """The workloads per backbone; `loads` keeps only those offered at these multiples of capacity."""
+    if loads:
+        return {b: [w for w in ws if w.load in loads] for b, ws in grid(quick).items()}
     if quick:
         return {"vit-s": [Workload(6, 4, 0.25, 1.0), Workload(6, 4, 0.9, 3.0)],
                 "vit-b": [Workload(4, 4, 0.9, 3.0)]}
@@ -380,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run: 3 workloads, 1 round")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--loads", default="", help="only workloads offered at these multiples of capacity, e.g. 1,3")
     ap.add_argument("--duration", type=float, default=15.0, help="measured seconds per point (after warm-up)")
     ap.add_argument("--backbones", default="vit-s,vit-b")
     ap.add_argument("--policies", default=",".join(POLICIES))
@@ -393,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     points, capacity = [], {}
     t_start = time.time()
     try:
-        for name, workloads in grid(a.quick).items():
+        for name, workloads in grid(a.quick, {float(x) for x in a.loads.split(',') if x}).items():
             if name not in a.backbones.split(","):
                 continue
             b = BACKBONES[name]

@@ -108,7 +108,9 @@ def grows(ys: list[float]) -> bool:
     return n >= 2 and statistics.median(ys[-n:]) > statistics.median(ys[:n])
 
 
-def pipeline(config: Path, tmp: Path, profile_cache: Path | None) -> Path:
+def pipeline(config: Path, tmp: Path, profile_cache: Path | None, loop: bool = True) -> Path:
+    """A private copy of `config`: its own endpoint, profile cache and JSON Lines sink in tmp, no HTTP server,
+    every stream looping (or as the file says)."""
     cfg = yaml.safe_load(config.read_text())
     base = config.resolve().parent
     cfg.setdefault("daemon", {})["endpoint"] = f"ipc://{tmp}/daemon.sock"
@@ -117,8 +119,9 @@ def pipeline(config: Path, tmp: Path, profile_cache: Path | None) -> Path:
     cfg["adapters"] = {n: str(base / p) for n, p in cfg["adapters"].items()}
     for s in cfg["streams"]:
         s["source"] = s["source"] if "://" in s["source"] else str(base / s["source"])
-        s["loop"] = True
-        s.pop("max_chunks", None)
+        if loop:
+            s["loop"] = True
+            s.pop("max_chunks", None)
     cfg["sinks"] = [{"type": "jsonl", "path": str(tmp / "results.jsonl")}]
     path = tmp / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -7,7 +7,8 @@ coarse grid that stays under ~15 s on 2 CPU cores:
     factor[mode][k]   the backbone forward in each LoRA mode with k adapters in the batch, over the merged one
     switch_s          one all-layer weight switch (merge or unmerge)
 The profile is cached (`profile_path`), keyed by the CPU or GPU model, thread count, torch, backbone and
-adapter set, so a restart reuses it. `CostModel` predicts a plan's time from it and corrects itself from the
+adapter set, so a restart reuses it, once one batch per size agrees with it (`stale_ratio`: a profile
+taken while other work shared the cores is measured again). `CostModel` predicts a plan's time from it and corrects itself from the
 batch times it observes: decode and other processes on the same cores slow forwards down (up to ~1.8x seen on
 2 cores), so a start-up figure alone would be wrong.
 """
@@ -55,6 +56,11 @@ CORRECTION_RANGE = (0.25, 4.0)  # a profile taken on a busy machine can be sever
 MARGIN_BATCHES = 40  # the safety margin is read off this many recent batches
 MARGIN_QUANTILE = 0.95
 MARGIN_RANGE = (1.1, 2.0)
+# A cached profile is checked against one batch per size at start-up and measured again when it is this far off
+# (taken while other work shared the cores, or on a faster day) by at least STALE_MIN_S a batch: the online
+# correction would get there too, but only after shedding work the machine could have served.
+STALE_RATIO = 1.5
+STALE_MIN_S = 0.05
 
 
 def mode_name(mode: LoRAMode) -> str:
@@ -273,7 +279,11 @@ def load_or_measure(engine, catalog: Catalog, key: dict, directory: Path, modes:
     cached = None if remeasure else load_cached(directory, key)
     if cached is not None:
         log.info("cost profile from %s (%s)", profile_path(directory, key), describe(cached))
-        return cached
+        ratio = stale_ratio(engine, catalog, cached)
+        if ratio is None:
+            return cached
+        log.warning("the cached cost profile is %.2fx this machine's speed now (it was measured %s, under other "
+                    "load or on another day): measuring again", ratio, cached.created)
     profile = measure_profile(engine, catalog, key, modes)
     try:
         path = save(directory, profile)
@@ -281,6 +291,31 @@ def load_or_measure(engine, catalog: Catalog, key: dict, directory: Path, modes:
     except OSError as e:
         log.warning("cost profile not cached (%s): the next start measures again", e)
     return profile
+
+
+def stale_ratio(engine, catalog: Catalog, profile: CostProfile) -> float | None:
+    """Cached over observed time of the largest measured batch at each size (merged, as measured, fastest of 2),
+    the median over sizes; None while the profile holds (within STALE_RATIO, or off by less than STALE_MIN_S)."""
+    cuda = engine.device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(engine.device)) if cuda else (lambda: None)
+    names = list(catalog.adapters)
+    ratios, gaps = [], []
+    for size in catalog.sizes:
+        points = profile.base.get(size)
+        if not points:
+            return None
+        n, cached_s = points[-1]
+        rep = next(a for a in names if catalog.adapters[a].size == size)
+        mode = LoRAMode(MERGED, catalog.adapters[rep].slot) if catalog.has_lora else LoRAMode(UNMERGED)
+        reqs = synthetic_requests(catalog, rep, n)
+        plan = BatchPlan(reqs, mode, (SizeGroup(size, tuple(range(len(reqs)))),))
+        now_s = _timed(lambda: engine.execute(plan), 2, sync)
+        ratios.append(cached_s / now_s)
+        gaps.append(abs(cached_s - now_s))
+    engine.switch(LoRAMode(PREMERGED) if catalog.can_premerge else LoRAMode(UNMERGED))
+    ratio = statistics.median(ratios)
+    off = not (1 / STALE_RATIO <= ratio <= STALE_RATIO) and statistics.median(gaps) >= STALE_MIN_S
+    return ratio if off else None
 
 
 # ---------------------------------------------------------------- predicting

@@ -58,6 +58,24 @@ def test_the_profile_is_cached_by_machine_and_set_up(engine, tmp_path):
     assert C.load_cached(tmp_path, key) is None
 
 
+def test_a_cached_profile_far_from_this_machine_now_is_measured_again(engine, tmp_path, caplog):
+    """A profile cached while other work shared the cores predicts every batch too slow: kept, the daemon would
+    shed work it can serve until the online correction caught up."""
+    catalog = engine.catalog()
+    key = key_for(engine)
+    first = C.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
+    slow = C.CostProfile.from_json(first.to_json())
+    slow.base = {size: [(n, t + 1.0) for n, t in points] for size, points in slow.base.items()}
+    C.save(tmp_path, slow)
+    assert C.stale_ratio(engine, catalog, slow) > C.STALE_RATIO
+    again = C.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
+    assert "measuring again" in caplog.text
+    assert all(t < 1.0 for points in again.base.values() for _, t in points)
+    assert C.load_cached(tmp_path, key).to_json() == again.to_json()  # the cache holds the new one
+    assert C.stale_ratio(engine, catalog, again) is None
+    assert engine.weights_slot is None  # checking leaves the weights pristine
+
+
 def test_key_names_the_processor_threads_backbone_and_adapters(engine):
     key = key_for(engine)
     assert key["device"] == C.device_name(torch.device("cpu")) and key["threads"] == torch.get_num_threads()

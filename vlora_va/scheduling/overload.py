@@ -58,7 +58,8 @@ class OverloadControl:
         return max(MIN_SPAN_S, min(self.window_s, now - (self._first if self._first is not None else now)))
 
     def _expire(self, now: float) -> None:
-        while self._arrivals and self._arrivals[0][0] < now - self.window_s:
+        # (now - window, now]: measured at an arrival, a periodic stream counts window / period arrivals, not one more
+        while self._arrivals and self._arrivals[0][0] <= now - self.window_s:
             _, tier, cost = self._arrivals.popleft()
             self._load[tier] -= cost
 
@@ -74,8 +75,8 @@ class OverloadControl:
 
     def admit(self, request: Request, cost_s: float, now: float, min_frames: int) -> Admission:
         """Record the request's predicted cost and decide what happens to it."""
-        if self._first is None:
-            self._first = now
+        if self._first is None:  # the first request stands for the chunk of media before it (~1 s), or a
+            self._first = now - MIN_SPAN_S  # second chunk a moment later would read as twice the load
         tier = request.priority
         self._arrivals.append((now, tier, cost_s))
         self._load[tier] = self._load.get(tier, 0.0) + cost_s

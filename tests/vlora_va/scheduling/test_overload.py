@@ -31,6 +31,17 @@ def test_nothing_is_touched_below_capacity():
     assert ctl.fractions == {0: 1.0}
 
 
+def test_nothing_is_shed_from_the_first_chunks_of_streams_below_capacity():
+    """Two cameras start together, one 1-s chunk a second each, 0.85 s of compute a second in all: the second
+    chunk of each, a second after the first, must not read as twice the load."""
+    ctl = OverloadControl("shed")
+    for i in range(10):
+        for stream, cost in (("a", 0.55), ("b", 0.3)):
+            now = T0 + i + (0.01 if stream == "b" else 0.0)
+            r = request("a", now, seq=i, stream=stream)
+            assert ctl.admit(r, cost, now, 1).request is r, (i, stream, ctl.load(now))
+
+
 def test_shed_admits_what_fits_and_spreads_it_evenly():
     ctl = OverloadControl("shed")
     results = offer(ctl, 30, 10, 0.3)  # 3 s of compute per second: about a third fits
