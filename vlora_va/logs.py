@@ -14,11 +14,14 @@ def setup_logging(level: str = "INFO", role: str = "main") -> None:
     )
 
 
+THROTTLE_PERIOD_S = 10.0
+
+
 class Throttle:
     """At most `burst` log lines of one kind per `period_s`; the rest are counted and said in one line when
     the period ends. A hostile sender's garbage must not turn into a log flood."""
 
-    def __init__(self, logger: logging.Logger, what: str, burst: int = 10, period_s: float = 10.0):
+    def __init__(self, logger: logging.Logger, what: str, burst: int = 10, period_s: float = THROTTLE_PERIOD_S):
         self.logger, self.what, self.burst, self.period_s = logger, what, burst, period_s
         self._start, self._count, self._suppressed = float("-inf"), 0, 0
 
