@@ -44,9 +44,11 @@ class Request:
 
 def requests_from_chunk(chunk: Chunk, received: float, clock_offset: float = 0.0) -> list[Request]:
     """One Request per task of the chunk. clock_offset: daemon clock minus the sender's clock (seconds),
-    so that ready / deadline are in the daemon's clock."""
+    so that ready / deadline are in the daemon's clock. A chunk was complete at its source no later than the
+    daemon received it: an offset estimated a few ms too high (it is robust, not exact) must not place ready
+    after received, or a served row's total latency would come out shorter than its compute time."""
     h = chunk.header
-    ready = h.ready_wall + clock_offset
+    ready = min(h.ready_wall + clock_offset, received)
     return [
         Request(stream=h.stream, seq=h.seq, task=t.name, adapter=t.adapter,
                 frames=[chunk.frames[i] for i in t.frames], frame_ts=[h.frame_ts[i] for i in t.frames],

@@ -35,3 +35,11 @@ def test_without_an_offset_the_sender_clock_is_used():
     chunk = decode_chunk(encode_chunk(make_header(ready_wall=100.0), frames()))
     req = requests_from_chunk(chunk, received=100.5)[0]
     assert req.ready == 100.0 and req.deadline == pytest.approx(100.1235)
+
+
+def test_ready_is_never_after_the_daemon_received_the_chunk():
+    """An offset estimate a few ms too high (the third smallest of recent samples) would otherwise put the
+    chunk's completion after its arrival."""
+    chunk = decode_chunk(encode_chunk(make_header(ready_wall=100.0), frames()))
+    req = requests_from_chunk(chunk, received=1000.002, clock_offset=900.006)[0]
+    assert req.ready == 1000.002 and req.deadline == pytest.approx(1000.002 + req.deadline_ms / 1000.0)
