@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 import zmq  # noqa: E402
 
-from tests.fuzz_messages import (DISCONNECT, ERROR_ROWS, KINDS, MALFORMED, OK, MessageGen, RowTail,  # noqa: E402
-                                 make_seeing_detector, payload_difference, reference_payloads, send_to_be_cut_off)
+from tests.fuzz_messages import (ERROR_ROWS, KINDS, MALFORMED, OK, MessageGen, RowTail, Sender,  # noqa: E402
+                                 make_seeing_detector, payload_difference, reference_payloads)
 from vlora_va.logs import THROTTLE_PERIOD_S  # noqa: E402
 
 LIVE_TASKS = (("det", "seeing"), ("act", "actions"))
@@ -183,25 +183,11 @@ def run(args) -> dict:
         push.connect(f"ipc://{tmp}/daemon.sock")
         tail = RowTail(tmp / "results.jsonl", keep=False)
 
-        expected: collections.Counter = collections.Counter()
-        allowed: dict[tuple, frozenset] = {}
-        sent: collections.Counter = collections.Counter()
+        books = Sender(ctx, push, f"ipc://{tmp}/daemon.sock", STALL_S)  # zmq.Again: the daemon stopped reading
+        send, expected, allowed, sent = books.send, books.expected, books.allowed, books.sent
         mutations: collections.Counter = collections.Counter()
         live_waits: list[float] = []
         problems: list[str] = []
-        bytes_sent = 0
-
-        def send(msg) -> None:
-            nonlocal bytes_sent
-            sent[msg.kind] += 1
-            bytes_sent += msg.size
-            if msg.kind == DISCONNECT:
-                send_to_be_cut_off(ctx, f"ipc://{tmp}/daemon.sock", msg.parts, STALL_S)
-                return
-            push.send_multipart(msg.parts)  # zmq.Again after STALL_S: the daemon stopped reading
-            for stream, seq, task, statuses in msg.rows:
-                expected[(stream, seq, task)] += 1
-                allowed[(stream, seq, task)] = statuses
 
         def live(seq: int) -> None:
             t0 = time.monotonic()
@@ -304,7 +290,7 @@ def run(args) -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpu": platform.processor() or
             platform.machine(), "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
             "args": vars(args), "messages": n, "seconds": round(elapsed, 1),
-            "messages_per_s": round(n / elapsed, 1) if elapsed else None, "bytes_sent": bytes_sent,
+            "messages_per_s": round(n / elapsed, 1) if elapsed else None, "bytes_sent": books.bytes,
             "by_kind": {k: sent[k] for k in KINDS}, "by_mutation": dict(mutations.most_common()),
             "daemon": {"alive_at_end": alive, "exit_status": rc, "malformed_counted": counted,
                        "malformed_logged": dlog.malformed, "malformed_summarised": dlog.summarised, "chunks_counted": chunks, "log_lines": dlog.lines,

@@ -195,6 +195,32 @@ def curve_client(cfg: CurveConfig | None) -> CurveClient | None:
     return CurveClient(cfg) if cfg is not None else None
 
 
+def bind_server(ctx, sock, endpoint: str, curve: CurveConfig | None, what: str):
+    """Bind one of the daemon's server sockets (`what`, e.g. 'daemon.endpoint'): CURVE with the daemon's keys
+    where security.curve is set, a warning for a network bind without them. `ctx` must be the socket's own
+    context (the key check is per context). Returns the authenticator (None without CURVE) for close_server;
+    a bind that fails closes the socket, the authenticator and the context, and raises zmq.ZMQError."""
+    import zmq
+
+    server = curve_server(curve)
+    auth = server.secure(ctx, sock, what) if server else None
+    warn_bind(endpoint, server is not None, what)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError:
+        close_server(ctx, sock, auth)
+        raise
+    return auth
+
+
+def close_server(ctx, sock, auth) -> None:
+    """Undo bind_server: the socket, then the key check, then the context."""
+    sock.close()
+    if auth is not None:
+        auth.stop()
+    ctx.term()
+
+
 # ---------------------------------------------------------------- where sockets bind
 
 

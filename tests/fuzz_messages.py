@@ -642,6 +642,33 @@ class RowTail:
             time.sleep(0.001)
 
 
+class Sender:
+    """Sends generated messages to a daemon and keeps the books: messages per kind, bytes, and for every request
+    the rows it is owed (`expected`, a Counter) and the statuses they may have (`allowed`). A DISCONNECT message
+    goes on a throwaway socket that ZeroMQ must cut off; the others on `push`, which raises zmq.Again when the
+    daemon stopped reading (give it a SNDTIMEO)."""
+
+    def __init__(self, ctx, push, endpoint: str, stall_s: float):
+        import collections
+
+        self.ctx, self.push, self.endpoint, self.stall_s = ctx, push, endpoint, stall_s
+        self.sent: collections.Counter = collections.Counter()
+        self.expected: collections.Counter = collections.Counter()
+        self.allowed: dict[tuple, frozenset] = {}
+        self.bytes = 0
+
+    def send(self, msg: Message) -> None:
+        self.sent[msg.kind] += 1
+        self.bytes += msg.size
+        if msg.kind == DISCONNECT:
+            send_to_be_cut_off(self.ctx, self.endpoint, msg.parts, self.stall_s)
+            return
+        self.push.send_multipart(msg.parts)
+        for stream, seq, task, statuses in msg.rows:
+            self.expected[(stream, seq, task)] += 1
+            self.allowed[(stream, seq, task)] = statuses
+
+
 def send_to_be_cut_off(ctx, endpoint: str, parts: list[bytes], timeout_s: float) -> None:
     """A message with a part over ZMQ_MAXMSGSIZE, on a fresh PUSH socket: ZeroMQ must drop it and cut that
     peer off (the daemon never sees it). Raises AssertionError when the peer is not cut off in time."""

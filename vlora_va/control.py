@@ -21,7 +21,7 @@ from pathlib import Path
 
 import zmq
 
-from contracts.security import CurveConfig, curve_client, curve_server, warn_bind
+from contracts.security import CurveConfig, bind_server, close_server, curve_client
 
 from .adapters import Adapter, AdapterError, load_adapter_dir
 
@@ -68,14 +68,7 @@ class ControlServer:
         self._sock = self._ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, REQUEST_MAX_BYTES)
-        server = curve_server(curve)
-        self._auth = server.secure(self._ctx, self._sock, "daemon.control_endpoint") if server else None
-        warn_bind(endpoint, server is not None, "daemon.control_endpoint")
-        try:
-            self._sock.bind(endpoint)
-        except zmq.ZMQError:
-            self._teardown()
-            raise
+        self._auth = bind_server(self._ctx, self._sock, endpoint, curve, "daemon.control_endpoint")
         self._thread = threading.Thread(target=self._run, name="control", daemon=True)
 
     def start(self) -> None:
@@ -85,13 +78,7 @@ class ControlServer:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
-        self._teardown()
-
-    def _teardown(self) -> None:
-        self._sock.close()
-        if self._auth is not None:
-            self._auth.stop()
-        self._ctx.term()
+        close_server(self._ctx, self._sock, self._auth)
 
     def _run(self) -> None:
         while not self._stop.is_set():

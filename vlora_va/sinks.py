@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
 from contracts.config import SinkConfig
-from contracts.security import CurveConfig, curve_server, warn_bind
+from contracts.security import CurveConfig, bind_server, close_server
 from contracts.results import ResultRecord
 
 log = logging.getLogger(__name__)
@@ -563,24 +563,18 @@ class ZmqPubSink:
     def __enter__(self) -> "ZmqPubSink":
         import zmq
 
-        server = curve_server(self.curve)
-        self._ctx = zmq.Context()  # its own: the key check (ZAP) is per context
-        sock = self._ctx.socket(zmq.PUB)
+        ctx = zmq.Context()  # its own: the key check (ZAP) is per context
+        sock = ctx.socket(zmq.PUB)
         sock.setsockopt(zmq.SNDHWM, 1000)
         sock.setsockopt(zmq.LINGER, 0)
-        if server is not None:
-            self._auth = server.secure(self._ctx, sock, "daemon.results_endpoint")
-        warn_bind(self.endpoint, server is not None, "daemon.results_endpoint")
         try:
-            sock.bind(self.endpoint)
+            self._auth = bind_server(ctx, sock, self.endpoint, self.curve, "daemon.results_endpoint")
         except zmq.ZMQError as e:
-            sock.close()
-            self._teardown()
             self._errors += 1
             log.error("sink %s: cannot bind %s: %s; its results are dropped", self.name, self.endpoint, e)
             return self
-        self._sock = sock
-        log.info("publishing results on %s%s", self.endpoint, " (CURVE)" if server else "")
+        self._ctx, self._sock = ctx, sock
+        log.info("publishing results on %s%s", self.endpoint, " (CURVE)" if self._auth else "")
         return self
 
     def write(self, records: Iterable[ResultRecord]) -> None:
@@ -601,17 +595,8 @@ class ZmqPubSink:
 
     def __exit__(self, *exc) -> None:
         if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        self._teardown()
-
-    def _teardown(self) -> None:
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+            close_server(self._ctx, self._sock, self._auth)
+            self._ctx = self._sock = self._auth = None
 
 
 def make_sink(cfg: SinkConfig):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import zmq
 
 from contracts.requests import Request, requests_from_chunk
-from contracts.security import CurveConfig, curve_server, warn_bind
+from contracts.security import CurveConfig, bind_server, close_server
 from contracts.wire import MAX_FRAMES, WireError, decode_chunk, largest_part_bytes
 
 log = logging.getLogger(__name__)
@@ -118,14 +118,7 @@ class Transport:
         self._sock.setsockopt(zmq.RCVBUF, 1 << 20)  # the kernel buffer too: chunks hidden there are only latency
         self._sock.setsockopt(zmq.MAXMSGSIZE, largest_part_bytes(image_size))
         self._sock.setsockopt(zmq.LINGER, 0)
-        server = curve_server(curve)
-        self._auth = server.secure(self._ctx, self._sock, "daemon.endpoint") if server else None
-        warn_bind(endpoint, server is not None, "daemon.endpoint")
-        try:
-            self._sock.bind(endpoint)
-        except zmq.ZMQError:
-            self._teardown()
-            raise
+        self._auth = bind_server(self._ctx, self._sock, endpoint, curve, "daemon.endpoint")
         self._thread = threading.Thread(target=self._run, name="transport", daemon=True)
         self.last_read = time.monotonic()
 
@@ -142,13 +135,7 @@ class Transport:
         self._reading.set()
         if self._thread.is_alive():
             self._thread.join(10)
-        self._teardown()
-
-    def _teardown(self) -> None:
-        self._sock.close()
-        if self._auth is not None:
-            self._auth.stop()
-        self._ctx.term()
+        close_server(self._ctx, self._sock, self._auth)
 
     # ------------------------------------------------------------------ the daemon side
     def take(self, timeout_s: float) -> list:

@@ -19,7 +19,7 @@ import zmq
 
 from contracts.wire import WireError, decode_chunk
 from vlora_va.transport import CLOCK_MAX_SKEW_S
-from tests.fuzz_messages import (DISCONNECT, FIELDS, MALFORMED, MessageGen, RowTail, make_seeing_detector,
+from tests.fuzz_messages import (DISCONNECT, FIELDS, MALFORMED, MessageGen, RowTail, Sender, make_seeing_detector,
                                  payload_difference, reference_payloads, send_to_be_cut_off, wire_fields)
 
 from .conftest import TINY_IMAGE
@@ -86,21 +86,15 @@ def fuzz(d: RunningDaemon, gen: MessageGen, caplog) -> dict:
     each awaited. Returns what was sent and what is owed."""
     d.push.setsockopt(zmq.SNDTIMEO, int(STALL_S * 1000))  # a send blocked this long: the daemon stopped reading
     tail = RowTail(d.cfg.sinks[0].path)
-    run = {"expected": collections.Counter(), "allowed": {}, "sent": collections.Counter(), "live_waits": []}
-    expected, allowed, sent = run["expected"], run["allowed"], run["sent"]
+    books = Sender(d.ctx, d.push, d.cfg.daemon.endpoint, STALL_S)
+    run = {"expected": books.expected, "allowed": books.allowed, "sent": books.sent, "live_waits": []}
+    sent = books.sent
 
     def send(msg) -> None:
-        sent[msg.kind] += 1
-        if msg.kind == DISCONNECT:
-            send_to_be_cut_off(d.ctx, d.cfg.daemon.endpoint, msg.parts, STALL_S)
-            return
         try:
-            d.push.send_multipart(msg.parts)
+            books.send(msg)
         except zmq.Again:
             pytest.fail(f"daemon stopped reading: a send blocked {STALL_S} s after {sum(sent.values())} messages")
-        for stream, seq, task, statuses in msg.rows:
-            expected[(stream, seq, task)] += 1
-            allowed[(stream, seq, task)] = statuses
 
     def live(seq: int) -> None:
         t0 = time.monotonic()
