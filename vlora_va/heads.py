@@ -3,7 +3,7 @@
 A head reads `Features` (the CLS token and the patch-token grid of each image) and is saved beside its
 adapter as `head_config.json` + `head.safetensors` (see vlora_va/adapters.py). Two kinds:
 
-- `DetectionHead`: dense, anchor-free (FCOS/CenterNet-like) on the patch grid upsampled ×2. Each cell
+- `DetectionHead`: dense, anchor-free (FCOS/CenterNet-like) on the patch grid upsampled ×2 (or ×4). Each cell
   predicts per-class centre scores and the distances (left, top, right, bottom) from the cell centre to
   the box sides in model pixels. Decoding keeps 3×3 local maxima above the score threshold, then
   class-wise NMS, then maps boxes back to original-frame pixels through the letterbox.
@@ -48,9 +48,11 @@ class Features:
 class DetectionHead(nn.Module):
     def __init__(self, hidden: int, classes: list[str], width: int = 128, image_size: int = 224,
                  score_threshold: float = 0.3, nms_iou: float = 0.5, max_detections: int = 100, norm: bool = False,
-                 **_: object):
+                 upsample: int = 2, **_: object):
         super().__init__()
-        self.classes, self.image_size = list(classes), image_size
+        if upsample not in (2, 4):
+            raise ValueError(f"detection head: upsample must be 2 or 4, got {upsample!r}")
+        self.classes, self.image_size, self.upsample = list(classes), image_size, upsample
         self.score_threshold, self.nms_iou, self.max_detections = score_threshold, nms_iou, max_detections
         # norm=True puts GroupNorm after each conv (as FCOS heads do): ViT tokens have a few very large
         # channels, and without it early training spikes. False keeps the original layout loadable.
@@ -59,10 +61,18 @@ class DetectionHead(nn.Module):
 
         self.stem = nn.Sequential(*block(nn.Conv2d(hidden, width, 1)), *block(nn.Conv2d(width, width, 3, padding=1)))
         self.refine = nn.Sequential(*block(nn.Conv2d(width, width, 3, padding=1)))
+        # upsample=4: a second ×2 step at half the width. Two people side by side are often one patch apart;
+        # at ×2 their centre peaks fall in neighbouring cells and the 3×3 peak picking keeps only one.
+        self.refine_fine = None
+        out_width = width
+        if upsample == 4:
+            out_width = width // 2
+            fine = nn.Conv2d(width, out_width, 3, padding=1)
+            self.refine_fine = nn.Sequential(fine, nn.GroupNorm(8, out_width), nn.GELU()) if norm else nn.Sequential(fine, nn.GELU())
         # 1x1 outputs: the 3x3 refine already mixes neighbours at the ×2 resolution, where 3x3 outputs
         # would triple the head's cost (the head runs at 4× the patch count).
-        self.cls_out = nn.Conv2d(width, len(classes), 1)
-        self.box_out = nn.Conv2d(width, 4, 1)
+        self.cls_out = nn.Conv2d(out_width, len(classes), 1)
+        self.box_out = nn.Conv2d(out_width, 4, 1)
         # Start with every cell at ~1% objectness (focal-loss prior): an untrained head detects nothing.
         nn.init.constant_(self.cls_out.bias, -math.log(99.0))
 
@@ -70,6 +80,8 @@ class DetectionHead(nn.Module):
         """Returns (class logits [B, C, H, W], box distances [B, 4, H, W] in model pixels)."""
         x = self.stem(feats.grid)
         x = self.refine(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
+        if self.refine_fine is not None:
+            x = self.refine_fine(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
         stride = self.image_size / x.shape[-1]
         return self.cls_out(x), F.softplus(self.box_out(x)) * stride
 

@@ -154,3 +154,17 @@ def test_decode_limits_detections_per_image_and_keeps_images_apart():
     for dets in out:
         assert [round(d.score, 4) for d in dets] == [round(1 / (1 + math.exp(-v)), 4) for v in (5.0, 4.0, 3.0)]
         assert dets[0].box == pytest.approx((3 * 7 + 3.5 - 2, 3 * 7 + 3.5 - 2, 3 * 7 + 3.5 + 2, 3 * 7 + 3.5 + 2))
+
+
+def test_a_4x_detection_head_outputs_a_grid_four_times_the_patches():
+    for upsample in (2, 4):
+        head = DetectionHead(8, ["person", "car"], image_size=224, upsample=upsample)
+        with torch.no_grad():
+            logits, dist = head(Features(torch.zeros(3, 8), torch.randn(3, 8, 16, 16)))
+        assert logits.shape == (3, 2, 16 * upsample, 16 * upsample) and dist.shape == (3, 4, 16 * upsample, 16 * upsample)
+        assert (dist >= 0).all()
+
+
+def test_detection_head_upsample_is_checked():
+    with pytest.raises(ValueError, match="upsample must be 2 or 4, got 3"):
+        DetectionHead(8, ["person"], upsample=3)

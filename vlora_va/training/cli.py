@@ -27,12 +27,31 @@ def parse_range(text: str, default_step: float | None) -> Range:
                  float(m["step"]) if m["step"] else default_step)
 
 
+def _cards_only(spec) -> int:
+    import json
+
+    from .cards import write_report
+    from .runner import write_cards
+
+    stem = spec.output.parent / f"REPORT-{spec.name}"
+    if not stem.with_suffix(".json").is_file():
+        print(f"vlora-va train --cards-only: {stem.with_suffix('.json')}: no report (train the spec first)", file=sys.stderr)
+        return 2
+    report = json.loads(stem.with_suffix(".json").read_text())
+    write_report(stem, report)
+    write_cards(spec, report)
+    print(f"wrote the cards of {', '.join(report['adapters'])} and {stem.with_suffix('.md')}")
+    return 0
+
+
 def main_train(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vlora-va train", description="Train adapters from a training spec (YAML).")
     ap.add_argument("spec", help="training spec, e.g. adapters/specs/detect.yaml")
     ap.add_argument("--budget-minutes", type=float, help="override the spec's time budget")
     ap.add_argument("--no-baselines", action="store_true", help="skip the head-only / per-source comparison runs")
     ap.add_argument("--threads", type=int, help="torch threads (default: the spec's, else 1)")
+    ap.add_argument("--cards-only", action="store_true",
+                    help="train nothing: rewrite the adapters' README cards and REPORT-*.md from the spec's REPORT-*.json")
     args = ap.parse_args(argv)
     try:
         spec = load_spec(args.spec)
@@ -42,9 +61,11 @@ def main_train(argv: list[str] | None = None) -> int:
     if args.budget_minutes is not None:
         spec.budget_minutes = args.budget_minutes
     if args.no_baselines:
-        spec.baselines = False
+        spec.baselines = ()
     if args.threads:
         spec.opts.threads = args.threads
+    if args.cards_only:
+        return _cards_only(spec)
     from .runner import train_spec
 
     report = train_spec(spec)
@@ -123,10 +144,16 @@ def _print_human(where: str, h: dict | None, what: str = "per person") -> None:
         for c, m in h["per_class"].items():
             sizes = ", ".join(f"{b} {fmt_ratio(v['recall'])} ({v['found']}/{v['refs']})"
                               for b, v in m["recall_by_height"].items())
+            pairs = m.get("side_by_side")
+            side = (f"; side-by-side pairs as two boxes {fmt_ratio(pairs['rate'])} ({pairs['separate']}/{pairs['cases']})"
+                    if pairs else "")
             print(f"{where} [human] {c}: F1@0.5 {m['f1']:.3f} AP50 {m['ap50']:.3f} P {m['precision']:.3f} "
-                  f"R {m['recall']:.3f} ({m['refs']} refs, threshold {h['threshold']}); recall by height {sizes}")
+                  f"R {m['recall']:.3f} ({m['refs']} refs, threshold {h['threshold']}); recall by height {sizes}{side}")
     elif h:
         print(f"{where} [human] {what} (IoU >= {h['iou']}): top-1 {fmt_ratio(h['top1'])} over {h['persons']} "
               f"persons in {h['clips']} clips (a missed person counts wrong), {fmt_ratio(h['top1_found'])} of "
-              f"those found; found {fmt_ratio(h['recall'])}, precision {fmt_ratio(h['precision'])}; confusion "
-              f"(rows = reference, last column = missed) {h['activities']}: {h['confusion']}")
+              f"those found; found {fmt_ratio(h['recall'])}, precision {fmt_ratio(h['precision'])}; "
+              f"top-1 over left/right/standing {fmt_ratio(h['top1_left_right_standing'])}; recall per activity "
+              + ", ".join(f"{a} {fmt_ratio(v['recall'])} ({v['right']}/{v['persons']})"
+                          for a, v in h["per_activity"].items())
+              + f"; confusion (rows = reference, last column = missed) {h['activities']}: {h['confusion']}")

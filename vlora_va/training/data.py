@@ -28,7 +28,7 @@ def make_teacher(source: Source, spec: Spec) -> Teacher:
         classes = source.classes or None
         if source.kind == "activity":
             classes = ["person", "bicycle", "motorcycle"]
-        return CenterNetTeacher(path, classes=classes, score_threshold=source.ignore_below)
+        return CenterNetTeacher(path, classes=classes, score_threshold=source.ignore_below, tiles=int(o.get("tiles", 1)))
     if source.kind == "hog":
         return HogPeopleTeacher(upscale=float(o.get("upscale", 1.5)), score_threshold=source.ignore_below)
     if source.kind == "haar":

@@ -260,7 +260,8 @@ def evaluate_persons_on_human(adapter: Adapter, model: torch.nn.Module, hs: Huma
 
 
 def evaluate_teacher_on_human(hs: HumanSet, ranges: list[Range], teachers_dir: Path | None = None,
-                              cache_dir: Path | None = None, threshold: float = TEACHER_LABEL_THRESHOLD) -> dict:
+                              cache_dir: Path | None = None, threshold: float = TEACHER_LABEL_THRESHOLD,
+                              tiles: int = 1, persons: bool = True) -> dict:
     """The CenterNet teacher against the human boxes, read at the score above which its boxes are labels (its AP50
     ranks every box it gives, score >= 0.1); and, where the set has activity clips, the activity labels the
     teacher's tracking rule (actions.py, the `activity` source of the action specs) gives each person, matched
@@ -268,12 +269,12 @@ def evaluate_teacher_on_human(hs: HumanSet, ranges: list[Range], teachers_dir: P
     from .teachers import CenterNetTeacher
 
     path = Path(teachers_dir) / "centernet.onnx" if teachers_dir else None
-    teacher = CenterNetTeacher(path, classes=HUMAN_CLASSES, score_threshold=0.1)
+    teacher = CenterNetTeacher(path, classes=HUMAN_CLASSES, score_threshold=0.1, tiles=tiles)
     spec = Spec(name="eval", task="detection", output=Path("."), cache_dir=cache_dir, teachers_dir=teachers_dir)
     reports = {}
     for r in ranges:
         frames = human_frames(hs, r)
-        clips = hs.clips_in(r)
+        clips = hs.clips_in(r) if persons else []
         if not frames and not clips:
             continue
         t0 = time.monotonic()

@@ -22,10 +22,11 @@ class Frame:
     video: str  # file name stem, e.g. "pedestrians"
     t: float  # media time in seconds
     rgb: np.ndarray  # original frame, uint8 [H, W, 3]
+    view: str = ""  # "" = the decoded frame; else which augmented view of it this is (augment.py), e.g. a crop
 
     @property
     def key(self) -> str:
-        return f"{self.video}@{self.t:.3f}"
+        return f"{self.video}@{self.t:.3f}" + (f"#{self.view}" if self.view else "")
 
     @property
     def size(self) -> tuple[int, int]:

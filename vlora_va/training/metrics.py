@@ -20,6 +20,8 @@ whose activity could not be judged are "ignore" references (a prediction on one 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -119,21 +121,84 @@ def recall_by_height(preds: dict[str, list[dict]], refs: dict[str, list[dict]], 
     return {n: {"refs": refs_n[n], "found": found[n], "recall": _ratio(found[n], refs_n[n])} for n in refs_n}
 
 
+def recall_at_precision(scored: list[tuple[float, int]], n_ref: int, min_precision: float) -> dict:
+    """The most recall any score threshold reaches while precision stays >= min_precision (a reading of the
+    precision-recall curve, as a plain loop over thresholds best score first), and the threshold that gives it.
+    None where no threshold reaches that precision or there are no references."""
+    best = {"recall": None, "threshold": None}
+    tp = fp = 0
+    ranked = sorted(scored, key=lambda s: -s[0])
+    for k, (score, hit) in enumerate(ranked):
+        tp, fp = tp + hit, fp + 1 - hit
+        if k + 1 < len(ranked) and ranked[k + 1][0] == score:
+            continue  # a threshold keeps every prediction with the same score
+        if n_ref and tp / (tp + fp) >= min_precision and (best["recall"] is None or tp / n_ref > best["recall"]):
+            best = {"recall": round(tp / n_ref, 4), "threshold": round(score, 4)}
+    return best
+
+
 def human_detection_report(preds: dict[str, list[dict]], refs: dict[str, list[dict]], classes: list[str],
                            threshold: float, iou: float = 0.5) -> dict[str, dict]:
-    """`detection_report` plus, per class, recall by reference box height (`HEIGHT_BUCKETS`) at `threshold`."""
+    """`detection_report` plus, per class, recall by reference box height (`HEIGHT_BUCKETS`) at `threshold`, the
+    curve's recall at precision >= 0.9 (`recall_at_precision`, any threshold: a reading, not an operating point
+    chosen on this data), and for persons how many side-by-side pairs came out as two boxes (`side_by_side_report`)."""
     report = detection_report(preds, refs, classes, threshold, iou)
     for c in classes:
         report[c]["recall_by_height"] = recall_by_height(preds, refs, c, threshold, iou)
+        scored, n_ref = [], 0
+        for key, ref in refs.items():
+            got, n = match_image([p for p in preds.get(key, []) if p["class"] == c], [r for r in ref if r["class"] == c], iou)
+            scored, n_ref = scored + got, n_ref + n
+        report[c]["recall_at_precision_0.9"] = recall_at_precision(scored, n_ref, 0.9)
+    if "person" in classes:
+        report["person"]["side_by_side"] = side_by_side_report(preds, refs, "person", threshold, iou)
     return report
+
+
+def mean_f1(report: dict[str, dict]) -> float:
+    """Mean F1 over the classes of a `detection_report` that have any (classes with no data are left out)."""
+    values = [r["f1"] for r in report.values() if not math.isnan(r["f1"])]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def side_by_side_pairs(boxes: list[list[float]]) -> list[tuple[int, int]]:
+    """Index pairs (i < j) of boxes that stand side by side: they touch or overlap, or their centres are closer
+    than the wider box's width (the human set's rule for two people walking together)."""
+    pairs = []
+    for i, a in enumerate(boxes):
+        for j in range(i + 1, len(boxes)):
+            b = boxes[j]
+            touch = a[0] <= b[2] and b[0] <= a[2] and a[1] <= b[3] and b[1] <= a[3]
+            dist = math.hypot((a[0] + a[2] - b[0] - b[2]) / 2, (a[1] + a[3] - b[1] - b[3]) / 2)
+            if touch or dist < max(a[2] - a[0], b[2] - b[0]):
+                pairs.append((i, j))
+    return pairs
+
+
+def side_by_side_report(preds: dict[str, list[dict]], refs: dict[str, list[dict]], cls: str, threshold: float,
+                        iou: float = 0.5) -> dict:
+    """Of the side-by-side pairs of counted `cls` references (`side_by_side_pairs`), how many came out as two
+    separate boxes: both persons matched (the rule of `match_image`, each prediction to one reference) by
+    predictions scoring >= threshold. `persons_in_pairs` / `found_in_pairs` count the persons of any pair."""
+    cases = separate = in_pairs = found = 0
+    for key, ref in refs.items():
+        shown = [p for p in preds.get(key, []) if p["class"] == cls and p["score"] >= threshold]
+        _, counted, used = _match(shown, [r for r in ref if r["class"] == cls], iou)
+        pairs = side_by_side_pairs([r["box"] for r in counted])
+        cases += len(pairs)
+        separate += sum(1 for i, j in pairs if used[i] and used[j])
+        members = {k for pair in pairs for k in pair}
+        in_pairs += len(members)
+        found += sum(1 for k in members if used[k])
+    return {"cases": cases, "separate": separate, "rate": _ratio(separate, cases),
+            "persons_in_pairs": in_pairs, "found_in_pairs": found, "recall_in_pairs": _ratio(found, in_pairs)}
 
 
 def best_f1_threshold(preds: dict[str, list[dict]], refs: dict[str, list[dict]], classes: list[str]) -> float:
     """The score threshold with the best mean F1 over classes (chosen on validation data, never on test)."""
     best, best_t = -1.0, 0.3
     for t in np.arange(0.1, 0.8, 0.025):
-        rep = detection_report(preds, refs, classes, float(t))
-        f1 = np.nanmean([r["f1"] for r in rep.values()])
+        f1 = mean_f1(detection_report(preds, refs, classes, float(t)))
         if f1 > best:
             best, best_t = f1, float(t)
     return round(best_t, 3)
@@ -186,25 +251,29 @@ def fmt_ratio(x: float | None) -> str:
 
 def person_activity_report(preds: list[list[dict]], refs: list[list[dict]], activities: list[str],
                            threshold: float) -> dict:
-    """Per clip lists of predicted persons ({box, score, activity}) and reference persons ({box, label}).
-    Confusion rows: reference activity; columns: predicted activity, then "missed". `activities` are the
+    """Per clip lists of predicted persons ({box, score, activity}) and reference persons ({box, label}, and
+    `sure`: false for a person whose activity the label rule could not tell: found or not, it counts neither
+    way). Confusion rows: reference activity; columns: predicted activity, then "missed". `activities` are the
     model's; a reference activity outside them is added (it can only be wrong)."""
-    activities = _with_unknown(activities, (r["label"] for ref in refs for r in ref))
+    activities = _with_unknown(activities, (r["label"] for ref in refs for r in ref if r.get("sure", True)))
     idx = {a: i for i, a in enumerate(activities)}
     cm = np.zeros((len(activities), len(activities) + 1), dtype=int)
-    predicted = 0
+    predicted = unsure = 0
     for pred, ref in zip(preds, refs):
         pred = [p for p in pred if p["score"] >= threshold]
-        predicted += len(pred)
         found = {j: pred[i]["activity"] for i, j in _match_persons(pred, ref)}
+        predicted += len(pred) - sum(1 for j in found if not ref[j].get("sure", True))
         for j, r in enumerate(ref):
+            if not r.get("sure", True):
+                unsure += 1
+                continue
             cm[idx[r["label"]], idx[found[j]] if j in found else len(activities)] += 1
     n_ref, n_found = int(cm.sum()), int(cm[:, :-1].sum())
     right = int(np.trace(cm[:, :-1]))
     return {"top1": _ratio(right, n_ref), "top1_found": _ratio(right, n_found),
             "recall": _ratio(n_found, n_ref), "precision": _ratio(n_found, predicted),
-            "persons": n_ref, "predicted": predicted, "threshold": threshold, "activities": activities,
-            "confusion": cm.tolist()}
+            "persons": n_ref, "unsure_persons": unsure, "predicted": predicted, "threshold": threshold,
+            "activities": activities, "confusion": cm.tolist()}
 
 
 def _match_persons_iou(preds: list[dict], refs: list[dict], iou: float) -> tuple[list[tuple[int, int]], set[int]]:
@@ -226,6 +295,21 @@ def _match_persons_iou(preds: list[dict], refs: list[dict], iou: float) -> tuple
         elif any(float(m[i, k]) >= iou for k in ignored):
             dropped.add(i)
     return pairs, dropped
+
+
+LRS = ("walking_left", "walking_right", "standing")  # the activities the accuracy target is over
+
+
+def per_activity(activities: list[str], cm: np.ndarray) -> dict[str, dict]:
+    """Per reference activity (confusion rows; last column = missed): persons, right answers, their recall."""
+    return {a: {"persons": int(cm[i].sum()), "right": int(cm[i, i]), "recall": _ratio(int(cm[i, i]), int(cm[i].sum()))}
+            for i, a in enumerate(activities) if cm[i].sum()}
+
+
+def subset_top1(activities: list[str], cm: np.ndarray, subset) -> float | None:
+    """Top-1 over the reference persons whose activity is in `subset` (a missed person is wrong)."""
+    rows = [i for i, a in enumerate(activities) if a in subset]
+    return _ratio(int(sum(cm[i, i] for i in rows)), int(sum(cm[i].sum() for i in rows)))
 
 
 def person_activity_iou_report(preds: list[list[dict]], refs: list[list[dict]], activities: list[str],
@@ -250,6 +334,7 @@ def person_activity_iou_report(preds: list[list[dict]], refs: list[list[dict]], 
     right = int(np.trace(cm[:, :-1]))
     return {"top1": _ratio(right, n_ref), "top1_found": _ratio(right, n_found),
             "recall": _ratio(n_found, n_ref), "precision": _ratio(n_found, predicted),
+            "per_activity": per_activity(activities, cm), "top1_left_right_standing": subset_top1(activities, cm, LRS),
             "persons": n_ref, "ignored_persons": ignored, "predicted": predicted, "threshold": threshold, "iou": iou,
             "activities": activities, "confusion": cm.tolist()}
 

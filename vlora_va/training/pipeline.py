@@ -17,11 +17,12 @@ from ..adapters import save_adapter_dir
 from ..models import resolve
 from contracts.geometry import Letterbox
 from . import train as T
-from .actions import MIRRORED
+from .actions import MIRRORED, REVERSED
+from .augment import zoom_views
 from .data import activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels
 from .features import FeatureCache
 from .frames import Frame, letterbox_params
-from .metrics import action_report, best_f1_threshold, detection_report, person_activity_report
+from .metrics import action_report, best_f1_threshold, detection_report, mean_f1, person_activity_report
 from .spec import LoraSpec, Source, Spec, target_names
 from .targets import build_targets, person_targets
 
@@ -50,7 +51,11 @@ class Split:
 
 
 def detection_split(spec: Spec, ranges, name: str, progress: bool = True) -> Split:
+    """The frames of `ranges` and every source's labels for them; the "train" split also gets the spec's
+    zoomed-in crops (augment.zoom_views), labelled by the teachers like any frame."""
     frames = frames_of(ranges)
+    if name == "train" and spec.opts.zoom_in:
+        frames += zoom_views(frames, spec.opts.zoom_in, tuple(spec.opts.zoom_scale), spec.opts.seed)
     labels = {s.name: detection_labels(s, frames, spec, progress) for s in spec.sources}
     return Split(frames, labels, side=spec.image_size)
 
@@ -79,7 +84,7 @@ def train_detection(spec: Spec, train: Split, sources: list[Source], lora: LoraS
     head, _ = T.new_head("detection", classes, hidden, spec.image_size, spec.head,
                          warm=None if warm is None else warm[1])
     patch = T.backbone_patch(model)
-    grid = 2 * spec.image_size // patch
+    grid = head.upsample * spec.image_size // patch
     refs = train.refs(sources)
     lbs = train.letterboxes
     lower, targets = [train.lower], []
@@ -98,18 +103,41 @@ def train_detection(spec: Spec, train: Split, sources: list[Source], lora: LoraS
     return T.run(model, head, len(lower), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
 
 
+NMS_CHOICES = (0.4, 0.5, 0.6, 0.7)  # IoU above which a weaker box of the same class is dropped
+
+
+def _predict_split(spec: Spec, model, head, split: Split, lora: LoraSpec) -> list[list[dict]]:
+    layer = min(lora.layers) if lora.layers else 12
+    return T.predict_detection(model, head, split.lower, split.letterboxes, [f.size for f in split.frames],
+                               layer, spec.image_size, T.backbone_patch(model))
+
+
+def calibrate_detection(spec: Spec, model, head, val: Split, sources: list[Source], lora: LoraSpec) -> tuple[float, float]:
+    """(score threshold, NMS IoU) with the best mean F1 on the validation split; both are set on `head`.
+    Side-by-side people overlap: NMS at 0.5 can drop the second of two correct boxes, so its IoU is chosen
+    too, never on test data."""
+    refs, classes = val.refs(sources), classes_of(sources)
+    best = (-1.0, 0.3, head.nms_iou)
+    for nms in NMS_CHOICES:
+        head.nms_iou = nms
+        pred_map = {f.key: p for f, p in zip(val.frames, _predict_split(spec, model, head, val, lora))}
+        threshold = best_f1_threshold(pred_map, refs, classes)
+        f1 = mean_f1(detection_report(pred_map, refs, classes, threshold))
+        if f1 > best[0] + 1e-9:  # ties keep the stricter (earlier) NMS
+            best = (f1, threshold, nms)
+    _, head.score_threshold, head.nms_iou = best
+    return best[1], best[2]
+
+
 def evaluate_detection(spec: Spec, result_model, head, split: Split, sources: list[Source], lora: LoraSpec,
                        threshold: float | None = None) -> tuple[dict, float, list[list[dict]]]:
-    """(per-class report, threshold used, predictions). threshold None: pick the best-F1 one on this split."""
-    layer = min(lora.layers) if lora.layers else 12
-    preds = T.predict_detection(result_model, head, split.lower, split.letterboxes, [f.size for f in split.frames],
-                                layer, spec.image_size, T.backbone_patch(result_model))
-    pred_map = {f.key: p for f, p in zip(split.frames, preds)}
-    refs = split.refs(sources)
-    classes = classes_of(sources)
+    """(per-class report, threshold used, predictions) with the head's NMS. threshold None: calibrate the
+    threshold and NMS on this split first (`calibrate_detection`; validation data only)."""
     if threshold is None:
-        threshold = best_f1_threshold(pred_map, refs, classes)
-    return detection_report(pred_map, refs, classes, threshold), threshold, preds
+        threshold, _ = calibrate_detection(spec, result_model, head, split, sources, lora)
+    preds = _predict_split(spec, result_model, head, split, lora)
+    pred_map = {f.key: p for f, p in zip(split.frames, preds)}
+    return detection_report(pred_map, split.refs(sources), classes_of(sources), threshold), threshold, preds
 
 
 def save_detection(spec: Spec, out: Path, result: T.RunResult, lora: LoraSpec, sources: list[Source],
@@ -171,25 +199,40 @@ def cache_clip_features(spec: Spec, cs: ClipSet, layer: int, flip: bool, progres
     cs.lower_flip = cache.get(model, cs.frames, flip=True, progress=progress) if flip else None
 
 
+def reversed_persons(persons: list[dict]) -> list[dict]:
+    """The persons of a clip played backwards: every motion reverses (actions.REVERSED), boxes stay."""
+    return [{**p, "label": REVERSED.get(p["label"], p["label"])} for p in persons]
+
+
+def rare_clips(cs: ClipSet) -> list[int]:
+    """Clips with a sure walking_toward / walking_away person: the classes time reversal makes more of."""
+    return [k for k, ps in enumerate(cs.persons)
+            if any(p["label"] in ("walking_toward", "walking_away") and p.get("sure", True) for p in ps)]
+
+
 def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, deadline: float, tag: str = "") -> T.RunResult:
     model = T.build_model(spec.backbone, lora, spec.opts.seed)
     hidden = (model.get_base_model() if hasattr(model, "get_base_model") else model).config.hidden_size
     head, _ = T.new_head("action", labels, hidden, spec.image_size, spec.head, clip_len=spec.clip_len)
-    lower, clips, y = cs.lower, list(cs.clips), [labels.index(lab) for lab in cs.labels]
-    flips = [False] * len(clips)
+    lbs = cs.letterboxes
+    # one sample per (clip, view): (frame indices into `lower`, clip label, persons, clip index, mirrored)
+    samples = [(c, cs.labels[k], cs.persons[k], k, False) for k, c in enumerate(cs.clips)]
+    lower = cs.lower
     if cs.lower_flip is not None:  # mirrored clips: left and right swap
         n = len(cs.frames)
         lower = torch.cat([cs.lower, cs.lower_flip])
-        clips += [[j + n for j in c] for c in cs.clips]
-        y += [labels.index(MIRRORED.get(lab, lab)) for lab in cs.labels]
-        flips += [True] * len(cs.clips)
-    y = torch.tensor(y)
+        samples += [([j + n for j in c], MIRRORED.get(cs.labels[k], cs.labels[k]), cs.persons[k], k, True)
+                    for k, c in enumerate(cs.clips)]
+    if spec.opts.reverse:  # the rare clips played backwards: toward <-> away, left <-> right (REVERSED)
+        samples += [(cs.clips[k][::-1], REVERSED.get(cs.labels[k], cs.labels[k]), reversed_persons(cs.persons[k]), k,
+                     False) for k in rare_clips(cs)]
+    clips = [sm[0] for sm in samples]
+    y = torch.tensor([labels.index(sm[1]) for sm in samples])
     persons = None
     if head.persons:
         grid = spec.image_size // T.backbone_patch(model)
-        n_clips, lbs = len(cs.clips), cs.letterboxes
-        persons = [person_targets(cs.persons[k % n_clips], cs.seen[k % n_clips], lbs[k % n_clips], spec.image_size,
-                                  grid, head.person_labels, flip) for k, flip in enumerate(flips)]
+        persons = [person_targets(ps, cs.seen[k], lbs[k], spec.image_size, grid, head.person_labels, flip)
+                   for _, _, ps, k, flip in samples]
     split = min(lora.layers) if lora.layers else 12
     loss_fn = T.action_loss_fn(lower, clips, y, _balanced(y, len(labels)), split, spec.image_size,
                                T.backbone_patch(model), spec.clip_len, persons,

@@ -22,10 +22,10 @@ import torch
 
 from .. import jsonfmt
 from . import pipeline as P
-from .actions import MIRRORED
+from .actions import MIRRORED, REVERSED
 from .cards import action_card, detection_card, lora_summary, write_report
 from .fusion import fuse
-from .metrics import best_person_threshold, detection_report
+from .metrics import best_person_threshold, detection_report, human_detection_report
 from .spec import LoraSpec, Spec, target_names
 from .teachers import HogPeopleTeacher
 
@@ -43,13 +43,91 @@ def _test_splits(spec: Spec, layer: int) -> dict[str, P.Split]:
     return out
 
 
-def _det_row(spec, name, result, lora, sources, val, tests, seconds) -> dict:
-    rep, thr, _ = P.evaluate_detection(spec, result.model, result.head, val, sources, lora)
-    row = {"model": name, "threshold": thr, "val": rep, "train_seconds": round(seconds, 1), "steps": result.steps,
-           "complete": result.complete, "test": {}}
+def _det_row(spec, name, result, lora, sources, val, tests, seconds, human=None) -> dict:
+    """One trained model's row: threshold and NMS calibrated on val, then every test range (teacher labels and,
+    where the human-checked set has frames in the range, the human boxes) at those settings."""
+    threshold, nms = P.calibrate_detection(spec, result.model, result.head, val, sources, lora)
+    rep = P.evaluate_detection(spec, result.model, result.head, val, sources, lora, threshold)[0]
+    row = {"model": name, "threshold": threshold, "nms_iou": nms, "val": rep, "train_seconds": round(seconds, 1),
+           "steps": result.steps, "complete": result.complete, "seed": spec.opts.seed, "test": {}}
     for where, split in tests.items():
-        row["test"][where] = P.evaluate_detection(spec, result.model, result.head, split, sources, lora, thr)[0]
+        row["test"][where], _, preds = P.evaluate_detection(spec, result.model, result.head, split, sources, lora,
+                                                            threshold)
+        on_human = _human_report(human, split, preds, P.classes_of(sources), threshold)
+        if on_human:
+            row.setdefault("human", {})[where] = on_human
     return row
+
+
+def _human_report(human, split: P.Split, preds: list[list[dict]], classes: list[str], threshold: float) -> dict | None:
+    """The predictions on the split's frames that the human-checked set labels, scored against its boxes."""
+    from .evaluate import HUMAN_CLASSES
+
+    if human is None:
+        return None
+    keys = [f.key for f in split.frames if f.key in human.boxes]
+    if not keys:
+        return None
+    pred_map = {f.key: p for f, p in zip(split.frames, preds) if f.key in human.boxes}
+    refs = {k: human.boxes[k] for k in keys}
+    named = [c for c in classes if c in HUMAN_CLASSES]
+    return {"frames": len(keys), "per_class": human_detection_report(pred_map, refs, named, threshold)}
+
+
+def _seeded(spec: Spec, k: int) -> Spec:
+    return dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, seed=spec.opts.seed + k))
+
+
+def _repeated_detection(spec: Spec, name: str, train, sources, lora, val, tests, deadline, human, tag: str):
+    """`repeats` runs (seeds seed, seed+1, ...): (first run's result, its row with every run and their mean)."""
+    rows, first = [], None
+    for k in range(spec.opts.repeats):
+        run_spec = _seeded(spec, k)
+        res = P.train_detection(run_spec, train, sources, lora, deadline, tag=tag)
+        rows.append(_det_row(run_spec, name, res, lora, sources, val, tests, res.seconds, human))
+        first = first or res
+    row = dict(rows[0])
+    if len(rows) > 1:
+        row["runs"] = [_det_summary(r) for r in rows]
+        row["mean"] = _mean_tree([r for r in row["runs"]], skip=("seed",))
+    return first, row
+
+
+def _det_summary(row: dict) -> dict:
+    """The figures of one run that the seed comparison averages: F1 per class on every test range (teacher
+    labels) and the human-set person figures."""
+    out = {"seed": row["seed"], "threshold": row["threshold"], "nms_iou": row["nms_iou"],
+           "train_seconds": row["train_seconds"],
+           "test_f1": {w: {c: r["f1"] for c, r in rep.items()} for w, rep in row["test"].items()}}
+    for where, h in row.get("human", {}).items():
+        person = h["per_class"].get("person")
+        if person and person["refs"]:
+            out.setdefault("human_person", {})[where] = _person_figures(person)
+    return out
+
+
+def _person_figures(person: dict) -> dict:
+    by_height = person["recall_by_height"]
+    pairs = person.get("side_by_side", {})
+    return {"precision": person["precision"], "recall": person["recall"], "f1": person["f1"], "ap50": person["ap50"],
+            "recall_at_p90": (person.get("recall_at_precision_0.9") or {}).get("recall"),
+            "recall_over_100px": by_height[">100"]["recall"], "side_by_side": pairs.get("rate")}
+
+
+def _mean_tree(items: list[dict], skip=()) -> dict:
+    """Element-wise mean of dicts of the same shape (numbers averaged, None where any run has None)."""
+    out = {}
+    for k, v in items[0].items():
+        if k in skip:
+            continue
+        if isinstance(v, dict):
+            out[k] = _mean_tree([i[k] for i in items])
+        elif isinstance(v, (int, float)):
+            vals = [i[k] for i in items]
+            out[k] = None if any(x is None for x in vals) else round(statistics.mean(vals), 4)
+        elif v is None:
+            out[k] = None
+    return out
 
 
 def _hog_row(spec: Spec, tests: dict[str, P.Split], sources) -> dict | None:
@@ -73,11 +151,19 @@ def _prepare(spec: Spec, layer: int):
     return train, val, _test_splits(spec, layer)
 
 
+def _human_set():
+    """The human-checked evaluation set, or None where it is not there (a spec outside this repository)."""
+    from .evaluate import HUMAN_SET, load_human_set
+
+    return load_human_set() if Path(HUMAN_SET).is_file() else None
+
+
 def train_detection_spec(spec: Spec) -> dict:
     deadline = P.deadline_after(spec.budget_minutes)
     t0 = time.monotonic()
     layer = spec.split
     train, val, tests = _prepare(spec, layer)
+    human = _human_set()
     rows, adapters = [], []
     if spec.fusion:
         by_name = {s.name: s for s in spec.sources}
@@ -99,30 +185,73 @@ def train_detection_spec(spec: Spec) -> dict:
             srcs = [by_name[m] for m in a.sources]
             name = f"{spec.name}-{i}" if len(fused.adapters) > 1 else spec.name
             row = _det_row(spec, f"fused adapter {name} ({'+'.join(a.sources)})", a.state, spec.lora, srcs, val, tests,
-                           a.state.seconds)
+                           a.state.seconds, human)
             rows.append(row)
             adapters.append((name, a.state, srcs, row))
         fusion_log = fused.log
     else:
-        res = P.train_detection(spec, train, spec.sources, spec.lora, deadline, tag="joint")
-        row = _det_row(spec, f"LoRA+head, all sources ({'+'.join(s.name for s in spec.sources)})", res, spec.lora,
-                       spec.sources, val, tests, res.seconds)
+        res, row = _repeated_detection(spec, f"LoRA+head, all sources ({'+'.join(s.name for s in spec.sources)})",
+                                       train, spec.sources, spec.lora, val, tests, deadline, human, tag="joint")
         rows.append(row)
         adapters.append((spec.name, res, spec.sources, row))
         fusion_log = None
-    saved = []
+    saved, cards = [], []
     for name, res, srcs, row in adapters:
         out = spec.output if len(adapters) == 1 else spec.output.parent / name
-        card = detection_card(spec, name, srcs, row)
-        P.save_detection(spec, out, res, spec.lora, srcs, row["threshold"], {"val": row["val"], "test": row["test"]}, card)
+        P.save_detection(spec, out, res, spec.lora, srcs, row["threshold"], {"val": row["val"], "test": row["test"]},
+                         detection_card(spec, name, srcs, row))
         _record_sources(out, srcs)
         saved.append(str(out))
+        cards.append({"adapter": str(out), "row": rows.index(row), "sources": [s.name for s in srcs]})
     if spec.baselines:
-        rows += _baselines(spec, train, val, tests, deadline)
+        rows += _baselines(spec, train, val, tests, deadline, human)
+    rows += _teacher_rows(spec, human)
     report = {"spec": spec.name, "task": "detection", "image_size": spec.image_size, "lora": lora_summary(spec),
-              "rows": rows, "fusion": fusion_log, "adapters": saved, "seconds": round(time.monotonic() - t0, 1)}
+              "rows": rows, "fusion": fusion_log, "adapters": saved, "cards": cards,
+              "seconds": round(time.monotonic() - t0, 1)}
     write_report(spec.output.parent / f"REPORT-{spec.name}", report)
+    write_cards(spec, report)
     return report
+
+
+def write_cards(spec: Spec, report: dict) -> None:
+    """Each adapter's README.md from the spec and its report (rows of every model, the baselines and the teacher):
+    run at the end of training, and by `vlora-va train --cards-only` to redo the cards without training."""
+    rows = report["rows"]
+    if report["task"] == "action":
+        adapter = Path(report["adapters"][0])
+        adapter.joinpath("README.md").write_text(
+            action_card(spec, rows[0], report["clip_counts"], report.get("person_counts"), rows))
+        return
+    by_name = {s.name: s for s in spec.sources}
+    cards = report.get("cards") or [{"adapter": report["adapters"][0], "row": 0, "sources": list(by_name)}]
+    for c in cards:
+        adapter = Path(c["adapter"])
+        card = detection_card(spec, adapter.name, [by_name[n] for n in c["sources"]], rows[c["row"]], rows)
+        adapter.joinpath("README.md").write_text(card)
+
+
+def _teacher_rows(spec: Spec, human) -> list[dict]:
+    """The CenterNet teacher on the human-checked set (its boxes for detection; for actions, the activities its
+    tracking rule gives, which are the training labels): what the student's teacher gets right."""
+    if human is None or spec.teachers_dir is None or not (spec.teachers_dir / "centernet.onnx").is_file():
+        return []
+    from .evaluate import evaluate_teacher_on_human
+
+    if spec.task == "action":
+        ranges = [r for r in spec.test if human.clips_in(r)]
+        reports = evaluate_teacher_on_human(human, ranges, spec.teachers_dir, spec.cache_dir)["reports"]
+        found = {w: r["human_persons"] for w, r in reports.items() if r.get("human_persons")}
+        return [{"model": "label rule on CenterNet tracks (the training labels)", "human_persons": found}] if found else []
+    tiles = max((int(s.options.get("tiles", 1)) for s in spec.sources if s.kind == "centernet"), default=1)
+    rows = []
+    for n in sorted({1, tiles}):  # the plain teacher, and the tiled one where the spec's labels come from it
+        reports = evaluate_teacher_on_human(human, spec.test, spec.teachers_dir, spec.cache_dir, tiles=n,
+                                            persons=False)["reports"]
+        found = {w: r["human"] for w, r in reports.items() if r.get("human")}
+        name = "teacher: CenterNet, boxes scoring ≥ 0.4" + (f", whole frame + {n}×{n} tiles (the labels)" if n > 1 else "")
+        rows += [{"model": name, "human": found}] if found else []
+    return rows
 
 
 def _record_sources(out: Path, sources) -> None:
@@ -133,42 +262,71 @@ def _record_sources(out: Path, sources) -> None:
     p.write_text(jsonfmt.dumps(cfg, indent=2) + "\n")
 
 
-def _baselines(spec: Spec, train, val, tests, deadline) -> list[dict]:
+def _baselines(spec: Spec, train, val, tests, deadline, human=None) -> list[dict]:
     rows = []
-    head_only = LoraSpec(layers=[])
-    tr, va = P.Split(train.frames, train.labels, side=spec.image_size), P.Split(val.frames, val.labels, side=spec.image_size)
-    P.cache_features(spec, tr, 12, spec.opts.flip)
-    P.cache_features(spec, va, 12, False)
-    te = {}
-    for where, s in tests.items():
-        te[where] = P.Split(s.frames, s.labels, side=spec.image_size)
-        P.cache_features(spec, te[where], 12, False)
-    res = P.train_detection(spec, tr, spec.sources, head_only, deadline, tag="head-only")
-    rows.append(_det_row(spec, "head only (frozen backbone), all sources", res, head_only, spec.sources, va, te, res.seconds))
-    if len(spec.sources) > 1:
+    if "head-only" in spec.baselines:
+        head_only = LoraSpec(layers=[])
+        tr = P.Split(train.frames, train.labels, side=spec.image_size)
+        va = P.Split(val.frames, val.labels, side=spec.image_size)
+        P.cache_features(spec, tr, 12, spec.opts.flip)
+        P.cache_features(spec, va, 12, False)
+        te = {}
+        for where, s in tests.items():
+            te[where] = P.Split(s.frames, s.labels, side=spec.image_size)
+            P.cache_features(spec, te[where], 12, False)
+        rows.append(_repeated_detection(spec, "head only (frozen backbone), all sources", tr, spec.sources, head_only,
+                                        va, te, deadline, human, tag="head-only")[1])
+    if "per-source" in spec.baselines and len(spec.sources) > 1:
         for s in spec.sources:
             res = P.train_detection(spec, train, [s], spec.lora, deadline, tag=f"single-{s.name}")
-            rows.append(_det_row(spec, f"LoRA+head, source {s.name} only", res, spec.lora, [s], val, tests, res.seconds))
-    hog = _hog_row(spec, tests, spec.sources)
+            rows.append(_det_row(spec, f"LoRA+head, source {s.name} only", res, spec.lora, [s], val, tests, res.seconds,
+                                 human))
+    hog = _hog_row(spec, tests, spec.sources) if "head-only" in spec.baselines else None
     if hog:
         rows.append(hog)
     return rows
 
 
-def _action_labels(train: P.ClipSet, persons: bool) -> list[str]:
-    """The head's labels: the clip labels (and, with the persons branch, every person's activity), mirrored."""
+def _action_labels(train: P.ClipSet, persons: bool, reverse: bool = False) -> list[str]:
+    """The head's labels: the clip labels (and, with the persons branch, every person's activity), mirrored
+    (and, when training on reversed clips, reversed)."""
     seen = set(train.activities() if persons else train.labels)
-    return sorted(seen | {MIRRORED.get(x, x) for x in seen}, key=lambda x: (x not in ("no_person", "standing"), x))
+    seen |= {MIRRORED.get(x, x) for x in seen} | ({REVERSED.get(x, x) for x in seen} if reverse else set())
+    return sorted(seen, key=lambda x: (x not in ("no_person", "standing"), x))
 
 
-def _action_run(spec: Spec, res, lora: LoraSpec, val: P.ClipSet | None, tests: dict[str, P.ClipSet]) -> dict:
-    """Pick the person threshold on val (persons branch only), then score every test range."""
+def _action_run(spec: Spec, res, lora: LoraSpec, val: P.ClipSet | None, tests: dict[str, P.ClipSet],
+                human=None) -> dict:
+    """Pick the person threshold on val (persons branch only), then score every test range (against the label
+    rule and, for the clips the human-checked set has, against its persons as `human_persons`)."""
     head = res.head
     if head.persons and val is not None:
         persons = [p["persons"] for p in P.predict_action(spec, res.model, head, val, lora)]
         head.score_threshold = best_person_threshold(persons, val.persons, head.person_labels)
-    return {w: P.evaluate_action(spec, head, cs, P.predict_action(spec, res.model, head, cs, lora))
-            for w, cs in tests.items()}
+    out = {}
+    for where, cs in tests.items():
+        preds = P.predict_action(spec, res.model, head, cs, lora)
+        out[where] = P.evaluate_action(spec, head, cs, preds)
+        on_human = _human_persons(human, cs, preds, head) if head.persons else None
+        if on_human:
+            out[where]["human_persons"] = on_human
+    return out
+
+
+def _human_persons(human, cs: P.ClipSet, preds: list[dict], head) -> dict | None:
+    """Predicted persons of the clips the human-checked set labels, scored against its persons (IoU >= 0.5)."""
+    from .metrics import person_activity_iou_report
+
+    if human is None:
+        return None
+    by_start = {(c["video"], round(c["start"], 3)): c for c in human.clips}
+    pairs = [(k, by_start[(v, round(t, 3))]) for k, (v, t) in enumerate(cs.starts) if (v, round(t, 3)) in by_start]
+    if not pairs:
+        return None
+    report = person_activity_iou_report([preds[k]["persons"] for k, _ in pairs], [c["persons"] for _, c in pairs],
+                                        head.person_labels, head.score_threshold)
+    report["clips"] = len(pairs)
+    return report
 
 
 def _scores(test: dict[str, dict]) -> dict:
@@ -176,6 +334,13 @@ def _scores(test: dict[str, dict]) -> dict:
     if any("persons" in t for t in test.values()):
         out["person_top1"] = {w: t["persons"]["top1"] for w, t in test.items()
                               if "persons" in t and t["persons"]["top1"] is not None}
+    human = {w: t["human_persons"] for w, t in test.items() if "human_persons" in t}
+    if human:
+        out["human"] = {w: {"top1": h["top1"], "top1_left_right_standing": h["top1_left_right_standing"],
+                            "recall": h["recall"],
+                            **{f"recall_{a}": h["per_activity"].get(a, {}).get("recall")
+                               for a in ("walking_toward", "walking_away", "standing")}}
+                        for w, h in human.items()}
     return out
 
 
@@ -185,9 +350,11 @@ def train_action_spec(spec: Spec) -> dict:
     train = P.action_clipset(spec, spec.train)
     val = P.action_clipset(spec, spec.val) if spec.val else None
     tests = {_range_name(r): P.action_clipset(spec, [r]) for r in spec.test}
-    labels = _action_labels(train, bool(spec.head.get("persons")))
+    labels = _action_labels(train, bool(spec.head.get("persons")), spec.opts.reverse)
+    human = _human_set()
     rows = []
-    variants = [("LoRA+head", spec.lora)] + ([("head only (frozen backbone)", LoraSpec(layers=[]))] if spec.baselines else [])
+    variants = [("LoRA+head", spec.lora)] + ([("head only (frozen backbone)", LoraSpec(layers=[]))]
+                                             if "head-only" in spec.baselines else [])
     saved = None
     for name, lora in variants:
         lay = min(lora.layers) if lora.layers else 12
@@ -196,9 +363,9 @@ def train_action_spec(spec: Spec) -> dict:
             P.cache_clip_features(spec, cs, lay, False)
         runs = []
         for k in range(spec.opts.repeats):  # seeds seed, seed+1, ...: the first run is the one saved
-            run_spec = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, seed=spec.opts.seed + k))
+            run_spec = _seeded(spec, k)
             res = P.train_action(run_spec, train, labels, lora, deadline, tag=name.split()[0].lower())
-            test = _action_run(spec, res, lora, val, tests)
+            test = _action_run(spec, res, lora, val, tests, human)
             runs.append({"seed": run_spec.opts.seed, "train_seconds": round(res.seconds, 1), "complete": res.complete,
                          **_scores(test)})
             if k == 0:
@@ -212,21 +379,25 @@ def train_action_spec(spec: Spec) -> dict:
             if "person_top1" in runs[0]:
                 row["mean_person_top1"] = {w: round(statistics.mean(r["person_top1"][w] for r in runs), 4)
                                            for w in runs[0]["person_top1"]}
+            if "human" in runs[0]:
+                row["mean_human"] = _mean_tree([r["human"] for r in runs])
         rows.append(row)
     counts = {"train": {lab: train.labels.count(lab) for lab in labels},
               **{w: {lab: cs.labels.count(lab) for lab in sorted(set(cs.labels))} for w, cs in tests.items()}}
     person_counts = ({w: _person_counts(cs) for w, cs in {"train": train, **tests}.items()}
                      if spec.head.get("persons") else None)
+    rows += _teacher_rows(spec, human)
     report = {"spec": spec.name, "task": "action", "image_size": spec.image_size, "lora": lora_summary(spec),
               "rows": rows, "clip_counts": counts, "person_counts": person_counts, "adapters": [saved],
               "seconds": round(time.monotonic() - t0, 1)}
     write_report(spec.output.parent / f"REPORT-{spec.name}", report)
-    (spec.output / "README.md").write_text(action_card(spec, rows[0], counts, person_counts))
+    write_cards(spec, report)
     return report
 
 
 def _person_counts(cs: P.ClipSet) -> dict[str, int]:
-    labels = [p["label"] for ps in cs.persons for p in ps]
+    """Persons per sure activity, and how many the label rule was not sure of (`not sure`)."""
+    labels = [p["label"] if p.get("sure", True) else "not sure" for ps in cs.persons for p in ps]
     return {lab: labels.count(lab) for lab in sorted(set(labels))}
 
 

@@ -37,6 +37,19 @@ class Source:
     options: dict = field(default_factory=dict)  # kind-specific (path, cascade, upscale, ...)
 
 
+BASELINES = ("head-only", "per-source")
+
+
+def _baselines(raw) -> tuple[str, ...]:
+    if raw is True or raw is None:
+        return BASELINES
+    if raw is False:
+        return ()
+    if isinstance(raw, list) and all(b in BASELINES for b in raw):
+        return tuple(raw)
+    raise SpecError(f"baselines: expected true, false or a list of {', '.join(BASELINES)}; got {raw!r}")
+
+
 @dataclass
 class LoraSpec:
     rank: int = 8
@@ -56,6 +69,12 @@ class TrainSpec:
     lora_lr: float = 5e-4
     weight_decay: float = 1e-4
     flip: bool = True  # horizontal-flip augmentation (doubles the cached features)
+    # detection: zoomed-in crops per training frame (augment.zoom_views), each `zoom_scale` x the frame's sides
+    zoom_in: int = 0
+    zoom_scale: list[float] = field(default_factory=lambda: [0.4, 0.7])
+    # action: also train on the clips with a walking_toward / walking_away person played backwards (their
+    # labels reverse: toward <-> away, left <-> right), the rare classes of the footage
+    reverse: bool = False
     ckpt_every: int = 25  # steps
     seed: int = 0
     # action specs: train every model with seeds seed .. seed+repeats-1 and report each run and the mean
@@ -83,7 +102,9 @@ class Spec:
     budget_minutes: float = 60.0
     cache_dir: Path | None = None
     teachers_dir: Path | None = None
-    baselines: bool = True  # also train head-only and evaluate the teacher for the comparison table
+    # comparison runs beside the adapter: "head-only" (frozen backbone; with the teacher scored for detection)
+    # and "per-source" (detection: LoRA + head on each source alone). YAML: true (all), false (none) or a list.
+    baselines: tuple[str, ...] = BASELINES
     head: dict = field(default_factory=dict)  # head constructor params, e.g. {width: 128, norm: false} (heads.py)
 
     @property
@@ -159,7 +180,7 @@ def load_spec(path: str | Path) -> Spec:
         budget_minutes=float(raw.get("budget_minutes", 60)),
         cache_dir=(root / raw["cache_dir"]).expanduser().resolve() if raw.get("cache_dir") else None,
         teachers_dir=(root / raw["teachers_dir"]).resolve() if raw.get("teachers_dir") else None,
-        baselines=bool(raw.get("baselines", True)),
+        baselines=_baselines(raw.get("baselines", True)),
         head=dict(raw.get("head") or {}),
     )
     if not spec.train:
@@ -176,9 +197,22 @@ def load_spec(path: str | Path) -> Spec:
         _check_init_from(spec.lora)
     if not isinstance(spec.opts.repeats, int) or spec.opts.repeats < 1:
         raise SpecError(f"train_options.repeats: expected an integer >= 1, got {spec.opts.repeats!r}")
-    if spec.opts.repeats > 1 and spec.task != "action":
-        raise SpecError("train_options.repeats: only action specs train repeated seeds (not implemented for detection, "
-                        "where one run takes 8+ minutes per model)")
+    if spec.opts.repeats > 1 and spec.fusion:
+        raise SpecError("train_options.repeats: a fusion spec trains one run per fusion step (repeats must be 1)")
+    if not isinstance(spec.opts.zoom_in, int) or spec.opts.zoom_in < 0:
+        raise SpecError(f"train_options.zoom_in: expected an integer >= 0, got {spec.opts.zoom_in!r}")
+    lo_hi = spec.opts.zoom_scale
+    if not (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(isinstance(v, (int, float)) for v in lo_hi)
+            and 0 < lo_hi[0] <= lo_hi[1] <= 1):
+        raise SpecError(f"train_options.zoom_scale: expected [low, high] with 0 < low <= high <= 1, got {lo_hi!r}")
+    if spec.opts.reverse and spec.task != "action":
+        raise SpecError("train_options.reverse: only action specs train on time-reversed clips")
+    if spec.opts.zoom_in and spec.task != "detection":
+        raise SpecError("train_options.zoom_in: only detection specs train on zoomed-in crops")
+    fixed = [s.name for s in sources if s.kind == "coco"]
+    if spec.opts.zoom_in and fixed:
+        raise SpecError(f"train_options.zoom_in: source {fixed[0]!r} is a fixed label file, which has no labels for "
+                        "the crops (a teacher labels each crop itself)")
     return spec
 
 

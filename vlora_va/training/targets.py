@@ -5,13 +5,15 @@ For each labelled box (mapped into the letterboxed model frame):
 - class heatmap: a Gaussian peak at the box centre (sigma from the box size, as in CenterNet), so the
   head's 3x3-peak decoding finds one peak per object;
 - box regression: the (left, top, right, bottom) distances from each cell centre to the box sides, on the
-  cells near the centre (where the heatmap >= `reg_min`), weighted by the heatmap value.
+  cells near the centre (where the heatmap >= `reg_min`), weighted by the heatmap value; a cell near two
+  centres regresses the box whose peak is higher there.
 Losses: penalty-reduced focal loss on the heatmap, GIoU on the boxes, both normalised by object count.
 
 For each labelled person of a clip (`actions.person_activities`: an activity and the mean box over the clip):
 - person-centre heatmap: the same Gaussian peak at the mean box's centre cell;
 - at that cell: the centre's offset in the cell and log width/height in cells (L1);
-- the person's activity on that cell and its 4 neighbours (class-weighted cross-entropy);
+- the person's activity on that cell and its 4 neighbours (class-weighted cross-entropy), only where the
+  label rule was sure of it (`sure`; an unsure person is still a person-centre target);
 - "don't care": cells holding the centre of any teacher person box of the clip that is not a labelled
   person (a weak box, or someone seen in under 60% of the clip) get no penalty for a centre score.
 """
@@ -71,9 +73,11 @@ def build_targets(labels: list[dict], lb: Letterbox, side: int, grid: int, class
         c = classes.index(name)
         _, _, g = centre_peak(x1, y1, x2, y2, stride, xs, ys)
         heat[c] = torch.maximum(heat[c], g)
-        # Smaller boxes win overlapping regression cells (they are the harder, rarer ones).
+        # A cell near two centres regresses the box whose Gaussian is higher there (its centre is nearer, for its
+        # size); on a tie the smaller box (the harder, rarer one). "Smaller always wins" gave the centre cell of
+        # one of two people walking side by side the other's box: two peaks, one box twice, NMS kept one.
         a = (x2 - x1) * (y2 - y1)
-        take = (g >= reg_min) & (a < area)
+        take = (g >= reg_min) & ((g > weight) | ((g == weight) & (a < area)))
         area[take] = a
         weight[take] = g[take]
         for k, v in enumerate((x1, y1, x2, y2)):
@@ -137,7 +141,8 @@ def person_targets(persons: list[dict], seen: list[list[float]], lb: Letterbox, 
     for (x1, y1, x2, y2), _ in to_model_boxes([{"box": b, "class": "person"} for b in seen], lb, side, flip):
         care[min(int((y1 + y2) / 2 / stride), grid - 1), min(int((x1 + x2) / 2 / stride), grid - 1)] = 0
     # Largest first, so a smaller (farther) person keeps its own cells where two meet.
-    boxes = to_model_boxes([{"box": p["box"], "class": p["label"]} for p in persons], lb, side, flip)
+    boxes = to_model_boxes([{"box": p["box"], "class": p["label"] if p.get("sure", True) else None} for p in persons],
+                           lb, side, flip)
     for (x1, y1, x2, y2), label in sorted(boxes, key=lambda b: b[0][1] - b[0][3]):
         if x2 - x1 < 1 or y2 - y1 < 1:
             continue
@@ -147,6 +152,8 @@ def person_targets(persons: list[dict], seen: list[list[float]], lb: Letterbox, 
         reg[:, py, px] = torch.tensor([cx - px - 0.5, cy - py - 0.5, math.log((x2 - x1) / stride),
                                        math.log((y2 - y1) / stride)])
         mask[py, px] = 1
+        if label is None:  # a person whose activity the rule could not tell: where they are is still a target
+            continue
         k = activities.index(MIRRORED.get(label, label) if flip else label)
         for dy, dx in ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)):
             if 0 <= py + dy < grid and 0 <= px + dx < grid:

@@ -56,6 +56,51 @@ def nms(labels: list[dict], iou: float) -> list[dict]:
     return [labels[i] for i in batched_nms(boxes, scores, cls, iou).tolist()]
 
 
+def tile_grid(width: int, height: int, n: int) -> list[tuple[int, int, int, int]]:
+    """n x n tiles (x0, y0, x1, y1), each 2/(n+1) of the frame's sides, overlapping by half a tile."""
+    tw, th = 2 * width / (n + 1), 2 * height / (n + 1)
+    return [(round(i * tw / 2), round(j * th / 2), round(i * tw / 2 + tw), round(j * th / 2 + th))
+            for j in range(n) for i in range(n)]
+
+
+def merge_tiled(whole: list[dict], tiled: list[tuple[tuple[int, int, int, int], list[dict]]], size: tuple[int, int],
+                iou: float = 0.5, margin: float = 2.0) -> list[dict]:
+    """One frame's labels from the teacher on the whole frame and on tiles (boxes already in frame pixels):
+    - a tile's box touching one of the tile's inner edges (not the frame's) is cut: dropped (with half-tile
+      overlap the object is whole in a neighbouring tile);
+    - the tiles' boxes, class-wise NMS at `iou` (one object seen by two tiles);
+    - a whole-frame box is kept only where the tiles saw nothing of its class: no kept tile box overlaps it
+      with IoU >= 0.3 or has its centre inside it. A whole-frame box over two people that the tiles split
+      is dropped for the two."""
+    w, h = size
+    kept = []
+    for (x0, y0, x1, y1), labels in tiled:
+        for lab in labels:
+            bx1, by1, bx2, by2 = lab["box"]
+            cut = ((x0 > 0 and bx1 <= x0 + margin) or (y0 > 0 and by1 <= y0 + margin)
+                   or (x1 < w and bx2 >= x1 - margin) or (y1 < h and by2 >= y1 - margin))
+            if not cut:
+                kept.append(lab)
+    kept = nms(kept, iou)
+    out = list(kept)
+    for lab in whole:
+        same = [k["box"] for k in kept if k["class"] == lab["class"]]
+        if not any(_iou(lab["box"], b) >= 0.3 or _centre_inside(b, lab["box"]) for b in same):
+            out.append(lab)
+    return nms(out, iou)
+
+
+def _iou(a: list[float], b: list[float]) -> float:
+    ix, iy = max(0.0, min(a[2], b[2]) - max(a[0], b[0])), max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - ix * iy
+    return ix * iy / union if union > 0 else 0.0
+
+
+def _centre_inside(box: list[float], outer: list[float]) -> bool:
+    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    return outer[0] <= cx <= outer[2] and outer[1] <= cy <= outer[3]
+
+
 class LabelCache:
     """Raw teacher output per frame key, one JSON file per (teacher, video)."""
 
@@ -120,16 +165,23 @@ class Teacher:
 
 class CenterNetTeacher(Teacher):
     def __init__(self, path: str | Path | None = None, classes: list[str] | None = None,
-                 score_threshold: float = 0.3, nms_iou: float = 0.5, threads: int = 1):
+                 score_threshold: float = 0.3, nms_iou: float = 0.5, threads: int = 1, tiles: int = 1):
+        """tiles = n > 1: also run on n x n overlapping tiles of the frame (each 2/(n+1) of its sides, so every
+        object up to a third of the frame wide lies wholly inside one) and merge (`merge_tiled`): the teacher's
+        input is 512 x 512 whatever the frame, so on a tile people are (n+1)/2 times larger, and two people walking
+        together, one box on the whole frame, are two in the tile."""
         self.path = Path(path) if path else DEFAULT_TEACHER_DIR / "centernet.onnx"
         if not self.path.is_file():
             raise FileNotFoundError(f"CenterNet teacher not found at {self.path} (set teachers.dir in the spec)")
         unknown = set(classes or []) - set(COCO80)
         if unknown:
             raise ValueError(f"unknown COCO classes {sorted(unknown)}")
+        if not isinstance(tiles, int) or tiles < 1:
+            raise ValueError(f"tiles: expected an integer >= 1, got {tiles!r}")
         self.classes, self.score_threshold, self.nms_iou, self.threads = classes, score_threshold, nms_iou, threads
+        self.tiles = tiles
         digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:12]
-        self.cache_name = f"centernet-{digest}"
+        self.cache_name = f"centernet-{digest}" + (f"-tiles{tiles}" if tiles > 1 else "")
         self._session = None
 
     def _run(self, rgb: np.ndarray) -> np.ndarray:
@@ -143,17 +195,29 @@ class CenterNetTeacher(Teacher):
         inp = self._session.get_inputs()[0].name
         return self._session.run(["tower_0/detections:0"], {inp: x})[0][0]  # [100, 6]
 
-    def _raw(self, rgb: np.ndarray) -> list[dict]:
+    def _detect(self, rgb: np.ndarray) -> list[dict]:
+        """Every box scoring >= 0.1, in the pixels of `rgb`."""
         h, w = rgb.shape[:2]
-        det = self._run(rgb)
         labels = []
-        for x1, y1, x2, y2, score, c in det.tolist():
+        for x1, y1, x2, y2, score, c in self._run(rgb).tolist():
             if score < 0.1 or not 0 <= int(c) < len(COCO80):
                 continue
             box = [x1 * w / 512, y1 * h / 512, x2 * w / 512, y2 * h / 512]
             box = [round(min(max(v, 0.0), lim), 1) for v, lim in zip(box, (w, h, w, h))]
             labels.append({"box": box, "class": COCO80[int(c)], "score": round(float(score), 4)})
-        return nms(labels, self.nms_iou)
+        return labels
+
+    def _raw(self, rgb: np.ndarray) -> list[dict]:
+        whole = self._detect(rgb)
+        if self.tiles == 1:
+            return nms(whole, self.nms_iou)
+        h, w = rgb.shape[:2]
+        tiled = []
+        for x0, y0, x1, y1 in tile_grid(w, h, self.tiles):
+            found = self._detect(np.ascontiguousarray(rgb[y0:y1, x0:x1]))
+            tiled.append(((x0, y0, x1, y1), [{**lab, "box": [round(v + (x0, y0)[i % 2], 1) for i, v in enumerate(lab["box"])]}
+                                             for lab in found]))
+        return merge_tiled(whole, tiled, (w, h), self.nms_iou)
 
 
 class HogPeopleTeacher(Teacher):

@@ -148,6 +148,11 @@ def test_person_activity_iou_report_counts_exactly():
     assert (rep["persons"], rep["ignored_persons"], rep["predicted"]) == (3, 1, 3)
     assert rep["top1"] == pytest.approx(1 / 3, abs=1e-4) and rep["top1_found"] == 0.5
     assert rep["recall"] == pytest.approx(2 / 3, abs=1e-4) and rep["precision"] == pytest.approx(2 / 3, abs=1e-4)
+    # per activity (a missed person is wrong) and over left / right / standing, here all three references
+    assert rep["per_activity"] == {"standing": {"persons": 1, "right": 0, "recall": 0.0},
+                                   "walking_left": {"persons": 1, "right": 1, "recall": 1.0},
+                                   "walking_right": {"persons": 1, "right": 0, "recall": 0.0}}
+    assert rep["top1_left_right_standing"] == rep["top1"]
     # at a looser IoU the shifted prediction finds the standing person (with the wrong activity)
     loose = person_activity_iou_report(preds, refs, acts, threshold=0.5, iou=0.3)
     assert loose["confusion"][0] == [0, 1, 0, 0] and loose["recall"] == 1.0
@@ -160,3 +165,70 @@ def test_person_iou_matching_gives_each_reference_to_the_best_scoring_prediction
     preds = [[person(1, 0, activity="walking_left", score=0.6), person(0, 0, activity="standing", score=0.9)]]
     rep = person_activity_iou_report(preds, refs, ["standing", "walking_left"], threshold=0.5)
     assert rep["confusion"] == [[1, 0, 0], [0, 0, 0]] and rep["predicted"] == 2 and rep["precision"] == 0.5
+
+
+def test_subset_top1_counts_only_the_named_activities():
+    import numpy as np
+
+    from vlora_va.training.metrics import subset_top1
+
+    acts = ["standing", "walking_left", "walking_toward"]
+    cm = np.array([[2, 0, 0, 1], [0, 3, 0, 1], [0, 0, 0, 5]])  # last column: missed
+    assert subset_top1(acts, cm, ("standing", "walking_left", "walking_right")) == pytest.approx(5 / 7, abs=1e-4)
+    assert subset_top1(acts, cm, ("cycling",)) is None
+
+
+def test_persons_the_label_rule_was_not_sure_of_count_neither_way():
+    acts = ["standing", "walking_left"]
+    refs = [[{"box": [0, 0, 10, 40], "label": "walking_left"},
+             {"box": [100, 0, 110, 40], "label": "standing", "sure": False}]]
+    preds = [[{"box": [0, 0, 10, 40], "score": 0.9, "activity": "walking_left"},
+              {"box": [100, 0, 110, 40], "score": 0.9, "activity": "walking_left"}]]  # on the unsure person
+    rep = person_activity_report(preds, refs, acts, threshold=0.5)
+    assert rep["confusion"] == [[0, 0, 0], [0, 1, 0]] and rep["unsure_persons"] == 1
+    assert (rep["persons"], rep["predicted"], rep["precision"], rep["top1"]) == (1, 1, 1.0, 1.0)
+    # missing the unsure person costs nothing either
+    rep = person_activity_report([preds[0][:1]], refs, acts, threshold=0.5)
+    assert (rep["recall"], rep["precision"]) == (1.0, 1.0)
+
+
+def test_side_by_side_pairs_follow_the_rule_as_a_plain_loop():
+    from vlora_va.training.metrics import side_by_side_pairs
+
+    boxes = [[0, 0, 20, 60],      # 0
+             [20, 0, 40, 60],     # 1: touches 0
+             [55, 0, 75, 60],     # 2: centre 35 px from 1's, boxes apart; the wider box is 20 px: not a pair
+             [100, 0, 130, 60],   # 3
+             [135, 10, 160, 70]]  # 4: apart from 3, centres 34.0 px apart: over the wider box's 30 px
+    assert side_by_side_pairs(boxes) == [(0, 1)]
+    boxes[4] = [132, 10, 157, 70]  # centres (115, 30) and (144.5, 40): 31.1 px apart, still over 30
+    assert side_by_side_pairs(boxes) == [(0, 1)]
+    boxes[4] = [128, 0, 153, 60]  # 25.5 px apart, under 30: a pair
+    assert side_by_side_pairs(boxes) == [(0, 1), (3, 4)]
+
+
+def test_side_by_side_report_counts_a_pair_only_when_both_are_found():
+    from vlora_va.training.metrics import side_by_side_report
+
+    refs = {"a": [box(0, 0), box(10, 0), box(200, 0)], "b": [box(0, 0), box(8, 0), box(8, 30, ignore=True)]}
+    preds = {"a": [box(0, 0, score=0.9), box(10, 0, score=0.8), box(200, 0, score=0.8)],
+             "b": [box(4, 0, score=0.9)]}  # one box between the two: matches neither at IoU 0.5
+    rep = side_by_side_report(preds, refs, "person", threshold=0.5)
+    assert (rep["cases"], rep["separate"], rep["rate"]) == (2, 1, 0.5)
+    assert (rep["persons_in_pairs"], rep["found_in_pairs"]) == (4, 2)
+    assert side_by_side_report(preds, refs, "person", threshold=0.85)["separate"] == 0  # 0.8 falls below
+
+
+def test_recall_at_precision_reads_the_curve_threshold_by_threshold():
+    from vlora_va.training.metrics import recall_at_precision
+
+    # ranked: TP .9, TP .8, FP .7, TP .6, FP .5, TP .4; 5 references
+    scored = [(0.5, 0), (0.9, 1), (0.4, 1), (0.8, 1), (0.7, 0), (0.6, 1)]
+    # precision by threshold: .9 -> 1/1, .8 -> 2/2, .7 -> 2/3, .6 -> 3/4, .5 -> 3/5, .4 -> 4/6
+    assert recall_at_precision(scored, 5, 0.9) == {"recall": 0.4, "threshold": 0.8}
+    assert recall_at_precision(scored, 5, 0.75) == {"recall": 0.6, "threshold": 0.6}
+    assert recall_at_precision(scored, 5, 0.6) == {"recall": 0.8, "threshold": 0.4}
+    # two predictions with one score are one threshold: the FP at .8 comes with the TP
+    assert recall_at_precision([(0.9, 1), (0.8, 1), (0.8, 0)], 2, 0.9) == {"recall": 0.5, "threshold": 0.9}
+    assert recall_at_precision([(0.9, 0)], 1, 0.9) == {"recall": None, "threshold": None}
+    assert recall_at_precision([], 0, 0.9) == {"recall": None, "threshold": None}

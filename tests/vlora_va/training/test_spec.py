@@ -50,7 +50,32 @@ def test_repeats_are_checked(tmp_path):
     with pytest.raises(SpecError, match="train_options.repeats: expected an integer >= 1, got 0"):
         load_spec(p)
     p.write_text(base + "task: detection\ntrain_options: {repeats: 2}\n")
-    with pytest.raises(SpecError, match="only action specs"):
+    assert load_spec(p).opts.repeats == 2  # detection repeats its seeds too
+    p.write_text(base + "task: detection\nfusion: true\ntrain_options: {repeats: 2}\n")
+    with pytest.raises(SpecError, match="a fusion spec trains one run per fusion step"):
+        load_spec(p)
+
+
+def test_zoom_options_are_checked(tmp_path):
+    p = tmp_path / "s.yaml"
+    base = "name: x\noutput: out\nsources: [{name: a, kind: activity}]\ntrain: [{video: %s}]\n" % (
+        ROOT / "sample_videos" / "bikes.mp4")
+    p.write_text(base + "task: detection\ntrain_options: {zoom_in: 2, zoom_scale: [0.5, 0.6]}\n")
+    spec = load_spec(p)
+    assert (spec.opts.zoom_in, spec.opts.zoom_scale) == (2, [0.5, 0.6])
+    for bad, words in (("{zoom_in: -1}", "zoom_in: expected an integer >= 0, got -1"),
+                       ("{zoom_scale: [0.7, 0.4]}", "zoom_scale: expected [low, high]"),
+                       ("{zoom_scale: [0, 0.5]}", "zoom_scale: expected [low, high]"),
+                       ("{zoom_scale: 0.5}", "zoom_scale: expected [low, high]")):
+        p.write_text(base + f"task: detection\ntrain_options: {bad}\n")
+        with pytest.raises(SpecError, match=words.replace("[", r"\[")):
+            load_spec(p)
+    p.write_text(base + "task: action\ntrain_options: {zoom_in: 1}\n")
+    with pytest.raises(SpecError, match="only detection specs"):
+        load_spec(p)
+    p.write_text(base.replace("{name: a, kind: activity}", "{name: a, kind: coco, path: x.json}")
+                 + "task: detection\ntrain_options: {zoom_in: 1}\n")
+    with pytest.raises(SpecError, match="source 'a' is a fixed label file"):
         load_spec(p)
 
 

@@ -39,6 +39,24 @@ def test_perfect_outputs_decode_back_to_the_labels():
     assert got == [("car", [400, 300, 560, 380]), ("person", [100, 80, 160, 200])]
 
 
+@pytest.mark.parametrize("upsample", [2, 4])
+def test_two_people_side_by_side_decode_as_two_boxes(upsample):
+    """Two equal people 14 px apart: each one's centre cell regresses its own box (a cell near two centres takes
+    the box whose peak is higher there), so the perfect outputs decode to both, on either grid."""
+    side = 224
+    grid = upsample * side // 14
+    pair = [{"box": [100, 40, 140, 200], "class": "person"}, {"box": [114, 40, 154, 200], "class": "person"}]
+    lb = letterbox_params(side, side, side)  # identity
+    heat, box, weight, n = build_targets(pair, lb, side, grid, ["person"])
+    assert n == 2 and (heat == 1).sum() == 2
+    centres = (torch.arange(grid) + 0.5) * side / grid
+    cy, cx = centres[:, None].expand(grid, grid), centres[None, :].expand(grid, grid)
+    dist = torch.stack([cx - box[0], cy - box[1], box[2] - cx, box[3] - cy])
+    head = DetectionHead(8, ["person"], image_size=side, score_threshold=0.5, nms_iou=0.7, upsample=upsample)
+    out = head.decode((torch.logit(heat.clamp(1e-4, 1 - 1e-4))[None], dist[None]), [lb], [(side, side)])[0]
+    assert sorted([round(v) for v in d.box] for d in out) == [[100, 40, 140, 200], [114, 40, 154, 200]]
+
+
 def test_flip_mirrors_targets():
     lb = letterbox_params(224, 224, 224)
     labels = [{"box": [10, 10, 30, 50], "class": "person", "score": 1.0}]
@@ -85,6 +103,17 @@ def test_person_targets_exactly():
     heat_f, reg_f, _, activity_f, care_f = person_targets(persons, seen, lb, 224, 16, ACTS, flip=True)
     assert torch.equal(heat_f, heat.flip(-1)) and torch.equal(care_f, care.flip(-1))
     assert torch.equal(activity_f >= 0, (activity >= 0).flip(-1)) and set(activity_f[activity_f >= 0].tolist()) == {2}
+
+
+def test_a_person_the_rule_was_not_sure_of_is_a_person_without_an_activity():
+    lb = letterbox_params(224, 224, 224)
+    sure = [{"box": [30, 40, 44, 68], "label": "walking_left"}]
+    unsure = sure + [{"box": [150, 150, 164, 178], "label": "standing", "sure": False}]
+    heat, reg, mask, activity, care = person_targets(unsure, [p["box"] for p in unsure], lb, 224, 16, ACTS)
+    assert mask.sum() == 2 and heat[11, 11] == 1  # both are person-centre targets
+    assert (activity >= 0).sum() == 5 and set(activity[activity >= 0].tolist()) == {1}  # only the sure one's activity
+    _, _, _, only_sure, _ = person_targets(sure, [p["box"] for p in sure], lb, 224, 16, ACTS)
+    assert torch.equal(activity, only_sure)
 
 
 def test_perfect_person_maps_decode_back_to_the_persons():

@@ -68,3 +68,41 @@ def test_centernet_rejects_unknown_classes(tmp_path):
     with pytest.raises(ValueError, match="unknown COCO"):
         CenterNetTeacher(f, classes=["persn"])
     assert len(COCO80) == 80 and COCO80[0] == "person"
+
+
+def test_tile_grid_overlaps_by_half_a_tile_and_covers_the_frame():
+    from vlora_va.training.teachers import tile_grid
+
+    assert tile_grid(768, 576, 2) == [(0, 0, 512, 384), (256, 0, 768, 384), (0, 192, 512, 576), (256, 192, 768, 576)]
+    assert tile_grid(300, 90, 1) == [(0, 0, 300, 90)]
+
+
+def test_merge_tiled_prefers_the_tiles_split_and_drops_cut_boxes():
+    from vlora_va.training.teachers import merge_tiled
+
+    def lab(box, score=0.8, cls="person"):
+        return {"box": box, "class": cls, "score": score}
+
+    whole = [lab([100, 100, 160, 220], 0.7),   # one box over two people walking together
+             lab([600, 400, 640, 500], 0.6),   # a person no tile saw whole: kept
+             lab([300, 50, 400, 120], 0.5, "truck")]
+    tiled = [((0, 0, 512, 384), [lab([100, 100, 128, 220], 0.9), lab([132, 102, 160, 218], 0.85),  # the two, split
+                                 lab([480, 100, 511, 200], 0.9),   # touches the tile's inner right edge: cut
+                                 lab([300, 50, 400, 120], 0.8, "car"),  # a car where the whole frame saw a truck
+                                 lab([300, 200, 330, 280], 0.9)]),
+             ((256, 0, 768, 384), [lab([301, 201, 330, 281], 0.7),  # the same person seen by both tiles: one kept
+                                   lab([300, 50, 400, 120], 0.75, "truck")])]
+    got = sorted((tuple(x["box"]), x["class"]) for x in merge_tiled(whole, tiled, (768, 576)))
+    assert got == [((100, 100, 128, 220), "person"), ((132, 102, 160, 218), "person"),
+                   ((300, 50, 400, 120), "car"), ((300, 50, 400, 120), "truck"), ((300, 200, 330, 280), "person"),
+                   ((600, 400, 640, 500), "person")]
+
+
+def test_tiles_must_be_a_positive_integer():
+    from vlora_va.training.teachers import CenterNetTeacher, DEFAULT_TEACHER_DIR
+
+    if not (DEFAULT_TEACHER_DIR / "centernet.onnx").is_file():
+        pytest.skip("CenterNet teacher (development asset) not present")
+    with pytest.raises(ValueError, match="tiles: expected an integer >= 1, got 0"):
+        CenterNetTeacher(tiles=0)
+    assert CenterNetTeacher(tiles=2).cache_name.endswith("-tiles2")

@@ -152,6 +152,30 @@ def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, t
         assert all(torch.equal(a, b) for a, b in zip(res.head(feats, 2), adapter.head(feats, 2)))
 
 
+def test_reversed_clips_add_the_rare_classes_played_backwards(tiny_backbone, tmp_path):
+    from vlora_va.training import pipeline as P
+    from vlora_va.training.runner import _action_labels
+
+    toward = [{"box": [10, 10, 30, 50], "label": "walking_toward"}, {"box": [40, 5, 60, 45], "label": "walking_left"}]
+    unsure = [{"box": [10, 10, 30, 50], "label": "walking_away", "sure": False}]
+    cs = P.ClipSet(frames(6), [[0, 1], [2, 3], [4, 5]], ["walking_toward", "walking_away", "standing"],
+                   persons=[toward, unsure, [{"box": [40, 5, 60, 45], "label": "standing"}]], seen=[[], [], []],
+                   side=SIDE)
+    assert P.rare_clips(cs) == [0]  # the unsure walking_away person does not make clip 1 rare
+    assert [p["label"] for p in P.reversed_persons(toward)] == ["walking_away", "walking_right"]
+    labels = _action_labels(cs, persons=True, reverse=True)
+    assert {"walking_away", "walking_right", "walking_toward", "walking_left"} <= set(labels)
+    spec = Spec(name="tiny-rev", task="action", output=tmp_path / "out", backbone=tiny_backbone, image_size=SIDE,
+                clip_len=2, sources=[Source("activity", "activity")], cache_dir=tmp_path / "cache",
+                lora=LoraSpec(layers=[]), opts=TrainSpec(epochs=1, batch=1, reverse=True, flip=False),
+                head={"motion": True, "width": 4, "spatial": "local", "persons": True})
+    P.cache_clip_features(spec, cs, 2, flip=False, progress=False)
+    res = P.train_action(spec, cs, labels, spec.lora, deadline=time.monotonic() + 60)
+    assert res.steps == 4  # 3 clips + clip 0 played backwards, one per step
+    spec = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, reverse=False))
+    assert P.train_action(spec, cs, labels, spec.lora, deadline=time.monotonic() + 60).steps == 3
+
+
 def test_training_under_either_naming_writes_the_same_adapter(tiny_backbone, tmp_path, monkeypatch):
     """transformers < 5.18 names DINOv2's attention layers attention.attention.query etc.: training must wrap the
     same layers there, save them under the canonical names, and give byte-identical files."""
