@@ -218,15 +218,16 @@ def write_cards(spec: Spec, report: dict) -> None:
     """Each adapter's README.md from the spec and its report (rows of every model, the baselines and the teacher):
     run at the end of training, and by `vlora-va train --cards-only` to redo the cards without training."""
     rows = report["rows"]
+    here = spec.output.parent  # the report's paths are where it was trained; the cards go beside this spec's output
     if report["task"] == "action":
-        adapter = Path(report["adapters"][0])
+        adapter = here / Path(report["adapters"][0]).name
         adapter.joinpath("README.md").write_text(
             action_card(spec, rows[0], report["clip_counts"], report.get("person_counts"), rows))
         return
     by_name = {s.name: s for s in spec.sources}
     cards = report.get("cards") or [{"adapter": report["adapters"][0], "row": 0, "sources": list(by_name)}]
     for c in cards:
-        adapter = Path(c["adapter"])
+        adapter = here / Path(c["adapter"]).name
         card = detection_card(spec, adapter.name, [by_name[n] for n in c["sources"]], rows[c["row"]], rows)
         adapter.joinpath("README.md").write_text(card)
 

@@ -80,6 +80,11 @@ def test_the_card_shows_the_human_figures_and_cards_only_rewrites_it(trained):
     config = json.loads((adapter / "head_config.json").read_text())
     assert config["params"]["upsample"] == 4 and config["params"]["nms_iou"] in NMS_CHOICES
     (adapter / "README.md").unlink()
+    report_file = tmp_path / "out" / "REPORT-tiny.json"
+    report = json.loads(report_file.read_text())  # as if trained in another checkout: its paths point elsewhere
+    report["adapters"] = ["/elsewhere/tiny"]
+    report["cards"][0]["adapter"] = "/elsewhere/tiny"
+    report_file.write_text(json.dumps(report))
     assert main_train([str(spec), "--cards-only"]) == 0
     assert (adapter / "README.md").read_text() == card
 
