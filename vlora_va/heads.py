@@ -56,8 +56,8 @@ class DetectionHead(nn.Module):
         self.score_threshold, self.nms_iou, self.max_detections = score_threshold, nms_iou, max_detections
         # norm=True puts GroupNorm after each conv (as FCOS heads do): ViT tokens have a few very large
         # channels, and without it early training spikes. False keeps the original layout loadable.
-        def block(conv: nn.Module) -> list[nn.Module]:
-            return [conv, nn.GroupNorm(16, width), nn.GELU()] if norm else [conv, nn.GELU()]
+        def block(conv: nn.Conv2d) -> list[nn.Module]:
+            return [conv, nn.GroupNorm(16, conv.out_channels), nn.GELU()] if norm else [conv, nn.GELU()]
 
         self.stem = nn.Sequential(*block(nn.Conv2d(hidden, width, 1)), *block(nn.Conv2d(width, width, 3, padding=1)))
         self.refine = nn.Sequential(*block(nn.Conv2d(width, width, 3, padding=1)))
@@ -67,8 +67,7 @@ class DetectionHead(nn.Module):
         out_width = width
         if upsample == 4:
             out_width = width // 2
-            fine = nn.Conv2d(width, out_width, 3, padding=1)
-            self.refine_fine = nn.Sequential(fine, nn.GroupNorm(8, out_width), nn.GELU()) if norm else nn.Sequential(fine, nn.GELU())
+            self.refine_fine = nn.Sequential(*block(nn.Conv2d(width, out_width, 3, padding=1)))
         # 1x1 outputs: the 3x3 refine already mixes neighbours at the ×2 resolution, where 3x3 outputs
         # would triple the head's cost (the head runs at 4× the patch count).
         self.cls_out = nn.Conv2d(out_width, len(classes), 1)

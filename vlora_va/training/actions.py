@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from contracts.geometry import pair_iou
+
 ACTION_LABELS = ["no_person", "standing", "walking_left", "walking_right", "walking_toward", "walking_away", "cycling"]
 PERSON_ACTIVITIES = ACTION_LABELS[1:]  # what one person can be doing
 MIRRORED = {"walking_left": "walking_right", "walking_right": "walking_left"}  # the label of a mirrored clip
@@ -42,15 +44,8 @@ MIRRORED = {"walking_left": "walking_right", "walking_right": "walking_left"}  #
 REVERSED = {**MIRRORED, "walking_toward": "walking_away", "walking_away": "walking_toward"}
 STILL_SPEED, WALK_SPEED = 0.12, 0.25  # heights/s: below = standing, at or above = walking, between = don't care
 SCALE_RATE = 0.05  # per second: the least change of log(height) that says towards or away
+STILL_SCALE_RATE = 0.15  # per second: a standing person whose height changes faster is not sure
 DOMINANT = 1.25  # one direction names the motion when it is this many times the other
-
-
-def _iou(a: list[float], b: list[float]) -> float:
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
 
 
 def track(frames: list[list[dict]], min_iou: float = 0.3, max_gap: int = 2) -> list[dict[int, list[float]]]:
@@ -58,7 +53,7 @@ def track(frames: list[list[dict]], min_iou: float = 0.3, max_gap: int = 2) -> l
     tracks: list[dict[int, list[float]]] = []
     for i, boxes in enumerate(frames):
         live = [t for t in tracks if i - max(t) <= max_gap + 1]
-        pairs = sorted(((_iou(t[max(t)], b["box"]), ti, bi) for ti, t in enumerate(live) for bi, b in enumerate(boxes)),
+        pairs = sorted(((pair_iou(t[max(t)], b["box"]), ti, bi) for ti, t in enumerate(live) for bi, b in enumerate(boxes)),
                        reverse=True)
         used_t, used_b = set(), set()
         for iou, ti, bi in pairs:
@@ -75,7 +70,7 @@ def _rides(person: list[float], bikes: list[list[float]]) -> bool:
     for b in bikes:
         bx, by = (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
         in_lower = person[0] <= bx <= person[2] and (person[1] + person[3]) / 2 <= by <= person[3] + 0.3 * (person[3] - person[1])
-        if _iou(person, b) >= 0.1 or in_lower:
+        if pair_iou(person, b) >= 0.1 or in_lower:
             return True
     return False
 
@@ -95,7 +90,7 @@ def _label(dx: float, dy: float, rate: float, still_speed: float) -> tuple[str, 
     """(activity, sure) from motion in heights/s and the scale rate (rule 3 of the module doc)."""
     speed = float(np.hypot(dx, dy))
     if speed < still_speed:
-        return "standing", abs(rate) < 0.15
+        return "standing", abs(rate) < STILL_SCALE_RATE
     sure = speed >= WALK_SPEED
     if abs(dx) > DOMINANT * abs(dy):
         return ("walking_right" if dx > 0 else "walking_left"), sure

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 from pathlib import Path
@@ -45,17 +44,12 @@ def _source_line(s) -> str:
     return f"- **{s.name}**: {s.kind} {s.classes} {s.options}"
 
 
-def _f3(x: float | None) -> str:
-    """A figure to 3 decimals; "n/a" where undefined (NaN in a fresh report, null once read back from JSON)."""
-    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
-
-
 def _det_table(row: dict) -> str:
     lines = ["| held-out data | class | refs | precision | recall | F1@0.5 | AP50 |", "|---|---|---|---|---|---|---|"]
     for where, rep in row["test"].items():
         for c, m in rep.items():
-            lines.append(f"| {where} | {c} | {m['refs']} | {_f3(m['precision'])} | {_f3(m['recall'])} | {_f3(m['f1'])} | "
-                         f"{_f3(m['ap50'])} |")
+            lines.append(f"| {where} | {c} | {m['refs']} | {fmt_ratio(m['precision'])} | {fmt_ratio(m['recall'])} | {fmt_ratio(m['f1'])} | "
+                         f"{fmt_ratio(m['ap50'])} |")
     return "\n".join(lines)
 
 
@@ -72,8 +66,8 @@ def _human_det_table(rows: list[dict]) -> str:
                         for v in m["recall_by_height"].values()]
                 pairs = m.get("side_by_side")
                 side = f"{fmt_ratio(pairs['rate'])} ({pairs['separate']}/{pairs['cases']})" if pairs and pairs["cases"] else "—"
-                lines.append(f"| {row['model']} | {where} ({h['frames']}) | {c} | {m['refs']} | {_f3(m['precision'])} | "
-                             f"{_f3(m['recall'])} | {_f3(m['f1'])} | {_f3(m['ap50'])} | {' | '.join(by_h)} | {side} |")
+                lines.append(f"| {row['model']} | {where} ({h['frames']}) | {c} | {m['refs']} | {fmt_ratio(m['precision'])} | "
+                             f"{fmt_ratio(m['recall'])} | {fmt_ratio(m['f1'])} | {fmt_ratio(m['ap50'])} | {' | '.join(by_h)} | {side} |")
     return "\n".join(lines)
 
 
@@ -405,7 +399,7 @@ def _row_cells(row: dict) -> list[tuple[str, str, str]]:
                                                                      p["top1"])))
         else:
             for c, m in rep.items():
-                cells.append((where, c, f"{_f3(m['f1'])} / {_f3(m['ap50'])}"))
+                cells.append((where, c, f"{fmt_ratio(m['f1'])} / {fmt_ratio(m['ap50'])}"))
     return cells
 
 

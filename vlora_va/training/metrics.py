@@ -76,16 +76,24 @@ def average_precision(scored: list[tuple[float, int]], n_ref: int) -> float:
     return float(np.sum((mrec[idx + 1] - mrec[idx]) * mpre[idx + 1]))
 
 
+def class_scored(preds: dict[str, list[dict]], refs: dict[str, list[dict]], cls: str,
+                 iou: float = 0.5) -> tuple[list[tuple[float, int]], int]:
+    """One class over all images: every counted prediction as (score, 1 TP / 0 FP) by `match_image`'s rule, and
+    the number of counted references: the ranking AP50, F1 and recall-at-precision are read from."""
+    scored, n_ref = [], 0
+    for key, ref in refs.items():
+        s, n = match_image([p for p in preds.get(key, []) if p["class"] == cls], [r for r in ref if r["class"] == cls], iou)
+        scored += s
+        n_ref += n
+    return scored, n_ref
+
+
 def detection_report(preds: dict[str, list[dict]], refs: dict[str, list[dict]], classes: list[str],
                      threshold: float, iou: float = 0.5) -> dict[str, dict]:
     """Per class: precision, recall, F1 at `threshold`, AP50 over all predictions, counts."""
     report = {}
     for c in classes:
-        scored, n_ref = [], 0
-        for key, ref in refs.items():
-            s, n = match_image([p for p in preds.get(key, []) if p["class"] == c], [r for r in ref if r["class"] == c], iou)
-            scored += s
-            n_ref += n
+        scored, n_ref = class_scored(preds, refs, c, iou)
         tp = sum(t for s, t in scored if s >= threshold)
         fp = sum(1 - t for s, t in scored if s >= threshold)
         p = tp / max(tp + fp, 1)
@@ -145,11 +153,7 @@ def human_detection_report(preds: dict[str, list[dict]], refs: dict[str, list[di
     report = detection_report(preds, refs, classes, threshold, iou)
     for c in classes:
         report[c]["recall_by_height"] = recall_by_height(preds, refs, c, threshold, iou)
-        scored, n_ref = [], 0
-        for key, ref in refs.items():
-            got, n = match_image([p for p in preds.get(key, []) if p["class"] == c], [r for r in ref if r["class"] == c], iou)
-            scored, n_ref = scored + got, n_ref + n
-        report[c]["recall_at_precision_0.9"] = recall_at_precision(scored, n_ref, 0.9)
+        report[c]["recall_at_precision_0.9"] = recall_at_precision(*class_scored(preds, refs, c, iou), 0.9)
     if "person" in classes:
         report["person"]["side_by_side"] = side_by_side_report(preds, refs, "person", threshold, iou)
     return report
@@ -246,7 +250,8 @@ def _ratio(part: int, whole: int) -> float | None:
 
 
 def fmt_ratio(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
+    """A figure to 3 decimals; "n/a" where undefined (None, or NaN as a fresh report has it before JSON)."""
+    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
 
 
 def person_activity_report(preds: list[list[dict]], refs: list[list[dict]], activities: list[str],

@@ -40,7 +40,7 @@ class Source:
 BASELINES = ("head-only", "per-source")
 
 
-def _baselines(raw) -> tuple[str, ...]:
+def _parse_baselines(raw) -> tuple[str, ...]:
     if raw is True or raw is None:
         return BASELINES
     if raw is False:
@@ -180,7 +180,7 @@ def load_spec(path: str | Path) -> Spec:
         budget_minutes=float(raw.get("budget_minutes", 60)),
         cache_dir=(root / raw["cache_dir"]).expanduser().resolve() if raw.get("cache_dir") else None,
         teachers_dir=(root / raw["teachers_dir"]).resolve() if raw.get("teachers_dir") else None,
-        baselines=_baselines(raw.get("baselines", True)),
+        baselines=_parse_baselines(raw.get("baselines", True)),
         head=dict(raw.get("head") or {}),
     )
     if not spec.train:

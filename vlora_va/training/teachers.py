@@ -22,6 +22,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from contracts.geometry import pair_iou
+
 from .frames import Frame
 
 COCO80 = [
@@ -85,15 +87,9 @@ def merge_tiled(whole: list[dict], tiled: list[tuple[tuple[int, int, int, int], 
     out = list(kept)
     for lab in whole:
         same = [k["box"] for k in kept if k["class"] == lab["class"]]
-        if not any(_iou(lab["box"], b) >= 0.3 or _centre_inside(b, lab["box"]) for b in same):
+        if not any(pair_iou(lab["box"], b) >= 0.3 or _centre_inside(b, lab["box"]) for b in same):
             out.append(lab)
     return nms(out, iou)
-
-
-def _iou(a: list[float], b: list[float]) -> float:
-    ix, iy = max(0.0, min(a[2], b[2]) - max(a[0], b[0])), max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - ix * iy
-    return ix * iy / union if union > 0 else 0.0
 
 
 def _centre_inside(box: list[float], outer: list[float]) -> bool:
