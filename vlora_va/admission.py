@@ -26,22 +26,23 @@ class Estimate:
         return self.need_s <= TARGET_UTILISATION
 
 
-def offered_images(config: PipelineConfig, catalog: Catalog) -> tuple[dict[int, float], dict[int, set]]:
-    """Images per second the pipeline sends, by image size, and the adapters at each size."""
+def offered_images(config: PipelineConfig, sizes: dict[str, int]) -> tuple[dict[int, float], dict[int, set]]:
+    """Images per second the pipeline sends, by image size, and the adapters at each size. sizes: each served
+    adapter's image size."""
     per_size: dict[int, float] = {}
     adapters: dict[int, set] = {}
     for s in config.streams:
         for t in s.tasks:
-            info = catalog.adapters.get(t.adapter)
-            if info is None:  # an adapter that failed to load: its requests get error rows, no compute
+            size = sizes.get(t.adapter)
+            if size is None:  # an adapter that failed to load: its requests get error rows, no compute
                 continue
-            per_size[info.size] = per_size.get(info.size, 0.0) + t.frames_per_chunk / s.chunk_seconds
-            adapters.setdefault(info.size, set()).add(t.adapter)
+            per_size[size] = per_size.get(size, 0.0) + t.frames_per_chunk / s.chunk_seconds
+            adapters.setdefault(size, set()).add(t.adapter)
     return per_size, adapters
 
 
 def estimate(config: PipelineConfig, catalog: Catalog, costs: CostModel, where: str = "here") -> Estimate:
-    per_size, adapters = offered_images(config, catalog)
+    per_size, adapters = offered_images(config, {n: a.size for n, a in catalog.adapters.items()})
     mode = LoRAMode(PREMERGED if catalog.can_premerge else UNMERGED)
     # One second's images per size as batches of at most max_batch_images (CPU time is near linear in
     # images; a GPU gains from the batch).

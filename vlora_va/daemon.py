@@ -32,7 +32,7 @@ from contracts.results import ResultRecord, not_served, served
 from . import costs as C
 from . import precision
 from .adapters import Adapter, AdapterError, load_adapter_dir
-from .admission import estimate
+from .admission import estimate, offered_images
 from .control import ControlServer, Operation, control_endpoint
 from .engine import Engine
 from .lora import LoRAMode
@@ -88,8 +88,10 @@ def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     torch.set_num_threads(d.threads or os.cpu_count() or 1)
     backbone = load_backbone(d.backbone, d.allow_download, device)
     adapters, failed = load_adapters(config, backbone.config.hidden_size)
-    sizes = sorted({int(a.head_config.get("image_size", d.image_size)) for a in adapters.values()}) or [d.image_size]
-    choice = precision.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, sizes,
+    sizes = {n: int(a.head_config.get("image_size", d.image_size)) for n, a in adapters.items()}
+    # The precision that serves this pipeline's mix of image sizes fastest (no streams yet: one image per size).
+    workload = offered_images(config, sizes)[0] or {s: 1.0 for s in set(sizes.values()) or {d.image_size}}
+    choice = precision.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
                             C.profile_dir(d.profile_cache))
     log.info("backbone precision %s: %s", choice.precision, choice.reason)
     dtype = precision.dtype_of(choice.precision) if d.dtype == "auto" else pick_dtype(d.dtype, device)

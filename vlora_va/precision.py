@@ -27,7 +27,8 @@ of the precisions that (1) this CPU runs natively (bf16 only with native bf16, i
 served adapter passed the accuracy gate for (`GATE_FILE` beside the adapter, written by
 `bench/precision_accuracy.py`: the held-out paired difference to fp32 whose bootstrap 95% interval must not lie
 below `GATE_MIN_DELTA`, for the adapter's exact weights), and (3) measured faster than fp32 on this machine by
-`SPEED_MARGIN` (`measure_speeds`, a few interleaved forwards, cached beside the cost profiles).
+`SPEED_MARGIN` (`measure_speeds`: a few interleaved forwards of the pipeline's own mix of image sizes, cached
+beside the cost profiles, and re-checked at each start by one fresh round of the two fastest: `ranking_holds`).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
-import statistics
 import time
 import warnings
 from dataclasses import dataclass
@@ -218,8 +219,9 @@ def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: s
 def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds: dict[str, float] | None,
            dtype_setting: str = "auto") -> Choice:
     """The precision to run. setting: daemon.precision ("auto" or one of PRECISIONS); gate: {precision: why the
-    accuracy gate keeps it off, or None}; speeds: {precision: measured seconds of the same forward} (None: not
-    measured); dtype_setting: daemon.dtype (an explicit bfloat16 / float16 fixes the precision)."""
+    accuracy gate keeps it off, or None}; speeds: {precision: measured seconds of the same work,
+    `measure_speeds`} (None: not measured); dtype_setting: daemon.dtype (an explicit bfloat16 / float16 fixes
+    the precision)."""
     if setting != "auto":
         why = caps.runs(setting)
         if why:
@@ -246,50 +248,78 @@ def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds
 
 
 # ---------------------------------------------------------------- measuring speed (auto on a CPU)
-def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, sizes: list[int]) -> dict:
+PROBE_MAX_IMAGES = 4  # images per size in one timed forward (CPU time is near linear in images: scaled up)
+RECHECK_MARGIN = 1.10  # a cached ranking holds while its fastest runs within this of the runner-up, measured now
+
+
+def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workload: dict[int, float]) -> dict:
     from .costs import device_name
 
     cfg = backbone.config
-    return {"version": 1, "kind": "precision-speeds", "device": device_name(torch.device(caps.device)),
+    return {"version": 2, "kind": "precision-speeds", "device": device_name(torch.device(caps.device)),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "backbone": backbone_id,
             "backbone_shape": [getattr(cfg, k, None) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")],
-            "sizes": sorted(sizes), "reduce_range": reduce_range()}
+            "workload": {str(s): round(n, 3) for s, n in sorted(workload.items())}, "reduce_range": reduce_range()}
 
 
 def _speed_path(directory: Path, key: dict) -> Path:
     return directory / f"precision-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
 
 
-def measure_speeds(backbone: nn.Module, precisions: list[str], sizes: list[int], images: int = 2,
+def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[int, float],
                    rounds: int = 3) -> dict[str, float]:
-    """Seconds of one plain-backbone forward of `images` random images at each size, per precision: the
-    median over `rounds` interleaved rounds (a burst of other load hits every precision alike)."""
-    models = {p: precision_copy(backbone, p) for p in precisions}
-    pixels = {s: torch.randn(images, 3, s, s) for s in sizes}
+    """Seconds of backbone compute one second of the pipeline's images takes in each precision.
 
-    def run(p):
+    workload: images per second the pipeline sends, by image size. Per size one plain-backbone forward of
+    min(PROBE_MAX_IMAGES, ceil(images/s)) random images, scaled to the images per second, summed over sizes:
+    the mix decides (int8 has won at 224 px where bf16 won at 336 on the same CPU, so equal weights picked the
+    wrong one for a 224-heavy pipeline). The fastest of `rounds` interleaved rounds: the machine's own cost, as
+    the cost profile takes it (`costs._timed`); a burst of other load slows precisions unevenly (int8 ran 1.7x,
+    bf16 1.2x slower in a start-up probe on a busy host) and would otherwise decide."""
+    models = {p: precision_copy(backbone, p) for p in precisions}
+    batches = [(torch.randn(min(PROBE_MAX_IMAGES, max(1, math.ceil(n))), 3, s, s), n) for s, n in workload.items()]
+
+    def run(p: str) -> float:
+        total = 0.0
         with torch.inference_mode():
-            for x in pixels.values():
+            for x, per_s in batches:
+                t0 = time.perf_counter()
                 models[p](pixel_values=x.to(dtype_of(p)))
+                total += (time.perf_counter() - t0) * per_s / len(x)
+        return total
 
     times: dict[str, list[float]] = {p: [] for p in precisions}
     for p in precisions:
         run(p)  # warm-up: first touches, packing, kernel selection
     for _ in range(rounds):
         for p in precisions:
-            t0 = time.perf_counter()
-            run(p)
-            times[p].append(time.perf_counter() - t0)
-    return {p: statistics.median(t) for p, t in times.items()}
+            times[p].append(run(p))
+    return {p: min(t) for p, t in times.items()}
 
 
-def cached_speeds(directory: Path, key: dict, measure) -> dict[str, float]:
-    """The speeds measured for `key` (this machine, threads, torch, backbone, sizes), or measure() and cache."""
+def ranking_holds(speeds: dict[str, float], measure) -> bool:
+    """Whether cached speeds still rank right here: one fresh round (`measure(precisions)`) of the cached fastest
+    and the runner-up. A cache taken while other work shared the cores can rank them wrong (int8 and bf16 suffer
+    differently from a neighbour), and the choice would then stay wrong for every later start."""
+    if len(speeds) < 2:
+        return True
+    first, second = sorted(speeds, key=speeds.get)[:2]
+    fresh = measure([first, second])
+    return fresh[first] <= RECHECK_MARGIN * fresh[second]
+
+
+def cached_speeds(directory: Path, key: dict, measure, still_holds=None) -> dict[str, float]:
+    """The speeds measured for `key` (this machine, threads, torch, backbone, workload) while `still_holds(speeds)`
+    agrees with them; otherwise measure() and cache."""
     path = _speed_path(directory, key)
     try:
         data = json.loads(path.read_text())
         if data.get("key") == key:
-            return {p: float(s) for p, s in data["speeds"].items()}
+            speeds = {p: float(s) for p, s in data["speeds"].items()}
+            if still_holds is None or still_holds(speeds):
+                return speeds
+            log.warning("cached precision speeds (%s) no longer rank the precisions right here: measuring again",
+                        path)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     speeds = measure()
@@ -304,8 +334,9 @@ def cached_speeds(directory: Path, key: dict, measure) -> dict[str, float]:
 
 
 def pick(setting: str, dtype_setting: str, device: str, backbone: nn.Module, backbone_id: str, adapters: dict,
-         sizes: list[int], cache_dir: Path) -> Choice:
-    """The daemon's precision for this machine and adapter set (see the module docstring)."""
+         workload: dict[int, float], cache_dir: Path) -> Choice:
+    """The daemon's precision for this machine, adapter set and workload (images per second by image size; see
+    the module docstring)."""
     caps = Capabilities.detect(device)
     gate = {p: gate_allows(adapters, p) for p in ("bf16", "int8")}
     if setting != "auto" or caps.device != "cpu" or dtype_setting in ("bfloat16", "float16"):
@@ -313,11 +344,13 @@ def pick(setting: str, dtype_setting: str, device: str, backbone: nn.Module, bac
     usable, _ = candidates(caps, gate, dtype_setting)
     if len(usable) == 1:
         return choose(setting, caps, gate, None, dtype_setting)
-    key = speed_key(caps, backbone_id, backbone, sizes)
+    key = speed_key(caps, backbone_id, backbone, workload)
     t0 = time.perf_counter()
-    speeds = cached_speeds(cache_dir, key, lambda: measure_speeds(backbone, usable, sizes))
-    log.info("precision speeds (%.1f s): %s", time.perf_counter() - t0,
-             ", ".join(f"{p} {s * 1000:.0f} ms" for p, s in speeds.items()))
+    speeds = cached_speeds(cache_dir, key, lambda: measure_speeds(backbone, usable, workload),
+                           lambda cached: ranking_holds(cached, lambda ps: measure_speeds(backbone, ps, workload, 1)))
+    mix = ", ".join(f"{n:g}/s at {s} px" for s, n in sorted(workload.items()))
+    log.info("precision speeds (%.1f s; seconds of backbone compute per second of the pipeline's images, %s): %s",
+             time.perf_counter() - t0, mix, ", ".join(f"{p} {s:.3f}" for p, s in speeds.items()))
     return choose(setting, caps, gate, speeds, dtype_setting)
 
 

@@ -139,9 +139,12 @@ def test_each_adapter_runs_at_its_own_image_size(tiny_backbone_dir, tiny_adapter
     assert together[1] == alone[1]
 
 
-def test_person_activities_come_back_in_original_pixels_at_any_adapter_size(tiny_backbone_dir, tiny_adapters, tmp_path):
+@pytest.mark.parametrize("boxes", [0, 2])
+def test_person_activities_come_back_in_original_pixels_at_any_adapter_size(tiny_backbone_dir, tiny_adapters, tmp_path,
+                                                                           boxes):
     """A persons head at 28 px behind a 56-px daemon: persons are the head's own decode through the clip's
-    letterbox, rescaled to the adapter's size, in the request's original frame."""
+    letterbox, rescaled to the adapter's size, in the request's original frame (found by the persons branch, or
+    by its person boxes on the clip's middle frames)."""
     import shutil
 
     from vlora_va.heads import build_head
@@ -150,11 +153,14 @@ def test_person_activities_come_back_in_original_pixels_at_any_adapter_size(tiny
     shutil.copytree(tiny_adapters["actions"], path)
     cfg = json.loads((path / "head_config.json").read_text())
     cfg.update(image_size=28, params={"spatial": "local", "motion": True, "width": 8, "persons": True,
-                                      "score_threshold": 0.0})
+                                      "score_threshold": 0.0, **({"boxes": boxes, "box_width": 16} if boxes else {})})
     (path / "head_config.json").write_text(json.dumps(cfg))
     torch.manual_seed(0)
     head = build_head(cfg, 32)
     torch.nn.init.normal_(head.person_out.weight, std=1.0)  # scores that vary from cell to cell: some peaks
+    if boxes:
+        torch.nn.init.normal_(head.box_head.cls_out.weight, std=1.0)
+        torch.nn.init.zeros_(head.box_head.cls_out.bias)
     save_file(head.state_dict(), str(path / "head.safetensors"))
     adapters = {"detect": load_adapter_dir("detect", tiny_adapters["detect"], 32),
                 "persons": load_adapter_dir("persons", path, 32)}

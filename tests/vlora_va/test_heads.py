@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from vlora_va.heads import ActionHead, DetectionHead, Features, batched_nms, box_iou
+from vlora_va.heads import ActionHead, DetectionHead, Features, batched_nms, box_iou, link_pairs, middle_frames
 from contracts.geometry import Letterbox
 
 
@@ -49,9 +49,9 @@ def test_decode_maps_a_peak_through_the_letterbox_to_original_pixels():
 def test_action_head_scores_each_clip():
     head = ActionHead(16, ["a", "b", "c"])
     feats = Features(torch.zeros(6, 16), torch.randn(6, 16, 4, 4))
-    logits, persons = head(feats, clip_len=3)
-    assert logits.shape == (2, 3) and persons is None  # no person branch unless asked for
-    out = head.decode((logits, persons))
+    logits, persons, boxes = head(feats, clip_len=3)
+    assert logits.shape == (2, 3) and persons is None and boxes is None  # no person branch unless asked for
+    out = head.decode((logits, persons, boxes))
     assert len(out) == 2 and all(o.label in "abc" and abs(sum(o.scores.values()) - 1) < 1e-3 for o in out)
     assert all(o.score == max(o.scores.values()) and o.persons is None for o in out)
     assert all(o.persons is None and "persons" not in o.to_json() for o in out)
@@ -114,7 +114,7 @@ def test_person_decode_maps_a_peak_through_the_letterbox_to_original_pixels():
     maps[0, 1:5, 2, 2] = torch.tensor([0.25, -0.5, math.log(1.0), math.log(2.0)])  # ... offset, 14x28 px box
     maps[0, 5:, 2, 2] = torch.tensor([0.0, 3.0])  # walking_left
     lb = Letterbox(scale=0.5, pad_x=0.0, pad_y=7.0)
-    (out,) = head.decode((torch.zeros(1, 3), maps), [lb], [(112, 84)])
+    (out,) = head.decode((torch.zeros(1, 3), maps, None), [lb], [(112, 84)])
     (p,) = out.persons
     cx, cy = (2 + 0.5 + 0.25) * 14, (2 + 0.5 - 0.5) * 14  # model px
     assert p.box == pytest.approx([(cx - 7) / 0.5, (cy - 14 - 7) / 0.5, (cx + 7) / 0.5, (cy + 14 - 7) / 0.5], abs=0.1)
@@ -129,6 +129,32 @@ def test_person_branch_needs_the_local_grid_and_each_clips_letterbox():
     feats = Features(torch.zeros(4, 8), torch.randn(4, 8, 4, 4))
     with pytest.raises(ValueError, match="needs each clip's letterbox"):
         head.decode(head(feats, 4))
+
+
+def test_person_boxes_need_the_persons_branch_and_run_on_each_clips_middle_frames():
+    with pytest.raises(ValueError, match="boxes needs persons=true"):
+        ActionHead(8, ["a", "b"], spatial="local", boxes=4)
+    assert middle_frames(2, 4).tolist() == [1, 2, 5, 6]
+    assert middle_frames(1, 3).tolist() == [1, 2] and middle_frames(1, 2).tolist() == [0, 1]
+    assert middle_frames(2, 8).tolist() == [3, 4, 11, 12] and middle_frames(1, 1).tolist() == [0, 0]
+    head = ActionHead(8, ["a", "b"], width=4, spatial="local", persons=True, boxes=2, box_width=16, image_size=56)
+    grid = torch.randn(8, 8, 4, 4)
+    _, _, (logits, dist) = head(Features(torch.zeros(8, 8), grid), 4)
+    assert logits.shape == (4, 1, 8, 8) and dist.shape == (4, 4, 8, 8)  # 2 clips x 2 frames, the grid x2
+    want = head.box_head(Features(torch.zeros(4, 8), grid[[1, 2, 5, 6]]))
+    assert torch.equal(logits, want[0]) and torch.equal(dist, want[1])
+
+
+def test_link_pairs_joins_each_box_to_its_best_overlap_in_the_next_frame():
+    first = [([0, 0, 10, 20], 0.9), ([50, 0, 60, 20], 0.6)]
+    second = [([52, 0, 62, 20], 0.4), ([2, 0, 12, 20], 0.7), ([200, 0, 210, 20], 0.5)]
+    got = link_pairs(first, second, 0.1)
+    assert got == [([1.0, 0.0, 11.0, 20.0], pytest.approx(0.8)), ([51.0, 0.0, 61.0, 20.0], pytest.approx(0.5)),
+                   ([200, 0, 210, 20], 0.5)]  # the unlinked box of the second frame stays a person
+    assert link_pairs(first, second, 0.9)[:2] == [([0, 0, 10, 20], 0.9), ([50, 0, 60, 20], 0.6)]  # too far apart
+    # the best first box takes its best overlap even when a weaker first box overlaps it too
+    crowd = link_pairs([([0, 0, 10, 20], 0.9), ([4, 0, 14, 20], 0.5)], [([3, 0, 13, 20], 0.8)], 0.1)
+    assert crowd == [([1.5, 0.0, 11.5, 20.0], pytest.approx(0.85)), ([4, 0, 14, 20], 0.5)]
 
 
 @pytest.mark.parametrize("seed", range(3))

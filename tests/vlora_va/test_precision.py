@@ -217,19 +217,44 @@ def test_the_gate_belongs_to_the_adapters_exact_weights(parts, tmp_path):
     assert P.gate_allows({"detect": a}, "int8")  # measured on other weights: off
 
 
-def test_speeds_are_measured_interleaved_and_cached(parts, tmp_path):
+def test_speeds_are_measured_for_the_pipelines_mix_and_cached(parts, tmp_path):
     base, _ = parts
     precisions = ["fp32", "bf16"] + (["int8"] if INT8 else [])
     calls = []
 
     def measure():
         calls.append(1)
-        return P.measure_speeds(base, precisions, [TINY_IMAGE], images=1, rounds=1)
+        return P.measure_speeds(base, precisions, {TINY_IMAGE: 2.0}, rounds=1)
 
-    key = P.speed_key(P.Capabilities.detect("cpu"), "tiny", base, [TINY_IMAGE])
+    caps = P.Capabilities.detect("cpu")
+    key = P.speed_key(caps, "tiny", base, {TINY_IMAGE: 2.0})
     first = P.cached_speeds(tmp_path, key, measure)
     assert set(first) == set(precisions) and all(s > 0 for s in first.values())
     assert P.cached_speeds(tmp_path, key, measure) == first and len(calls) == 1
+    # another mix of image sizes is another measurement: the mix decides which precision is fastest
+    assert P.speed_key(caps, "tiny", base, {TINY_IMAGE: 8.0}) != key
+
+
+def test_a_cached_ranking_that_no_longer_holds_is_measured_again(tmp_path):
+    key = {"kind": "precision-speeds", "test": 1}
+    cached = {"fp32": 1.0, "bf16": 0.5, "int8": 0.6}  # e.g. measured while a neighbour slowed int8 down
+    P.cached_speeds(tmp_path, key, lambda: cached)
+    rechecked = []
+
+    def fresh(now):
+        def measure(ps):
+            rechecked.append(sorted(ps))
+            return {p: now[p] for p in ps}
+        return lambda speeds: P.ranking_holds(speeds, measure)
+
+    remeasured = {"fp32": 1.0, "bf16": 0.5, "int8": 0.3}
+    # the fresh round agrees (bf16 within RECHECK_MARGIN of int8): the cache stands, nothing measured in full
+    assert P.cached_speeds(tmp_path, key, lambda: remeasured, fresh({"bf16": 0.52, "int8": 0.5})) == cached
+    assert rechecked == [["bf16", "int8"]]  # only the two fastest were timed
+    # int8 now clearly ahead of the cached winner: measured again, and the new figures are cached
+    assert P.cached_speeds(tmp_path, key, lambda: remeasured, fresh({"bf16": 0.5, "int8": 0.3})) == remeasured
+    assert P.cached_speeds(tmp_path, key, lambda: cached) == remeasured
+    assert P.ranking_holds({"fp32": 1.0}, lambda ps: pytest.fail("one precision has no ranking to check"))
 
 
 # ---------------------------------------------------------------- configuration

@@ -297,6 +297,9 @@ def action_card(spec: Spec, row: dict, counts: dict, person_counts: dict | None 
     tables = [_action_tables(rep, where) for where, rep in row["test"].items()]
     person_words = (" and a per-person branch (where each person is over the clip, and that person's activity)"
                     if persons else "")
+    if persons and spec.head.get("boxes"):
+        person_words += (f"; each person's box from a person detection head (patch grid ×{spec.head['boxes']}) on the"
+                         " clip's two middle frames, linked and averaged, its activity read at the box's centre")
     person_line = f"\n\nPerson counts: {json.dumps(person_counts)}" if person_counts else ""
     return f"""# Adapter `{spec.name}` — activity recognition on 1-s clips ({spec.clip_len} frames)
 

@@ -156,4 +156,6 @@ def _print_human(where: str, h: dict | None, what: str = "per person") -> None:
               f"top-1 over left/right/standing {fmt_ratio(h['top1_left_right_standing'])}; recall per activity "
               + ", ".join(f"{a} {fmt_ratio(v['recall'])} ({v['right']}/{v['persons']})"
                           for a, v in h["per_activity"].items())
-              + f"; confusion (rows = reference, last column = missed) {h['activities']}: {h['confusion']}")
+              + f"; confusion (rows = reference, last column = missed) {h['activities']}: {h['confusion']}"
+              + (f"; at IoU >= 0.3: top-1 {fmt_ratio(h['at_iou_0.3']['top1'])}, found "
+                 f"{fmt_ratio(h['at_iou_0.3']['recall'])}" if "at_iou_0.3" in h else ""))

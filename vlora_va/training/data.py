@@ -80,6 +80,7 @@ class Clip:
     info: dict
     persons: list[dict] = field(default_factory=list)  # every labelled person: activity + mean box (original px)
     seen: list[list[float]] = field(default_factory=list)  # every teacher person box in the window: don't-care areas
+    frame_boxes: list[list[list[float]]] = field(default_factory=list)  # per frame of `frames`: teacher person boxes
 
 
 def pick(n: int, k: int) -> list[int]:
@@ -105,8 +106,11 @@ def activity_clips(source: Source, ranges: list[Range], spec: Spec, progress: bo
                 people = person_activities(boxes, fps, min_score=source.score_threshold)
                 info = main_subject(people)
                 seen = [b["box"] for f in boxes for b in f if b["class"] == "person"]
-                clips.append(Clip(window[0].video, t0, [window[i] for i in pick(len(window), spec.clip_len)],
-                                  info.pop("label"), info, people, seen))
+                picked = pick(len(window), spec.clip_len)
+                frame_boxes = [[b["box"] for b in boxes[i]
+                                if b["class"] == "person" and b["score"] >= source.score_threshold] for i in picked]
+                clips.append(Clip(window[0].video, t0, [window[i] for i in picked], info.pop("label"), info, people,
+                                  seen, frame_boxes))
             t0 = round(t0 + step, 6)
         del frames  # only the clips' frames keep their pixels
     return clips

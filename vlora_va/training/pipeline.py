@@ -24,7 +24,7 @@ from .features import FeatureCache
 from .frames import Frame, letterbox_params
 from .metrics import action_report, best_f1_threshold, detection_report, mean_f1, person_activity_report
 from .spec import LoraSpec, Source, Spec, target_names
-from .targets import build_targets, person_targets
+from .targets import build_targets, middle_frame_targets, person_targets
 
 
 def cache_root(spec: Spec) -> Path:
@@ -117,10 +117,13 @@ def calibrate_detection(spec: Spec, model, head, val: Split, sources: list[Sourc
     Side-by-side people overlap: NMS at 0.5 can drop the second of two correct boxes, so its IoU is chosen
     too, never on test data."""
     refs, classes = val.refs(sources), classes_of(sources)
+    raw = T.detection_outputs(model, head, val.lower, min(lora.layers) if lora.layers else 12, spec.image_size,
+                              T.backbone_patch(model))  # the upper layers once; decoded per NMS setting
     best = (-1.0, 0.3, head.nms_iou)
     for nms in NMS_CHOICES:
         head.nms_iou = nms
-        pred_map = {f.key: p for f, p in zip(val.frames, _predict_split(spec, model, head, val, lora))}
+        preds = T.decode_detections(head, raw, val.letterboxes, [f.size for f in val.frames])
+        pred_map = {f.key: p for f, p in zip(val.frames, preds)}
         threshold = best_f1_threshold(pred_map, refs, classes)
         f1 = mean_f1(detection_report(pred_map, refs, classes, threshold))
         if f1 > best[0] + 1e-9:  # ties keep the stricter (earlier) NMS
@@ -165,6 +168,7 @@ class ClipSet:
     starts: list[tuple[str, float]] = field(default_factory=list)
     persons: list[list[dict]] = field(default_factory=list)  # per clip: labelled persons (actions.person_activities)
     seen: list[list[list[float]]] = field(default_factory=list)  # per clip: every teacher person box (don't care)
+    frame_boxes: list[list[list[list[float]]]] = field(default_factory=list)  # per clip and frame: teacher person boxes
     lower: torch.Tensor | None = None
     lower_flip: torch.Tensor | None = None
     side: int = 224
@@ -189,7 +193,8 @@ def action_clipset(spec: Spec, ranges, progress: bool = True) -> ClipSet:
         clips += activity_clips(s, ranges, spec, progress) if s.kind == "activity" else manifest_clips(s, ranges, spec)
     frames, idx = frame_lookup(clips)
     return ClipSet(frames, idx, [c.label for c in clips], [(c.video, c.start) for c in clips],
-                   [c.persons for c in clips], [c.seen for c in clips], side=spec.image_size)
+                   [c.persons for c in clips], [c.seen for c in clips], [c.frame_boxes for c in clips],
+                   side=spec.image_size)
 
 
 def cache_clip_features(spec: Spec, cs: ClipSet, layer: int, flip: bool, progress: bool = True) -> None:
@@ -215,29 +220,35 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
     hidden = (model.get_base_model() if hasattr(model, "get_base_model") else model).config.hidden_size
     head, _ = T.new_head("action", labels, hidden, spec.image_size, spec.head, clip_len=spec.clip_len)
     lbs = cs.letterboxes
-    # one sample per (clip, view): (frame indices into `lower`, clip label, persons, clip index, mirrored)
-    samples = [(c, cs.labels[k], cs.persons[k], k, False) for k, c in enumerate(cs.clips)]
+    # one sample per (clip, view): (frame indices into `lower`, clip label, persons, clip index, mirrored,
+    # the teacher's person boxes per frame in the order the model sees them)
+    frame_boxes = cs.frame_boxes or [[] for _ in cs.clips]  # hand-built sets in tests may have none
+    samples = [(c, cs.labels[k], cs.persons[k], k, False, frame_boxes[k]) for k, c in enumerate(cs.clips)]
     lower = cs.lower
     if cs.lower_flip is not None:  # mirrored clips: left and right swap
         n = len(cs.frames)
         lower = torch.cat([cs.lower, cs.lower_flip])
-        samples += [([j + n for j in c], MIRRORED.get(cs.labels[k], cs.labels[k]), cs.persons[k], k, True)
-                    for k, c in enumerate(cs.clips)]
+        samples += [([j + n for j in c], MIRRORED.get(cs.labels[k], cs.labels[k]), cs.persons[k], k, True,
+                     frame_boxes[k]) for k, c in enumerate(cs.clips)]
     if spec.opts.reverse:  # the rare clips played backwards: toward <-> away, left <-> right (REVERSED)
         samples += [(cs.clips[k][::-1], REVERSED.get(cs.labels[k], cs.labels[k]), reversed_persons(cs.persons[k]), k,
-                     False) for k in rare_clips(cs)]
+                     False, frame_boxes[k][::-1]) for k in rare_clips(cs)]
     clips = [sm[0] for sm in samples]
     y = torch.tensor([labels.index(sm[1]) for sm in samples])
-    persons = None
+    persons = frame_targets = None
     if head.persons:
         grid = spec.image_size // T.backbone_patch(model)
         persons = [person_targets(ps, cs.seen[k], lbs[k], spec.image_size, grid, head.person_labels, flip)
-                   for _, _, ps, k, flip in samples]
+                   for _, _, ps, k, flip, _ in samples]
+    if head.box_head is not None:
+        grid = spec.image_size // T.backbone_patch(model) * head.box_head.upsample
+        frame_targets = [middle_frame_targets(fb, lbs[k], spec.image_size, grid, flip)
+                         for _, _, _, k, flip, fb in samples]
     split = min(lora.layers) if lora.layers else 12
     loss_fn = T.action_loss_fn(lower, clips, y, _balanced(y, len(labels)), split, spec.image_size,
                                T.backbone_patch(model), spec.clip_len, persons,
                                None if persons is None else _balanced(torch.cat([t[3][t[3] >= 0] for t in persons]),
-                                                                      len(head.person_labels)))
+                                                                      len(head.person_labels)), frame_targets)
     fp = T._fingerprint(spec.name, tag, labels, lora.__dict__, T.run_settings(spec.opts), spec.image_size, len(clips),
                         spec.head, spec.clip_len)
     ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"

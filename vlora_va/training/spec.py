@@ -209,6 +209,11 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError("train_options.reverse: only action specs train on time-reversed clips")
     if spec.opts.zoom_in and spec.task != "detection":
         raise SpecError("train_options.zoom_in: only detection specs train on zoomed-in crops")
+    manifests = [s.name for s in sources if s.kind != "activity"]
+    if spec.head.get("boxes") and (spec.task != "action" or manifests):
+        raise SpecError("head.boxes: the person boxes are learnt from the teacher's boxes in each clip's frames: an "
+                        "action spec whose sources are all of kind activity" +
+                        (f" (source {manifests[0]!r} is not)" if spec.task == "action" else ""))
     fixed = [s.name for s in sources if s.kind == "coco"]
     if spec.opts.zoom_in and fixed:
         raise SpecError(f"train_options.zoom_in: source {fixed[0]!r} is a fixed label file, which has no labels for "

@@ -16,6 +16,8 @@ For each labelled person of a clip (`actions.person_activities`: an activity and
   label rule was sure of it (`sure`; an unsure person is still a person-centre target);
 - "don't care": cells holding the centre of any teacher person box of the clip that is not a labelled
   person (a weak box, or someone seen in under 60% of the clip) get no penalty for a centre score.
+With the head's person DetectionHead (`boxes`): the detection targets above, class person, on each clip's two
+middle frames from the teacher's boxes in those frames (`middle_frame_targets`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..heads import PERSON_FIELDS
+from ..heads import PERSON_FIELDS, middle_frames
 from contracts.geometry import Letterbox
 from .actions import MIRRORED
 
@@ -83,6 +85,18 @@ def build_targets(labels: list[dict], lb: Letterbox, side: int, grid: int, class
         for k, v in enumerate((x1, y1, x2, y2)):
             box[k][take] = v
     return heat, box, weight, n
+
+
+def middle_frame_targets(frame_boxes: list[list[list[float]]], lb: Letterbox, side: int, grid: int,
+                         flip: bool = False) -> tuple[torch.Tensor, ...]:
+    """Detection targets (class person) for a clip's two middle frames (`heads.middle_frames`), stacked:
+    (heat [2, 1, G, G], box [2, 4, G, G], weight [2, G, G], count [2]); frame_boxes = the teacher person boxes
+    of each of the clip's frames, in the order the model sees them."""
+    picked = middle_frames(1, len(frame_boxes)).tolist()
+    per = [build_targets([{"box": b, "class": "person"} for b in frame_boxes[k]], lb, side, grid, ["person"], flip)
+           for k in picked]
+    return (torch.stack([t[0] for t in per]), torch.stack([t[1] for t in per]), torch.stack([t[2] for t in per]),
+            torch.tensor([t[3] for t in per]))
 
 
 def focal_loss(logits: torch.Tensor, heat: torch.Tensor, alpha: float = 2.0, beta: float = 4.0,

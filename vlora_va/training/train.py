@@ -232,36 +232,52 @@ def detection_loss_fn(lower: torch.Tensor, targets: list[tuple], split: int, ima
 
 def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Tensor, class_weight: torch.Tensor,
                    split: int, image_size: int, patch: int, clip_len: int, persons: list[tuple] | None = None,
-                   person_weight: torch.Tensor | None = None):
+                   person_weight: torch.Tensor | None = None, frame_boxes: list[tuple] | None = None):
     """clips[i] = indices into `lower` of sample i's frames; labels[i] its class index; persons[i] its
-    person-branch targets (targets.person_targets) when the head has that branch."""
-    from .targets import person_loss
+    person-branch targets (targets.person_targets) when the head has that branch; frame_boxes[i] the person
+    DetectionHead's targets on its two middle frames (targets.middle_frame_targets) when the head has `boxes`."""
+    from .targets import detection_loss, person_loss
 
     def loss_fn(model, head, idx):
         frames = torch.tensor([j for i in idx.tolist() for j in clips[i]])
         feats = features_from(model, lower[frames], split, image_size, patch)
-        logits, maps = head(feats, clip_len)
+        logits, maps, boxes = head(feats, clip_len)
         loss = F.cross_entropy(logits, labels[idx], weight=class_weight, label_smoothing=0.05)
         if maps is not None:
             targets = (torch.stack([persons[i][k] for i in idx.tolist()]) for k in range(5))
             loss = loss + person_loss(maps, *targets, activity_weight=person_weight)
+        if boxes is not None:
+            heat, box, weight, count = (torch.cat([frame_boxes[i][k] for i in idx.tolist()]) for k in range(4))
+            loss = loss + detection_loss(boxes, heat, box, weight, count, image_size)
         return loss
 
     return loss_fn
 
 
 @torch.no_grad()
+def detection_outputs(model, head: DetectionHead, lower: torch.Tensor, split: int, image_size: int, patch: int,
+                      batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's raw output (class logits, box distances) for every frame of cached features: decode it as
+    often as needed (e.g. once per NMS setting) without running the upper layers again."""
+    outs = [head(features_from(model, lower[i:i + batch], split, image_size, patch)) for i in range(0, len(lower), batch)]
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+def decode_detections(head: DetectionHead, raw: tuple[torch.Tensor, torch.Tensor], letterboxes, sizes,
+                      threshold: float = 0.05) -> list[list[dict]]:
+    """Decoded boxes (original pixels) at a low threshold (AP needs the full ranking), with the head's NMS."""
+    old, head.score_threshold = head.score_threshold, threshold
+    try:
+        return [[d.to_json() for d in image] for image in head.decode(raw, letterboxes, sizes)]  # rows like labels
+    finally:
+        head.score_threshold = old
+
+
 def predict_detection(model, head: DetectionHead, lower: torch.Tensor, letterboxes, sizes, split: int, image_size: int,
                       patch: int, threshold: float = 0.05, batch: int = 16) -> list[list[dict]]:
     """Decoded boxes (original pixels) for cached features, at a low threshold (AP needs the full ranking)."""
-    old, head.score_threshold = head.score_threshold, threshold
-    out = []
-    for i in range(0, len(lower), batch):
-        feats = features_from(model, lower[i:i + batch], split, image_size, patch)
-        decoded = head.decode(head(feats), letterboxes[i:i + batch], sizes[i:i + batch])
-        out += [[d.to_json() for d in image] for image in decoded]  # training reads rows like teacher labels
-    head.score_threshold = old
-    return out
+    return decode_detections(head, detection_outputs(model, head, lower, split, image_size, patch, batch), letterboxes,
+                             sizes, threshold)
 
 
 @torch.no_grad()

@@ -24,3 +24,21 @@ def test_report_says_n_a_for_a_range_without_labelled_persons(tmp_path):
     assert seeds[1:] == ["- seed 0: street 1.000 / 1.000, empty 1.000 / n/a (no labelled person)",
                          "- seed 1: street 1.000 / 0.500, empty 1.000 / n/a (no labelled person)",
                          "- mean: street 1.000 / 0.750, empty 1.000 / n/a (no labelled person)"]
+
+
+def test_the_action_card_says_where_the_persons_boxes_come_from(tmp_path):
+    from vlora_va.training.cards import action_card
+    from vlora_va.training.spec import Spec
+
+    someone = {"box": [0, 0, 10, 40], "label": "standing"}
+    guess = {"box": [0, 0, 10, 40], "score": 0.9, "activity": "standing"}
+    row = {"model": "LoRA+head", "train_seconds": 1.0, "steps": 1, "complete": True,
+           "test": {"street": _test_report([[someone]], [[guess]])}}
+    words = {}
+    for boxes in (0, 4):
+        head = {"spatial": "local", "persons": True, **({"boxes": boxes} if boxes else {})}
+        spec = Spec(name="x", task="action", output=tmp_path, clip_len=4, head=head)
+        words[boxes] = action_card(spec, row, {"train": {"standing": 1}})
+    assert "a per-person branch" in words[0] and "person detection head" not in words[0]
+    assert ("each person's box from a person detection head (patch grid ×4) on the clip's two middle frames"
+            in words[4])

@@ -65,7 +65,7 @@ def test_eval_cli_on_two_held_out_frames(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_cli_scores_the_action_adapter_per_clip_and_per_person(tmp_path):
+def test_eval_cli_scores_the_action_adapter_per_clip_and_per_person(tmp_path, capsys):
     main_eval = eval_cli()
     out = tmp_path / "r.json"
     video = ROOT / "sample_videos" / "pedestrians.mp4"
@@ -78,6 +78,9 @@ def test_eval_cli_scores_the_action_adapter_per_clip_and_per_person(tmp_path):
     human = r["human"]  # the human-checked set's clips [60, 61) and [61, 62), matched by box IoU
     assert human["clips"] == 2 and human["iou"] == 0.5
     assert human["persons"] > 0 and sum(map(sum, human["confusion"])) == human["persons"]
+    printed = capsys.readouterr().out
+    assert f"[human] per person (IoU >= 0.5): top-1 {human['top1']:.3f} over {human['persons']} persons" in printed
+    assert f"at IoU >= 0.3: top-1 {human['at_iou_0.3']['top1']:.3f}" in printed
     # Accuracy minimums (when written: per person top-1 1.0 of 13 against the teacher's tracks, 0.67 of 9 against
     # the human-checked ones): one label for everyone (the commonest is 7 of 13) or nobody found fails.
     assert persons["top1"] >= MIN_PERSON_TOP1 and persons["recall"] >= 0.8, persons

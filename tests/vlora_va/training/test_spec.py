@@ -79,6 +79,21 @@ def test_zoom_options_are_checked(tmp_path):
         load_spec(p)
 
 
+def test_person_boxes_need_an_action_spec_labelled_by_the_teacher(tmp_path):
+    p = tmp_path / "s.yaml"
+    base = "name: x\noutput: out\ntrain: [{video: %s}]\n" % (ROOT / "sample_videos" / "bikes.mp4")
+    head = "head: {spatial: local, persons: true, boxes: 4}\n"
+    p.write_text(base + "task: action\nsources: [{name: a, kind: activity}]\n" + head)
+    assert load_spec(p).head["boxes"] == 4
+    p.write_text(base + "task: action\nsources: [{name: a, kind: activity}, {name: m, kind: manifest, path: c.jsonl}]\n"
+                 + head)
+    with pytest.raises(SpecError, match="head.boxes: .*source 'm' is not"):
+        load_spec(p)
+    p.write_text(base + "task: detection\nsources: [{name: a, kind: activity}]\n" + head)
+    with pytest.raises(SpecError, match="head.boxes: the person boxes are learnt"):
+        load_spec(p)
+
+
 def test_init_from_must_be_an_adapter_of_the_same_lora_shape(tmp_path):
     import torch
     from safetensors.torch import save_file

@@ -9,7 +9,8 @@ import torch
 from vlora_va.heads import ActionHead, DetectionHead, Features
 from vlora_va.training.frames import letterbox, letterbox_params, model_input
 from vlora_va.training.metrics import person_activity_report
-from vlora_va.training.targets import build_targets, detection_loss, person_loss, person_targets
+from vlora_va.training.targets import (build_targets, detection_loss, middle_frame_targets, person_loss,
+                                      person_targets)
 
 
 def test_letterbox_is_centred_and_padded_with_114():
@@ -121,9 +122,42 @@ def test_perfect_person_maps_decode_back_to_the_persons():
     persons = [{"box": [100, 80, 140, 200], "label": "walking_right"}, {"box": [500, 300, 530, 380], "label": "standing"}]
     targets = person_targets(persons, [], lb, side, 24, ACTS)
     head = ActionHead(8, ["no_person", *ACTS], spatial="local", persons=True, image_size=side, score_threshold=0.5)
-    (out,) = head.decode((torch.zeros(1, 4), person_maps(targets, 3)), [lb], [(768, 576)])
+    (out,) = head.decode((torch.zeros(1, 4), person_maps(targets, 3), None), [lb], [(768, 576)])
     got = sorted((p.activity, [round(v) for v in p.box]) for p in out.persons)
     assert got == [("standing", [500, 300, 530, 380]), ("walking_right", [100, 80, 140, 200])]
+
+
+def detection_outputs(heat, box, side):
+    """The raw DetectionHead output a perfect head gives for build_targets' (heat, box) of a batch of frames."""
+    grid = heat.shape[-1]
+    centres = (torch.arange(grid) + 0.5) * side / grid
+    cy, cx = centres[:, None].expand(grid, grid), centres[None, :].expand(grid, grid)
+    dist = torch.stack([cx - box[:, 0], cy - box[:, 1], box[:, 2] - cx, box[:, 3] - cy], 1)
+    return torch.logit(heat.clamp(1e-4, 1 - 1e-4)), dist
+
+
+def test_person_boxes_from_the_middle_frames_decode_to_each_persons_mid_clip_box():
+    """A walker moving right and a man standing, 4 frames: perfect per-frame box outputs on frames 1 and 2 give
+    each person the mean of those two boxes (the clip's mid-time box) and the activity at its centre."""
+    side, lb = 336, letterbox_params(768, 576, 336)
+    walk = [[100 + 20 * t, 80, 140 + 20 * t, 200] for t in range(4)]
+    still = [500, 300, 530, 380]
+    frame_boxes = [[walk[t], still] for t in range(4)]
+    heat, box, weight, count = middle_frame_targets(frame_boxes, lb, side, 96)
+    assert heat.shape == (2, 1, 96, 96) and count.tolist() == [2, 2]
+    assert torch.equal(heat[0, 0], build_targets([{"box": b, "class": "person"} for b in frame_boxes[1]], lb, side, 96,
+                                                 ["person"])[0][0])  # frames 1 and 2 of 4, in order
+    mid = [(u + v) / 2 for u, v in zip(walk[1], walk[2])]
+    activity = person_targets([{"box": mid, "label": "walking_right"}, {"box": still, "label": "standing"}], [], lb,
+                              side, 24, ACTS)
+    head = ActionHead(8, ["no_person", *ACTS], spatial="local", persons=True, image_size=side, score_threshold=0.5,
+                      boxes=4)
+    (out,) = head.decode((torch.zeros(1, 6), person_maps(activity, len(ACTS)), detection_outputs(heat, box, side)),
+                         [lb], [(768, 576)])
+    got = sorted((p.activity, [round(v) for v in p.box]) for p in out.persons)
+    assert got == [("standing", still), ("walking_right", [round(v) for v in mid])]
+    # frames played backwards (reversed clips): still frames 1 and 2 of what the model sees
+    assert torch.equal(middle_frame_targets(frame_boxes[::-1], lb, side, 96)[0][0], heat[1])
 
 
 def test_person_loss_is_lower_for_the_right_answer():

@@ -4,6 +4,7 @@ import dataclasses
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from vlora_va.adapters import load_adapter_dir
@@ -124,18 +125,23 @@ def test_lora_can_start_from_a_saved_adapter(tiny_backbone, tmp_path):
     assert all(b.abs().sum() == 0 for _, b in fresh.values())  # without init_from: peft's B = 0
 
 
-def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, tmp_path):
+@pytest.mark.parametrize("boxes", [0, 2])
+def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, tmp_path, boxes):
     from vlora_va.training import pipeline as P
     from vlora_va.training.runner import _action_labels, _save_action
 
     walker = [{"box": [10, 10, 30, 50], "label": "walking_left"}]
     still = [{"box": [40, 5, 60, 45], "label": "standing"}, {"box": [5, 5, 20, 30], "label": "walking_toward"}]
+    frame_boxes = [[[[10, 10, 30, 50]]] * 2, [[[40, 5, 60, 45], [5, 5, 20, 30]]] * 2, [[[10, 10, 30, 50]]] * 2,
+                   [[], []]]  # per clip and frame: the teacher's person boxes
     cs = P.ClipSet(frames(8), [[0, 1], [2, 3], [4, 5], [6, 7]], ["walking_left", "standing", "walking_left", "no_person"],
-                   persons=[walker, still, walker, []], seen=[[], [], [], [[10, 10, 30, 50]]], side=SIDE)
+                   persons=[walker, still, walker, []], seen=[[], [], [], [[10, 10, 30, 50]]], frame_boxes=frame_boxes,
+                   side=SIDE)
     spec = Spec(name="tiny-act", task="action", output=tmp_path / "out", backbone=tiny_backbone, image_size=SIDE,
                 clip_len=2, sources=[Source("activity", "activity")], cache_dir=tmp_path / "cache",
                 lora=LoraSpec(rank=4, alpha=8, layers=[1]), opts=TrainSpec(epochs=2, batch=2, ckpt_every=1),
-                head={"motion": True, "width": 4, "spatial": "local", "persons": True})
+                head={"motion": True, "width": 4, "spatial": "local", "persons": True,
+                      **({"boxes": boxes, "box_width": 8} if boxes else {})})
     labels = _action_labels(cs, persons=True)
     # a person-only activity (walking_toward) is learnt too; mirroring adds walking_right
     assert labels == ["no_person", "standing", "walking_left", "walking_right", "walking_toward"]
@@ -147,9 +153,13 @@ def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, t
     res.head.score_threshold = 0.42  # as if chosen on validation data
     adapter = load_adapter_dir("tiny-act", _save_action(spec, res, labels, {"test": report}), 32)
     assert adapter.head.persons and adapter.head.score_threshold == 0.42 and adapter.head.image_size == SIDE
+    assert (adapter.head.box_head is not None) == bool(boxes)
     feats = Features(torch.zeros(4, 32), torch.randn(4, 32, 4, 4))
     with torch.no_grad():
-        assert all(torch.equal(a, b) for a, b in zip(res.head(feats, 2), adapter.head(feats, 2)))
+        trained, loaded = res.head(feats, 2), adapter.head(feats, 2)
+        flat = lambda out: [t for x in out if x is not None for t in (x if isinstance(x, tuple) else (x,))]
+        assert len(flat(trained)) == 2 + 2 * bool(boxes)
+        assert all(torch.equal(a, b) for a, b in zip(flat(trained), flat(loaded)))
 
 
 def test_reversed_clips_add_the_rare_classes_played_backwards(tiny_backbone, tmp_path):
