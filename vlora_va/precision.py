@@ -272,8 +272,8 @@ def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[in
 
     workload: images per second the pipeline sends, by image size. Per size one plain-backbone forward of
     min(PROBE_MAX_IMAGES, ceil(images/s)) random images, scaled to the images per second, summed over sizes:
-    the mix decides (int8 has won at 224 px where bf16 won at 336 on the same CPU, so equal weights picked the
-    wrong one for a 224-heavy pipeline). The fastest of `rounds` interleaved rounds: the machine's own cost, as
+    the mix decides (on this project's reference CPU the plain backbone ran bf16 ahead at 224 px and int8 ahead
+    at 336, so equal weights per size can rank them wrong for a pipeline's mix). The fastest of `rounds` interleaved rounds: the machine's own cost, as
     the cost profile takes it (`costs._timed`); a burst of other load slows precisions unevenly (int8 ran 1.7x,
     bf16 1.2x slower in a start-up probe on a busy host) and would otherwise decide."""
     models = {p: precision_copy(backbone, p) for p in precisions}
