@@ -293,7 +293,7 @@ class ActionHead(nn.Module):
         side = self.image_size
         model = Letterbox(1.0, 0.0, 0.0)  # decode in model pixels: the activity maps live there
         frames = self.box_head.decode(boxes, [model] * len(boxes[0]), [(side, side)] * len(boxes[0]))
-        activity = maps[:, PERSON_FIELDS:].softmax(1)
+        activity = maps[:, PERSON_FIELDS:].softmax(1).cpu()  # one transfer: persons are read one by one below
         stride = side / maps.shape[-1]
         out: list[list[PersonActivity]] = []
         for i in range(maps.shape[0]):
