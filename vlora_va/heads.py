@@ -206,7 +206,8 @@ class ActionHead(nn.Module):
             self.person_out = nn.Conv2d(2 * width, PERSON_FIELDS + len(self.person_labels), 1)
             # Every cell starts at ~1% person-centre score (focal-loss prior): an untrained branch sees nobody.
             nn.init.constant_(self.person_out.bias[:1], -math.log(99.0))
-        self.box_head = (DetectionHead(hidden, ["person"], box_width, image_size, score_threshold, upsample=boxes)
+        # Its boxes are decoded from BOX_FLOOR up and linked before the persons are kept at score_threshold.
+        self.box_head = (DetectionHead(hidden, ["person"], box_width, image_size, BOX_FLOOR, upsample=boxes)
                          if boxes else None)
 
     @property
@@ -289,7 +290,6 @@ class ActionHead(nn.Module):
         scoring >= score_threshold; a person's activity is the argmax of the activity maps at the cell holding
         its box's centre. (Linking below the threshold makes decoding at a threshold the same as decoding
         low and filtering, as training's reports do.)"""
-        self.box_head.score_threshold = BOX_FLOOR
         side = self.image_size
         model = Letterbox(1.0, 0.0, 0.0)  # decode in model pixels: the activity maps live there
         frames = self.box_head.decode(boxes, [model] * len(boxes[0]), [(side, side)] * len(boxes[0]))

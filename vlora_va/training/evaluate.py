@@ -250,9 +250,14 @@ def evaluate_persons_on_human(adapter: Adapter, model: torch.nn.Module, hs: Huma
         feats, lbs = features(model, frames, side)
         result = head.decode(head(feats, adapter.clip_len), [lbs[0]], [frames[0].size])[0]
         preds.append([p.to_json() for p in result.persons or ()])
-    refs = [c["persons"] for c in clips]
+    return human_persons_report(preds, [c["persons"] for c in clips], head)
+
+
+def human_persons_report(preds: list[list[dict]], refs: list[list[dict]], head) -> dict:
+    """Predicted persons of clips (at the head's threshold) against the human-checked persons of the same clips:
+    the IoU-0.5 report, its clip count, and the headline figures at IoU >= 0.3."""
     report = person_activity_iou_report(preds, refs, head.person_labels, head.score_threshold)
-    report["clips"] = len(clips)
+    report["clips"] = len(refs)
     # the same at IoU >= 0.3: how much of the gap is where the person box is rather than which activity
     loose = person_activity_iou_report(preds, refs, head.person_labels, head.score_threshold, iou=0.3)
     report["at_iou_0.3"] = {k: loose[k] for k in ("top1", "top1_found", "recall", "precision")}

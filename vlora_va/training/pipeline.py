@@ -106,19 +106,18 @@ def train_detection(spec: Spec, train: Split, sources: list[Source], lora: LoraS
 NMS_CHOICES = (0.4, 0.5, 0.6, 0.7)  # IoU above which a weaker box of the same class is dropped
 
 
-def _predict_split(spec: Spec, model, head, split: Split, lora: LoraSpec) -> list[list[dict]]:
+def _split_outputs(spec: Spec, model, head, split: Split, lora: LoraSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's raw output on every frame of a split: the upper layers run once, decoded as often as needed."""
     layer = min(lora.layers) if lora.layers else 12
-    return T.predict_detection(model, head, split.lower, split.letterboxes, [f.size for f in split.frames],
-                               layer, spec.image_size, T.backbone_patch(model))
+    return T.detection_outputs(model, head, split.lower, layer, spec.image_size, T.backbone_patch(model))
 
 
-def calibrate_detection(spec: Spec, model, head, val: Split, sources: list[Source], lora: LoraSpec) -> tuple[float, float]:
-    """(score threshold, NMS IoU) with the best mean F1 on the validation split; both are set on `head`.
-    Side-by-side people overlap: NMS at 0.5 can drop the second of two correct boxes, so its IoU is chosen
-    too, never on test data."""
+def calibrate_detection(head, raw: tuple[torch.Tensor, torch.Tensor], val: Split,
+                        sources: list[Source]) -> tuple[float, float]:
+    """(score threshold, NMS IoU) with the best mean F1 on the validation split (`raw`: the head's output on it,
+    `_split_outputs`); both are set on `head`. Side-by-side people overlap: NMS at 0.5 can drop the second of
+    two correct boxes, so its IoU is chosen too, never on test data."""
     refs, classes = val.refs(sources), classes_of(sources)
-    raw = T.detection_outputs(model, head, val.lower, min(lora.layers) if lora.layers else 12, spec.image_size,
-                              T.backbone_patch(model))  # the upper layers once; decoded per NMS setting
     best = (-1.0, 0.3, head.nms_iou)
     for nms in NMS_CHOICES:
         head.nms_iou = nms
@@ -136,9 +135,10 @@ def evaluate_detection(spec: Spec, result_model, head, split: Split, sources: li
                        threshold: float | None = None) -> tuple[dict, float, list[list[dict]]]:
     """(per-class report, threshold used, predictions) with the head's NMS. threshold None: calibrate the
     threshold and NMS on this split first (`calibrate_detection`; validation data only)."""
+    raw = _split_outputs(spec, result_model, head, split, lora)
     if threshold is None:
-        threshold, _ = calibrate_detection(spec, result_model, head, split, sources, lora)
-    preds = _predict_split(spec, result_model, head, split, lora)
+        threshold, _ = calibrate_detection(head, raw, split, sources)
+    preds = T.decode_detections(head, raw, split.letterboxes, [f.size for f in split.frames])
     pred_map = {f.key: p for f, p in zip(split.frames, preds)}
     return detection_report(pred_map, split.refs(sources), classes_of(sources), threshold), threshold, preds
 

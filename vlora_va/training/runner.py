@@ -46,9 +46,8 @@ def _test_splits(spec: Spec, layer: int) -> dict[str, P.Split]:
 def _det_row(spec, name, result, lora, sources, val, tests, seconds, human=None) -> dict:
     """One trained model's row: threshold and NMS calibrated on val, then every test range (teacher labels and,
     where the human-checked set has frames in the range, the human boxes) at those settings."""
-    threshold, nms = P.calibrate_detection(spec, result.model, result.head, val, sources, lora)
-    rep = P.evaluate_detection(spec, result.model, result.head, val, sources, lora, threshold)[0]
-    row = {"model": name, "threshold": threshold, "nms_iou": nms, "val": rep, "train_seconds": round(seconds, 1),
+    rep, threshold, _ = P.evaluate_detection(spec, result.model, result.head, val, sources, lora)  # calibrates
+    row = {"model": name, "threshold": threshold, "nms_iou": result.head.nms_iou, "val": rep, "train_seconds": round(seconds, 1),
            "steps": result.steps, "complete": result.complete, "seed": spec.opts.seed, "test": {}}
     for where, split in tests.items():
         row["test"][where], _, preds = P.evaluate_detection(spec, result.model, result.head, split, sources, lora,
@@ -316,7 +315,7 @@ def _action_run(spec: Spec, res, lora: LoraSpec, val: P.ClipSet | None, tests: d
 
 def _human_persons(human, cs: P.ClipSet, preds: list[dict], head) -> dict | None:
     """Predicted persons of the clips the human-checked set labels, scored against its persons (IoU >= 0.5)."""
-    from .metrics import person_activity_iou_report
+    from .evaluate import human_persons_report
 
     if human is None:
         return None
@@ -324,10 +323,7 @@ def _human_persons(human, cs: P.ClipSet, preds: list[dict], head) -> dict | None
     pairs = [(k, by_start[(v, round(t, 3))]) for k, (v, t) in enumerate(cs.starts) if (v, round(t, 3)) in by_start]
     if not pairs:
         return None
-    report = person_activity_iou_report([preds[k]["persons"] for k, _ in pairs], [c["persons"] for _, c in pairs],
-                                        head.person_labels, head.score_threshold)
-    report["clips"] = len(pairs)
-    return report
+    return human_persons_report([preds[k]["persons"] for k, _ in pairs], [c["persons"] for _, c in pairs], head)
 
 
 def _scores(test: dict[str, dict]) -> dict:

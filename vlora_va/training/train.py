@@ -273,13 +273,6 @@ def decode_detections(head: DetectionHead, raw: tuple[torch.Tensor, torch.Tensor
         head.score_threshold = old
 
 
-def predict_detection(model, head: DetectionHead, lower: torch.Tensor, letterboxes, sizes, split: int, image_size: int,
-                      patch: int, threshold: float = 0.05, batch: int = 16) -> list[list[dict]]:
-    """Decoded boxes (original pixels) for cached features, at a low threshold (AP needs the full ranking)."""
-    return decode_detections(head, detection_outputs(model, head, lower, split, image_size, patch, batch), letterboxes,
-                             sizes, threshold)
-
-
 @torch.no_grad()
 def predict_action(model, head: ActionHead, lower: torch.Tensor, clips: list[list[int]], split: int, image_size: int,
                    patch: int, clip_len: int, letterboxes, sizes, threshold: float = 0.05, batch: int = 4) -> list[dict]:
