@@ -1,12 +1,13 @@
 """Head cost: each task head's serving variants on the same backbone features, at 336 px (ViT-S, 24×24 patches).
 
-    detection, per image   the patch grid upsampled ×2 (before 2026-11-23) vs ×4 (the shipped `detect`): the ×4
-                           head adds a second ×2 step and a 3×3 convolution at half width on 96×96 cells
+    detection, per image   the patch grid upsampled ×2 (before 2026-11-23) vs ×4 vs ×4 with the 32-channel detail
+                           branch (the shipped `detect`): the ×4 head adds a second ×2 step and a 3×3 convolution
+                           at half width on 96×96 cells; the detail branch three small convolutions on the image
     activity, per clip     `actions-persons`' head (4 frames, local 3-D convolution, persons branch) without vs
                            with `boxes: 4` (a person detection head on the clip's two middle frames)
 
 Each pair times the heads' forward on the same random features in interleaved rounds (both see the same load;
-decoding is not included), reports medians per unit and the ratio, and what the difference adds to a second of
+decoding is not included), reports medians per unit and the ratio to the first, and what each difference adds to a second of
 video: the default pipeline's 2 detect frames, or one `actions-persons` clip. Writes bench/results/heads.{json,md}.
 
     python bench/heads.py [--rounds 15] [--threads 2]
@@ -31,14 +32,14 @@ CLIP = 4  # frames per actions-persons clip
 
 
 def features(n: int) -> Features:
-    return Features(torch.zeros(n, HIDDEN), torch.randn(n, HIDDEN, GRID, GRID))
+    return Features(torch.zeros(n, HIDDEN), torch.randn(n, HIDDEN, GRID, GRID), torch.randn(n, 3, SIDE, SIDE))
 
 
 def pairs() -> list[dict]:
     """(name, unit, per second of video, {variant: (head, its forward)})."""
     det_feats, clip_feats = features(2), features(CLIP)
-    det = {f"×{up}": DetectionHead(HIDDEN, ["person", "car", "truck"], image_size=SIDE, upsample=up).eval()
-           for up in (2, 4)}
+    det = {label: DetectionHead(HIDDEN, ["person", "car", "truck"], image_size=SIDE, upsample=up, detail=detail).eval()
+           for label, up, detail in (("×2", 2, 0), ("×4", 4, 0), ("×4 + detail 32", 4, 32))}
     act = {label: ActionHead(HIDDEN, ACTIVITIES, width=16, motion=True, spatial="local", persons=True, image_size=SIDE,
                              boxes=boxes).eval() for label, boxes in (("persons branch", 0), ("+ boxes: 4", 4))}
     return [{"name": "detection", "unit": "image", "per_second": 2, "batch": 2,
@@ -77,14 +78,15 @@ def main() -> int:
           "| head | variant | ms per unit | × the first | added per second of video |", "|---|---|---:|---:|---:|"]
     for pair in pairs():
         med = time_pair(pair["variants"], args.rounds, pair["batch"])
-        (_, first), (last, second) = list(med.items())[0], list(med.items())[-1]
-        extra = (second - first) * pair["per_second"]
+        first = next(iter(med.values()))
+        extra = {k: (v - first) * pair["per_second"] for k, v in med.items()}
         result["heads"].append({"head": pair["name"], "unit": pair["unit"],
                                 "ms_per_unit": {k: round(v, 2) for k, v in med.items()},
-                                "ratio": round(second / first, 2), "extra_ms_per_second": round(extra, 1)})
-        for k, v in med.items():
+                                "ratio": {k: round(v / first, 2) for k, v in med.items()},
+                                "extra_ms_per_second": {k: round(v, 1) for k, v in extra.items()}})
+        for i, (k, v) in enumerate(med.items()):
             md.append(f"| {pair['name']}, per {pair['unit']} | {k} | {v:.1f} | {v / first:.2f} | "
-                      + (f"+{extra:.0f} ms ({pair['per_second']} {pair['unit']}/s)" if k == last else "") + " |")
+                      + (f"+{extra[k]:.0f} ms ({pair['per_second']} {pair['unit']}/s)" if i else "") + " |")
     md += ["", "Detection: the default pipeline sends 2 detect frames per second of video; activity: one "
            "`actions-persons` clip per second of a stream."]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -82,8 +82,8 @@ class Scorer:
         finally:
             P.REDUCE_RANGE = keep
         parts = [self._cache[f.key] for f in frames]
-        return (Features(torch.cat([p[0].cls for p in parts]), torch.cat([p[0].grid for p in parts])),
-                [p[1] for p in parts])
+        return (Features(torch.cat([p[0].cls for p in parts]), torch.cat([p[0].grid for p in parts]),
+                         torch.cat([p[0].pixels for p in parts])), [p[1] for p in parts])
 
     def detections(self, frames: list[Frame]) -> dict[str, list[dict]]:
         """{frame key: detections scoring >= 0.05} (AP needs the ranking; F1 reads it at the threshold)."""

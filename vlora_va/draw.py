@@ -57,13 +57,14 @@ def annotate(image: np.ndarray, detections: list[dict], caption: str = "",
 
 def draw(results: str | Path, video: str | Path, stream: str, ts: float | None, out: str | Path) -> tuple[float, int]:
     """Write out (PNG/JPEG) for the detection frame nearest ts (default: the first with detections).
-    Returns (the frame's timestamp, number of boxes)."""
-    rows = read_rows(results, stream)
+    Returns (the frame's timestamp, number of boxes). A results file that several runs appended to holds each
+    frame once per run: the newest run's row is drawn."""
+    rows = read_rows(results, stream)[::-1]  # newest first: min() keeps the first of equals
     frames = [(f["ts"], f["detections"], r) for r in rows if "frames" in r for f in r["frames"]]
     if not frames:
         raise ValueError(f"{results}: no detection results for stream {stream!r}")
     if ts is None:
-        t, dets, row = next((f for f in frames if f[1]), frames[0])
+        t, dets, row = min((f for f in frames if f[1]), key=lambda f: f[0], default=frames[0])
     else:
         t, dets, row = min(frames, key=lambda f: abs(f[0] - ts))
     label = next((r for r in rows if "label" in r and r["chunk"] == row["chunk"]), None)

@@ -211,12 +211,13 @@ class Engine:
         unique = list({frame_key(frames[i]): frames[i] for i in order}.values())
         mode = mode or self.default_mode()
         n = len(order)
+        pixels = self.pixels(unique, size)
         key = self.graphs.key(size, n, mode, prefix, forked=len(unique) != n)
         if key is not None:  # a captured forward (CUDA graph) for this shape and mode
             tokens = self.prefix_tokens + (size // self.patch) ** 2
-            hidden = self.graphs.get(key, mode, tokens).run(self.pixels(unique, size), [slots[i] for i in order], mode)
-            return self._features(hidden, order, size)
-        hidden = lower(self.backbone, self.pixels(unique, size), prefix)  # no LoRA below the prefix
+            hidden = self.graphs.get(key, mode, tokens).run(pixels, [slots[i] for i in order], mode)
+            return self._features(hidden, order, size, pixels, source)
+        hidden = lower(self.backbone, pixels, prefix)  # no LoRA below the prefix
         if len(unique) != n:
             hidden = hidden[torch.tensor(source, device=hidden.device)]  # fork: one copy per request
         layout = self._layout(n, hidden.shape[1]) if self.lora_ctx is not None and self._layout_serves(mode) else None
@@ -229,14 +230,18 @@ class Engine:
         finally:
             if self.lora_ctx is not None:
                 self.lora_ctx.clear()
-        return self._features(hidden, order, size)
+        return self._features(hidden, order, size, pixels, source)
 
-    def _features(self, hidden: torch.Tensor, order: list[int], size: int) -> Features:
-        """Back to the callers' frame order, in float32 (what heads read)."""
+    def _features(self, hidden: torch.Tensor, order: list[int], size: int, pixels: torch.Tensor,
+                  source: list[int]) -> Features:
+        """Back to the callers' frame order, in float32 (what heads read). pixels[source[k]] is the input of
+        the k-th frame in `order`: every frame keeps its model input (a detection head's detail branch reads it)."""
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
         hidden = hidden[inverse.to(hidden.device)].float()
-        return Features.from_hidden(hidden, size, self.patch, self.prefix_tokens)
+        feats = Features.from_hidden(hidden, size, self.patch, self.prefix_tokens)
+        feats.pixels = pixels[torch.tensor(source)[inverse].to(pixels.device)]
+        return feats
 
     def _layout_serves(self, mode: LoRAMode) -> bool:
         return self.fixed_layout and mode.impl == "atmm"

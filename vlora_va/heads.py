@@ -1,11 +1,12 @@
 """Vision task heads: what turns backbone features into detections or an action label.
 
-A head reads `Features` (the CLS token and the patch-token grid of each image) and is saved beside its
-adapter as `head_config.json` + `head.safetensors` (see vlora_va/adapters.py). Two kinds:
+A head reads `Features` (the CLS token and the patch-token grid of each image, and the model input itself for a
+detection head with a detail branch) and is saved beside its adapter as `head_config.json` + `head.safetensors`
+(see vlora_va/adapters.py). Two kinds:
 
-- `DetectionHead`: dense, anchor-free (FCOS/CenterNet-like) on the patch grid upsampled ×2 (or ×4). Each cell
-  predicts per-class centre scores and the distances (left, top, right, bottom) from the cell centre to
-  the box sides in model pixels. Decoding keeps 3×3 local maxima above the score threshold, then
+- `DetectionHead`: dense, anchor-free (FCOS/CenterNet-like) on the patch grid upsampled ×2 (or ×4, optionally
+  joined by a small convolution branch on the input image, `detail`). Each cell predicts per-class centre
+  scores and the distances (left, top, right, bottom) from the cell centre to the box sides in model pixels. Decoding keeps 3×3 local maxima above the score threshold, then
   class-wise NMS, then maps boxes back to original-frame pixels through the letterbox.
 - `ActionHead`: a clip classifier over the patch grids of a clip's frames (a temporal or 3-D convolution,
   mean+max over the clip, a linear layer gives label logits), optionally with a per-person branch: where
@@ -33,6 +34,7 @@ HEAD_FORMAT_VERSION = 1
 class Features:
     cls: torch.Tensor  # [B, D]
     grid: torch.Tensor  # [B, D, gh, gw] patch tokens laid out as an image
+    pixels: torch.Tensor | None = None  # [B, 3, S, S] the normalised model input (heads with a detail branch)
 
     @staticmethod
     def from_hidden(hidden: torch.Tensor, image_size: int, patch: int, prefix_tokens: int = 1) -> "Features":
@@ -43,17 +45,21 @@ class Features:
         return Features(hidden[:, 0], patches.transpose(1, 2).reshape(b, d, side, side))
 
     def select(self, index: torch.Tensor | slice) -> "Features":
-        return Features(self.cls[index], self.grid[index])
+        return Features(self.cls[index], self.grid[index], None if self.pixels is None else self.pixels[index])
 
 
 class DetectionHead(nn.Module):
     def __init__(self, hidden: int, classes: list[str], width: int = 128, image_size: int = 224,
                  score_threshold: float = 0.3, nms_iou: float = 0.5, max_detections: int = 100, norm: bool = False,
-                 upsample: int = 2, **_: object):
+                 upsample: int = 2, detail: int = 0, **_: object):
         super().__init__()
         if upsample not in (2, 4):
             raise ValueError(f"detection head: upsample must be 2 or 4, got {upsample!r}")
-        self.classes, self.image_size, self.upsample = list(classes), image_size, upsample
+        if detail and upsample != 4:
+            raise ValueError(f"detection head: detail needs upsample 4, got upsample {upsample!r}")
+        if not isinstance(detail, int) or detail < 0 or detail % 32:
+            raise ValueError(f"detection head: detail must be 0 or a multiple of 32 channels, got {detail!r}")
+        self.classes, self.image_size, self.upsample, self.detail = list(classes), image_size, upsample, detail
         self.score_threshold, self.nms_iou, self.max_detections = score_threshold, nms_iou, max_detections
         # norm=True puts GroupNorm after each conv (as FCOS heads do): ViT tokens have a few very large
         # channels, and without it early training spikes. False keeps the original layout loadable.
@@ -68,7 +74,16 @@ class DetectionHead(nn.Module):
         out_width = width
         if upsample == 4:
             out_width = width // 2
-            self.refine_fine = nn.Sequential(*block(nn.Conv2d(width, out_width, 3, padding=1)))
+            self.refine_fine = nn.Sequential(*block(nn.Conv2d(width + detail, out_width, 3, padding=1)))
+        # detail > 0: a small convolution branch on the input image itself, at a quarter of its size, joined
+        # to the ×4 grid. A patch token covers 14 model pixels, about the width of two distant people walking
+        # together: the tokens alone cannot place two peaks there, the pixels show the gap between them.
+        self.detail_branch = None
+        if detail:
+            self.detail_branch = nn.Sequential(
+                *block(nn.Conv2d(3, detail // 2, 3, stride=2, padding=1)),
+                *block(nn.Conv2d(detail // 2, detail, 3, stride=2, padding=1)),
+                *block(nn.Conv2d(detail, detail, 3, padding=1)))
         # 1x1 outputs: the 3x3 refine already mixes neighbours at the ×2 resolution, where 3x3 outputs
         # would triple the head's cost (the head runs at 4× the patch count).
         self.cls_out = nn.Conv2d(out_width, len(classes), 1)
@@ -81,9 +96,20 @@ class DetectionHead(nn.Module):
         x = self.stem(feats.grid)
         x = self.refine(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
         if self.refine_fine is not None:
-            x = self.refine_fine(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
+            x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+            if self.detail_branch is not None:
+                x = torch.cat([x, self._detail(feats, x.shape[-2:])], 1)
+            x = self.refine_fine(x)
         stride = self.image_size / x.shape[-1]
         return self.cls_out(x), F.softplus(self.box_out(x)) * stride
+
+    def _detail(self, feats: Features, size: torch.Size) -> torch.Tensor:
+        """The detail branch on the model input, resampled onto the head's finest grid (both span the image)."""
+        if feats.pixels is None:
+            raise ValueError("detection head: this head has a detail branch and needs the input image "
+                             "(Features.pixels), which the caller did not pass")
+        d = self.detail_branch(feats.pixels.to(self.detail_branch[0].weight.dtype))
+        return F.interpolate(d, size=size, mode="bilinear", align_corners=False)
 
     def cell_centres(self, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         sy, sx = self.image_size / h, self.image_size / w

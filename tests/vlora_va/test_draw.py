@@ -33,6 +33,22 @@ def test_draws_the_boxes_of_the_nearest_result_frame(tmp_path):
     assert tuple(img[100, 150]) != (0, 200, 255)  # inside the box the picture is untouched
 
 
+def test_a_file_appended_by_several_runs_draws_the_newest_run(tmp_path):
+    def run(box):
+        return [{"stream": "bikes", "chunk": 1, "task": "detect", "frames": [
+            {"ts": 1.0, "detections": []},
+            {"ts": 1.5, "detections": [{"box": box, "class": "person", "score": 0.9}]}]}]
+
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in run([10, 10, 60, 60]) + run([100, 50, 200, 150])))
+    for ts in (1.5, None):  # at a time, and the first frame with detections
+        out = tmp_path / "f.png"
+        assert draw(results, BIKES, "bikes", ts, out) == (1.5, 1)
+        img = cv2.imread(str(out))
+        assert tuple(img[100, 100]) == (0, 200, 255)  # the second run's box
+        assert tuple(img[30, 10]) != (0, 200, 255)  # not the first run's
+
+
 def test_draws_each_persons_activity_from_the_action_row_of_the_same_chunk(tmp_path):
     rows = [
         {"stream": "bikes", "chunk": 1, "task": "detect", "frames": [{"ts": 1.5, "detections": []}]},

@@ -116,6 +116,52 @@ def test_too_many_adapters_for_the_slots_is_a_clear_error(tiny_backbone_dir, tin
         Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, max_slots=1)
 
 
+def test_features_keep_each_frames_model_input_in_the_callers_order(tiny_backbone_dir, tiny_adapters):
+    """A detection head's detail branch reads the image: each frame's pixels must follow it through the
+    grouping by adapter and the sharing of a frame two requests send."""
+    adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+    engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
+    a, b = frames(2, 11)
+    fs, slots = [a, b, a], [1, 0, 0]  # slot order regroups them; frame a is sent twice
+    feats = engine.features(fs, slots)
+    for i, f in enumerate(fs):
+        assert torch.equal(feats.pixels[i], engine.pixels([f])[0])
+    small = engine.features(fs, slots, size=28)
+    assert small.pixels.shape == (3, 3, 28, 28) and torch.equal(small.pixels[1], engine.pixels([b], 28)[0])
+
+
+def test_a_detection_head_with_a_detail_branch_is_served_from_each_frames_own_image(tiny_backbone_dir, tiny_adapters,
+                                                                                     tmp_path):
+    import shutil
+
+    path = tmp_path / "detail"
+    shutil.copytree(tiny_adapters["detect"], path)
+    cfg = json.loads((path / "head_config.json").read_text())
+    cfg["params"] = {**cfg.get("params", {}), "upsample": 4, "detail": 32}
+    torch.manual_seed(0)
+    head = DetectionHead(32, cfg["classes"], image_size=TINY_IMAGE, upsample=4, detail=32)
+    with torch.no_grad():
+        head.cls_out.bias.fill_(2.0)  # an untrained head finds nothing; this one finds something everywhere
+    (path / "head_config.json").write_text(json.dumps(cfg))
+    save_file(head.state_dict(), str(path / "head.safetensors"))
+    adapters = {"detail": load_adapter_dir("detail", path, 32),
+                "actions": load_adapter_dir("actions", tiny_adapters["actions"], 32)}
+    assert adapters["detail"].head.detail == 32
+    engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
+    batch = [request("actions", 2, 3), request("detail", 2, 7)]
+    together = engine.execute(make_plan(batch, engine.default_mode(), engine.catalog()))
+    alone = run(engine, [batch[1]])[0]
+    assert together[1] == alone and sum(len(f.detections) for f in alone.frames) > 0
+    # the image itself reaches the head: the same backbone features with another image give other boxes
+    feats = engine.features(batch[1].frames, [engine.slots["detail"]] * 2)
+    lbs, sizes = [batch[1].letterbox] * 2, [batch[1].orig_size] * 2
+    served = adapters["detail"].head
+    with torch.inference_mode():
+        assert served.decode(served(feats), lbs, sizes) == [list(f.detections) for f in alone.frames]
+        feats.pixels = feats.pixels.flip(-1)
+        assert served.decode(served(feats), lbs, sizes) != [list(f.detections) for f in alone.frames]
+
+
 def test_each_adapter_runs_at_its_own_image_size(tiny_backbone_dir, tiny_adapters, tmp_path):
     """An adapter trained at 28 px gets the 56-px frames resized; one mixed batch = each request alone."""
     import shutil

@@ -194,3 +194,38 @@ def test_a_4x_detection_head_outputs_a_grid_four_times_the_patches():
 def test_detection_head_upsample_is_checked():
     with pytest.raises(ValueError, match="upsample must be 2 or 4, got 3"):
         DetectionHead(8, ["person"], upsample=3)
+
+
+def test_a_detail_head_reads_the_image_and_says_when_it_is_missing():
+    head = DetectionHead(8, ["person"], image_size=112, upsample=4, detail=32)
+    grid = torch.randn(2, 8, 8, 8)
+    pixels = torch.randn(2, 3, 112, 112)
+    with torch.no_grad():
+        logits, dist = head(Features(torch.zeros(2, 8), grid, pixels))
+        assert logits.shape == (2, 1, 32, 32) and dist.shape == (2, 4, 32, 32)
+        # the image changes the output; the same grid with other pixels gives other logits
+        other, _ = head(Features(torch.zeros(2, 8), grid, pixels.flip(-1)))
+        assert not torch.allclose(logits, other)
+        # one image of a batch never leaks into another's output
+        alone, _ = head(Features(torch.zeros(1, 8), grid[:1], pixels[:1]))
+        assert torch.allclose(alone, logits[:1], atol=1e-5)
+    with pytest.raises(ValueError, match="detail branch and needs the input image"):
+        head(Features(torch.zeros(2, 8), grid))
+    plain = DetectionHead(8, ["person"], image_size=112, upsample=4)
+    with torch.no_grad():  # a head without the branch ignores the image
+        assert torch.equal(plain(Features(torch.zeros(2, 8), grid, pixels))[0],
+                           plain(Features(torch.zeros(2, 8), grid))[0])
+
+
+def test_detection_head_detail_is_checked():
+    with pytest.raises(ValueError, match="detail needs upsample 4, got upsample 2"):
+        DetectionHead(8, ["person"], upsample=2, detail=32)
+    with pytest.raises(ValueError, match="detail must be 0 or a multiple of 32 channels, got 20"):
+        DetectionHead(8, ["person"], upsample=4, detail=20)
+
+
+def test_features_select_keeps_each_images_pixels():
+    feats = Features(torch.randn(3, 4), torch.randn(3, 4, 2, 2), torch.randn(3, 3, 28, 28))
+    part = feats.select(torch.tensor([2, 0]))
+    assert torch.equal(part.pixels, feats.pixels[[2, 0]]) and torch.equal(part.grid, feats.grid[[2, 0]])
+    assert Features(torch.randn(3, 4), torch.randn(3, 4, 2, 2)).select(slice(0, 1)).pixels is None

@@ -35,13 +35,22 @@ def _reproduce(spec: Spec) -> str:
 
 def _source_line(s) -> str:
     if s.kind == "centernet":
-        return (f"- **{s.name}**: CenterNet COCO-80 ONNX teacher filtered to {s.classes}; boxes scoring ≥ {s.score_threshold} "
+        tiles = int(s.options.get("tiles", 1))
+        on = (f" on the whole frame and on {tiles}×{tiles} overlapping tiles (merged: `teachers.merge_tiled`)"
+              if tiles > 1 else "")
+        return (f"- **{s.name}**: CenterNet COCO-80 ONNX teacher{on} filtered to {s.classes}; boxes scoring ≥ {s.score_threshold} "
                 f"are labels, {s.ignore_below}–{s.score_threshold} are don't-care"
                 f"{f', as are boxes under {s.min_height:g} px tall' if s.min_height else ''}.")
     if s.kind == "activity":
         return (f"- **{s.name}**: activity derived from tracking CenterNet person boxes (score ≥ {s.score_threshold}) over each "
                 "1-s clip — see `vlora_va/training/actions.py` for the exact rule.")
     return f"- **{s.name}**: {s.kind} {s.classes} {s.options}"
+
+
+def _detail_words(spec: Spec) -> str:
+    detail = spec.head.get("detail")
+    return (f", joined there by a {detail}-channel convolution branch on the input image at a quarter of its size "
+            "(it separates people a patch token holds together)" if detail else "")
 
 
 def _det_table(row: dict) -> str:
@@ -172,7 +181,7 @@ def detection_card(spec: Spec, name: str, sources, row: dict, rows: list[dict] |
 
 LoRA (rank {spec.lora.rank}, alpha {spec.lora.alpha:g}) on backbone layers {spec.lora.layers} ({', '.join(spec.lora.modules)})
 of `{spec.backbone}`{_started_from(spec)}, plus a dense anchor-free detection head on the patch grid upsampled
-×{spec.head.get('upsample', 2)}. Input: {spec.image_size}×{spec.image_size} letterbox (pad 114), ImageNet normalisation — exactly what the daemon feeds it.
+×{spec.head.get('upsample', 2)}{_detail_words(spec)}. Input: {spec.image_size}×{spec.image_size} letterbox (pad 114), ImageNet normalisation — exactly what the daemon feeds it.
 
 ## Knowledge sources (pseudo-labels; no human labels exist offline)
 {chr(10).join(_source_line(s) for s in sources)}

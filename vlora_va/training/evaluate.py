@@ -49,15 +49,18 @@ def merged_backbone(backbone: str, adapter: Adapter) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def features(model: torch.nn.Module, frames: list[Frame], side: int, batch: int = 8):
-    out_cls, out_grid, lbs = [], [], []
+def features(model: torch.nn.Module, frames: list[Frame], side: int, batch: int = 8, keep_pixels: bool = False):
+    """Features of frames at side px; keep_pixels also keeps the model input (a head's detail branch reads it)."""
+    out_cls, out_grid, out_pixels, lbs = [], [], [], []
     for i in range(0, len(frames), batch):
         pixels, lb = model_input(frames[i:i + batch], side)
         f = Features.from_hidden(full_hidden(model, pixels), side, patch_size(model))
         out_cls.append(f.cls)
         out_grid.append(f.grid)
+        if keep_pixels:
+            out_pixels.append(pixels)
         lbs += lb
-    return Features(torch.cat(out_cls), torch.cat(out_grid)), lbs
+    return Features(torch.cat(out_cls), torch.cat(out_grid), torch.cat(out_pixels) if keep_pixels else None), lbs
 
 
 def sources_of(adapter: Adapter) -> list[Source]:
@@ -67,8 +70,8 @@ def sources_of(adapter: Adapter) -> list[Source]:
 def detection_predictions(adapter: Adapter, model: torch.nn.Module, frames: list[Frame]) -> dict[str, list[dict]]:
     """{frame key: every detection scoring >= 0.05} (the full ranking AP needs; F1 is read at a threshold)."""
     side = int(adapter.head_config.get("image_size", 224))
-    feats, lbs = features(model, frames, side)
     head = adapter.head
+    feats, lbs = features(model, frames, side, keep_pixels=bool(getattr(head, "detail", 0)))
     thr, head.score_threshold = head.score_threshold, 0.05
     try:
         preds = [[d.to_json() for d in image] for image in head.decode(head(feats), lbs, [f.size for f in frames])]

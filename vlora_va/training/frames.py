@@ -38,11 +38,17 @@ def letterbox_params(width: int, height: int, side: int) -> Letterbox:
     return letterbox_geometry(width, height, side)[2]
 
 
-def model_input(frames: list[Frame], side: int, flip: bool = False) -> tuple[torch.Tensor, list[Letterbox]]:
-    """Letterboxed, normalised batch; flip=True mirrors the letterboxed image (training augmentation)."""
+def letterboxed(frames: list[Frame], side: int, flip: bool = False) -> tuple[torch.Tensor, list[Letterbox]]:
+    """uint8 [N, side, side, 3]: the frames letterboxed as ingest does; flip=True mirrors them (augmentation)."""
     boxed = [letterbox(f.rgb, side) for f in frames]
     imgs = np.stack([b[0][:, ::-1] if flip else b[0] for b in boxed])
-    return normalise(torch.from_numpy(np.ascontiguousarray(imgs))), [b[1] for b in boxed]
+    return torch.from_numpy(np.ascontiguousarray(imgs)), [b[1] for b in boxed]
+
+
+def model_input(frames: list[Frame], side: int, flip: bool = False) -> tuple[torch.Tensor, list[Letterbox]]:
+    """Letterboxed, normalised batch; flip=True mirrors the letterboxed image (training augmentation)."""
+    imgs, lbs = letterboxed(frames, side, flip)
+    return normalise(imgs), lbs
 
 
 def read_frames(path: str | Path, start: float = 0.0, end: float | None = None, step: float | None = None) -> list[Frame]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,7 +21,7 @@ from .actions import MIRRORED, REVERSED
 from .augment import zoom_views
 from .data import activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels
 from .features import FeatureCache
-from .frames import Frame, letterbox_params
+from .frames import Frame, letterbox_params, letterboxed
 from .metrics import action_report, best_f1_threshold, detection_report, mean_f1, person_activity_report
 from .spec import LoraSpec, Source, Spec, target_names
 from .targets import build_targets, middle_frame_targets, person_targets
@@ -39,6 +39,7 @@ class Split:
     labels: dict[str, dict[str, list[dict]]]  # source name -> frame key -> labels
     lower: torch.Tensor | None = None
     lower_flip: torch.Tensor | None = None
+    images: torch.Tensor | None = None  # uint8 [N, S, S, 3] letterboxed frames, for heads that read the image
 
     @property
     def letterboxes(self) -> list[Letterbox]:
@@ -65,6 +66,8 @@ def cache_features(spec: Spec, split: Split, layer: int, flip: bool, progress: b
     cache = FeatureCache(cache_root(spec), resolve(spec.backbone), spec.image_size, layer)
     split.lower = cache.get(model, split.frames, progress=progress)
     split.lower_flip = cache.get(model, split.frames, flip=True, progress=progress) if flip else None
+    if spec.head.get("detail"):
+        split.images = letterboxed(split.frames, spec.image_size)[0]
 
 
 def classes_of(sources: list[Source]) -> list[str]:
@@ -95,10 +98,14 @@ def train_detection(spec: Spec, train: Split, sources: list[Source], lora: LoraS
     if train.lower_flip is not None:
         lower.append(train.lower_flip)
     lower = torch.cat(lower)
+    images = None
+    if train.images is not None:  # mirrored like the flipped features (flip=True letterboxes, then mirrors)
+        images = torch.cat([train.images, train.images.flip(2)]) if train.lower_flip is not None else train.images
     split = min(lora.layers) if lora.layers else 12
-    loss_fn = T.detection_loss_fn(lower, targets, split, spec.image_size, patch)
-    fp = T._fingerprint(spec.name, tag, classes, lora.__dict__, T.run_settings(spec.opts), spec.image_size, len(lower),
-                        spec.head)
+    loss_fn = T.detection_loss_fn(lower, targets, split, spec.image_size, patch, images)
+    # the sources in full: a run on other labels (another threshold, the teacher on tiles) is another run
+    fp = T._fingerprint(spec.name, tag, classes, T.lora_identity(lora), T.run_settings(spec.opts), spec.image_size,
+                        len(lower), spec.head, [asdict(s) for s in sources])
     ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
     return T.run(model, head, len(lower), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
 
@@ -109,7 +116,8 @@ NMS_CHOICES = (0.4, 0.5, 0.6, 0.7)  # IoU above which a weaker box of the same c
 def _split_outputs(spec: Spec, model, head, split: Split, lora: LoraSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's raw output on every frame of a split: the upper layers run once, decoded as often as needed."""
     layer = min(lora.layers) if lora.layers else 12
-    return T.detection_outputs(model, head, split.lower, layer, spec.image_size, T.backbone_patch(model))
+    return T.detection_outputs(model, head, split.lower, layer, spec.image_size, T.backbone_patch(model),
+                               images=split.images)
 
 
 def calibrate_detection(head, raw: tuple[torch.Tensor, torch.Tensor], val: Split,
@@ -249,8 +257,8 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
                                T.backbone_patch(model), spec.clip_len, persons,
                                None if persons is None else _balanced(torch.cat([t[3][t[3] >= 0] for t in persons]),
                                                                       len(head.person_labels)), frame_targets)
-    fp = T._fingerprint(spec.name, tag, labels, lora.__dict__, T.run_settings(spec.opts), spec.image_size, len(clips),
-                        spec.head, spec.clip_len)
+    fp = T._fingerprint(spec.name, tag, labels, T.lora_identity(lora), T.run_settings(spec.opts), spec.image_size,
+                        len(clips), spec.head, spec.clip_len)
     ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
     return T.run(model, head, len(clips), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
 

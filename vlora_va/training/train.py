@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from ..adapters import canonical_module_names, fit_target_modules
 from ..heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, ActionHead, DetectionHead, Features, build_head
-from ..models import canonical_name, linear_names, load_backbone, patch_size, renamed_for
+from ..models import canonical_name, linear_names, load_backbone, normalise, patch_size, renamed_for
 from .features import upper_hidden
 from .spec import LoraSpec, TrainSpec, target_names
 
@@ -124,6 +124,16 @@ def _fingerprint(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def lora_identity(lora: LoraSpec) -> dict:
+    """The LoRA settings as part of a run's identity. A run started from a saved adapter (init_from) is named by
+    that adapter's weights, not its path: after the adapter is retrained, its path starts a new run."""
+    out = dict(lora.__dict__)
+    if lora.init_from:
+        weights = Path(lora.init_from) / "adapter_model.safetensors"
+        out["init_from"] = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    return out
+
+
 def run_settings(opts: TrainSpec) -> dict:
     """The training options that change what one run computes (its checkpoint's identity). How many seeds
     a spec repeats, how often it checkpoints and how many threads it uses do not: a run trained by another
@@ -213,16 +223,23 @@ def run(model: nn.Module, head: nn.Module, n_samples: int, loss_fn, opts: TrainS
 
 # --- task-specific pieces: what one step computes -------------------------------------------------------------
 
-def features_from(model: nn.Module, lower: torch.Tensor, split: int, image_size: int, patch: int) -> Features:
-    return Features.from_hidden(upper_hidden(model, lower.float(), split), image_size, patch)
+def features_from(model: nn.Module, lower: torch.Tensor, split: int, image_size: int, patch: int,
+                  images: torch.Tensor | None = None) -> Features:
+    """Features of cached lower-layer states; `images` (uint8 [N, S, S, 3], the letterboxed frames) ride along
+    for heads that also read the image (a detection head's detail branch)."""
+    feats = Features.from_hidden(upper_hidden(model, lower.float(), split), image_size, patch)
+    feats.pixels = None if images is None else normalise(images)
+    return feats
 
 
-def detection_loss_fn(lower: torch.Tensor, targets: list[tuple], split: int, image_size: int, patch: int):
-    """lower: [N, tokens, D] cached features; targets[i] = (heat, box, weight, count) for sample i."""
+def detection_loss_fn(lower: torch.Tensor, targets: list[tuple], split: int, image_size: int, patch: int,
+                      images: torch.Tensor | None = None):
+    """lower: [N, tokens, D] cached features; targets[i] = (heat, box, weight, count) for sample i; images: the
+    samples' letterboxed frames when the head reads them."""
     from .targets import detection_loss
 
     def loss_fn(model, head, idx):
-        feats = features_from(model, lower[idx], split, image_size, patch)
+        feats = features_from(model, lower[idx], split, image_size, patch, None if images is None else images[idx])
         heat, box, weight, count = (torch.stack([targets[i][k] if k < 3 else torch.tensor(targets[i][3])
                                                  for i in idx.tolist()]) for k in range(4))
         return detection_loss(head(feats), heat, box, weight, count, image_size)
@@ -256,10 +273,12 @@ def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Te
 
 @torch.no_grad()
 def detection_outputs(model, head: DetectionHead, lower: torch.Tensor, split: int, image_size: int, patch: int,
-                      batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+                      batch: int = 16, images: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's raw output (class logits, box distances) for every frame of cached features: decode it as
     often as needed (e.g. once per NMS setting) without running the upper layers again."""
-    outs = [head(features_from(model, lower[i:i + batch], split, image_size, patch)) for i in range(0, len(lower), batch)]
+    outs = [head(features_from(model, lower[i:i + batch], split, image_size, patch,
+                               None if images is None else images[i:i + batch]))
+            for i in range(0, len(lower), batch)]
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
 

@@ -33,7 +33,7 @@ test: [{{video: {VIDEO}, start: 55, end: 56, step: 0.5}}]
 sources: [{{name: person, kind: coco, classes: [person], path: {tmp_path / 'labels.json'}}}]
 baselines: [head-only]
 lora: {{rank: 4, alpha: 8, layers: [1], modules: [q_proj, v_proj]}}
-head: {{upsample: 4, width: 16}}
+head: {{upsample: 4, width: 16, detail: 32}}  # the detail branch reads the letterboxed frames
 train_options: {{epochs: 1, batch: 2, repeats: 2, threads: 1}}
 """)
     return spec

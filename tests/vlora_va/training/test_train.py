@@ -73,6 +73,9 @@ def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
     # ... while another learning rate is another run.
     other = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, lr=spec.opts.lr / 2))
     assert len(train_detection(other, split, other.sources, other.lora, deadline=time.monotonic() + 60).losses) == 6
+    # ... and so are other labels: the same source with the teacher also run on tiles
+    tiled = [dataclasses.replace(spec.sources[0], options={"tiles": 2})]
+    assert len(train_detection(spec, split, tiled, spec.lora, deadline=time.monotonic() + 60).losses) == 6
     lora = T.lora_weights(first.model, spec.lora)
     assert set(lora) == {f"encoder.layer.1.{m}" for m in
                          ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "mlp.fc1", "mlp.fc2")}
@@ -123,6 +126,13 @@ def test_lora_can_start_from_a_saved_adapter(tiny_backbone, tmp_path):
         assert all(torch.equal(got[n][0], saved[n][0]) and torch.equal(got[n][1], saved[n][1]) for n in saved)
     fresh = T.lora_weights(T.build_model(tiny_backbone, lora, 0), lora)
     assert all(b.abs().sum() == 0 for _, b in fresh.values())  # without init_from: peft's B = 0
+    # a run's identity names the starting weights, not their path: retraining the start makes a new run
+    before = T.lora_identity(start)
+    assert before["init_from"] != str(tmp_path / "start") and T.lora_identity(lora) == lora.__dict__
+    save_adapter_dir(tmp_path / "start", lora={n: (a, b * 2) for n, (a, b) in saved.items()}, rank=2, alpha=4,
+                     target_modules=list(saved), base_model="tiny", head=head,
+                     head_config=T.head_config("action", ["a", "b"], SIDE, {"width": 4}))
+    assert T.lora_identity(start) != before
 
 
 @pytest.mark.parametrize("boxes", [0, 2])
