@@ -76,14 +76,16 @@ class Scorer:
             for i in range(0, len(todo), batch):
                 part = todo[i:i + batch]
                 boxed = [letterbox(f.rgb, IMAGE_SIZE) for f in part]
-                feats = self.engine.features([b[0] for b in boxed], [0] * len(part), LoRAMode(PREMERGED), self.size)
+                feats = self.engine.features([b[0] for b in boxed], [0] * len(part), LoRAMode(PREMERGED), self.size,
+                                             keep_pixels=bool(getattr(self.head, "detail", 0)))
                 for j, (f, b) in enumerate(zip(part, boxed)):
                     self._cache[f.key] = (feats.select(slice(j, j + 1)), b[1].resized(self.size / IMAGE_SIZE))
         finally:
             P.REDUCE_RANGE = keep
         parts = [self._cache[f.key] for f in frames]
-        return (Features(torch.cat([p[0].cls for p in parts]), torch.cat([p[0].grid for p in parts]),
-                         torch.cat([p[0].pixels for p in parts])), [p[1] for p in parts])
+        pixels = None if parts[0][0].pixels is None else torch.cat([p[0].pixels for p in parts])
+        return (Features(torch.cat([p[0].cls for p in parts]), torch.cat([p[0].grid for p in parts]), pixels),
+                [p[1] for p in parts])
 
     def detections(self, frames: list[Frame]) -> dict[str, list[dict]]:
         """{frame key: detections scoring >= 0.05} (AP needs the ranking; F1 reads it at the threshold)."""

@@ -199,10 +199,11 @@ class Engine:
 
     @torch.inference_mode()
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode | None = None,
-                 size: int | None = None, prefix: int = 0) -> Features:
+                 size: int | None = None, prefix: int = 0, keep_pixels: bool = False) -> Features:
         """Backbone features of the frames at size px, frame i through adapter slot slots[i] (-1 = none),
         the LoRA computed as `mode` says (default: the cheapest mode that needs no weight switch). Blocks
-        [0, prefix) run once per distinct frame (they must be LoRA-free for every slot involved)."""
+        [0, prefix) run once per distinct frame (they must be LoRA-free for every slot involved). keep_pixels:
+        the features also carry each frame's model input (for a detection head's detail branch)."""
         size = size or frames[0].shape[0]
         # Group frames by slot so each adapter's rows are contiguous for ATMM, then restore the order.
         order = sorted(range(len(frames)), key=lambda i: slots[i])
@@ -216,7 +217,7 @@ class Engine:
         if key is not None:  # a captured forward (CUDA graph) for this shape and mode
             tokens = self.prefix_tokens + (size // self.patch) ** 2
             hidden = self.graphs.get(key, mode, tokens).run(pixels, [slots[i] for i in order], mode)
-            return self._features(hidden, order, size, pixels, source)
+            return self._features(hidden, order, size, pixels if keep_pixels else None, source)
         hidden = lower(self.backbone, pixels, prefix)  # no LoRA below the prefix
         if len(unique) != n:
             hidden = hidden[torch.tensor(source, device=hidden.device)]  # fork: one copy per request
@@ -230,17 +231,18 @@ class Engine:
         finally:
             if self.lora_ctx is not None:
                 self.lora_ctx.clear()
-        return self._features(hidden, order, size, pixels, source)
+        return self._features(hidden, order, size, pixels if keep_pixels else None, source)
 
-    def _features(self, hidden: torch.Tensor, order: list[int], size: int, pixels: torch.Tensor,
+    def _features(self, hidden: torch.Tensor, order: list[int], size: int, pixels: torch.Tensor | None,
                   source: list[int]) -> Features:
         """Back to the callers' frame order, in float32 (what heads read). pixels[source[k]] is the input of
-        the k-th frame in `order`: every frame keeps its model input (a detection head's detail branch reads it)."""
+        the k-th frame in `order`; None: the features carry no pixels (no head of the batch reads them)."""
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
         hidden = hidden[inverse.to(hidden.device)].float()
         feats = Features.from_hidden(hidden, size, self.patch, self.prefix_tokens)
-        feats.pixels = pixels[torch.tensor(source)[inverse].to(pixels.device)]
+        if pixels is not None:
+            feats.pixels = pixels[torch.tensor(source)[inverse].to(pixels.device)]
         return feats
 
     def _layout_serves(self, mode: LoRAMode) -> bool:
@@ -282,7 +284,9 @@ class Engine:
             spans[i] = (len(frames), len(frames) + r.num_images)
             frames.extend(r.frames)
             slots.extend([self.slots[r.adapter]] * r.num_images)
-        feats = self.features(frames, slots, plan.mode, group.size, group.prefix)
+        # the model input rides along only for heads that read it (one copy per frame otherwise wasted)
+        keep_pixels = any(getattr(self.adapters[batch[i].adapter].head, "detail", 0) for i in group.members)
+        feats = self.features(frames, slots, plan.mode, group.size, group.prefix, keep_pixels)
         by_adapter: dict[str, list[int]] = {}
         for i in group.members:
             by_adapter.setdefault(batch[i].adapter, []).append(i)

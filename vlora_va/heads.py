@@ -6,8 +6,9 @@ detection head with a detail branch) and is saved beside its adapter as `head_co
 
 - `DetectionHead`: dense, anchor-free (FCOS/CenterNet-like) on the patch grid upsampled ×2 (or ×4, optionally
   joined by a small convolution branch on the input image, `detail`). Each cell predicts per-class centre
-  scores and the distances (left, top, right, bottom) from the cell centre to the box sides in model pixels. Decoding keeps 3×3 local maxima above the score threshold, then
-  class-wise NMS, then maps boxes back to original-frame pixels through the letterbox.
+  scores and the distances (left, top, right, bottom) from the cell centre to the box sides in model pixels.
+  Decoding keeps 3×3 local maxima above the score threshold, then class-wise NMS, then maps boxes back to
+  original-frame pixels through the letterbox.
 - `ActionHead`: a clip classifier over the patch grids of a clip's frames (a temporal or 3-D convolution,
   mean+max over the clip, a linear layer gives label logits), optionally with a per-person branch: where
   each person is over the clip and what that person is doing, optionally with the persons found per frame by

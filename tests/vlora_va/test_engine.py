@@ -123,10 +123,11 @@ def test_features_keep_each_frames_model_input_in_the_callers_order(tiny_backbon
     engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
     a, b = frames(2, 11)
     fs, slots = [a, b, a], [1, 0, 0]  # slot order regroups them; frame a is sent twice
-    feats = engine.features(fs, slots)
+    assert engine.features(fs, slots).pixels is None  # only when asked: most heads never read them
+    feats = engine.features(fs, slots, keep_pixels=True)
     for i, f in enumerate(fs):
         assert torch.equal(feats.pixels[i], engine.pixels([f])[0])
-    small = engine.features(fs, slots, size=28)
+    small = engine.features(fs, slots, size=28, keep_pixels=True)
     assert small.pixels.shape == (3, 3, 28, 28) and torch.equal(small.pixels[1], engine.pixels([b], 28)[0])
 
 
@@ -153,7 +154,7 @@ def test_a_detection_head_with_a_detail_branch_is_served_from_each_frames_own_im
     alone = run(engine, [batch[1]])[0]
     assert together[1] == alone and sum(len(f.detections) for f in alone.frames) > 0
     # the image itself reaches the head: the same backbone features with another image give other boxes
-    feats = engine.features(batch[1].frames, [engine.slots["detail"]] * 2)
+    feats = engine.features(batch[1].frames, [engine.slots["detail"]] * 2, keep_pixels=True)
     lbs, sizes = [batch[1].letterbox] * 2, [batch[1].orig_size] * 2
     served = adapters["detail"].head
     with torch.inference_mode():
