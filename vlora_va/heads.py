@@ -204,12 +204,13 @@ class ActionHead(nn.Module):
     boxes=2 or 4 (persons only) finds the persons instead with a person `DetectionHead` (grid upsampled that
     much) on each clip's two middle frames: one cell per person at the patch stride places a person's box too
     coarsely to overlap a hand-drawn one by half (found 0.49 of the human-checked persons, against 0.79 for
-    boxes from a detection head, adapters/STUDIES.md). See `decode_persons_from_boxes`.
+    boxes from a detection head, adapters/STUDIES.md). See `decode_persons_from_boxes`. detail (boxes=4 only)
+    gives that person head the detection head's detail branch on the middle frames' images (`Features.pixels`).
     """
 
     def __init__(self, hidden: int, labels: list[str], width: int = 64, pool: int = 4, motion: bool = False,
                  spatial: str = "pooled", persons: bool = False, image_size: int = 224, score_threshold: float = 0.3,
-                 max_persons: int = 50, boxes: int = 0, box_width: int = 128, **_: object):
+                 max_persons: int = 50, boxes: int = 0, box_width: int = 128, detail: int = 0, **_: object):
         super().__init__()
         if spatial not in ("pooled", "local"):
             raise ValueError(f"action head: spatial must be 'pooled' or 'local', got {spatial!r}")
@@ -217,6 +218,8 @@ class ActionHead(nn.Module):
             raise ValueError("action head: persons=true needs spatial 'local' (per-person outputs need the full grid)")
         if boxes and not persons:
             raise ValueError("action head: boxes needs persons=true (they are the persons' boxes)")
+        if detail and not boxes:
+            raise ValueError("action head: detail needs boxes (it is the person box head's detail branch)")
         self.labels, self.pool, self.motion, self.spatial = list(labels), pool, motion, spatial
         self.image_size, self.score_threshold, self.max_persons = image_size, score_threshold, max_persons
         self.project = nn.Sequential(nn.Conv2d(hidden, width, 1), nn.GELU())
@@ -234,12 +237,17 @@ class ActionHead(nn.Module):
             # Every cell starts at ~1% person-centre score (focal-loss prior): an untrained branch sees nobody.
             nn.init.constant_(self.person_out.bias[:1], -math.log(99.0))
         # Its boxes are decoded from BOX_FLOOR up and linked before the persons are kept at score_threshold.
-        self.box_head = (DetectionHead(hidden, ["person"], box_width, image_size, BOX_FLOOR, upsample=boxes)
-                         if boxes else None)
+        self.box_head = (DetectionHead(hidden, ["person"], box_width, image_size, BOX_FLOOR, upsample=boxes,
+                                       detail=detail) if boxes else None)
 
     @property
     def persons(self) -> bool:
         return bool(self.person_labels)
+
+    @property
+    def detail(self) -> int:
+        """The person box head's detail channels (0: none): callers keep each frame's model input for it."""
+        return self.box_head.detail if self.box_head is not None else 0
 
     def forward(self, feats: Features, clip_len: int) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
         """feats holds B*clip_len frames, clip-major. Returns (label logits [B, L], person maps

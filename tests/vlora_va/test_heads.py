@@ -229,3 +229,28 @@ def test_features_select_keeps_each_images_pixels():
     part = feats.select(torch.tensor([2, 0]))
     assert torch.equal(part.pixels, feats.pixels[[2, 0]]) and torch.equal(part.grid, feats.grid[[2, 0]])
     assert Features(torch.randn(3, 4), torch.randn(3, 4, 2, 2)).select(slice(0, 1)).pixels is None
+
+
+def test_an_action_heads_person_boxes_read_the_middle_frames_images_with_detail():
+    head = ActionHead(8, ["no_person", "walking_left"], width=4, spatial="local", persons=True, boxes=4, box_width=16,
+                      image_size=112, detail=32).eval()
+    assert head.detail == 32 and head.box_head.detail == 32
+    grid, pixels = torch.randn(8, 8, 8, 8), torch.randn(8, 3, 112, 112)  # 2 clips of 4 frames, clip-major
+    with torch.no_grad():
+        logits, maps, (box_logits, _) = head(Features(torch.zeros(8, 8), grid, pixels), 4)
+        outer = pixels.clone()
+        outer[[0, 3, 4, 7]] = 0  # every clip's first and last frame: the person head reads frames 1 and 2
+        same = head(Features(torch.zeros(8, 8), grid, outer), 4)
+        assert torch.equal(same[0], logits) and torch.equal(same[1], maps) and torch.equal(same[2][0], box_logits)
+        middle = pixels.clone()
+        middle[[1, 2, 5, 6]] = 0
+        assert not torch.allclose(head(Features(torch.zeros(8, 8), grid, middle), 4)[2][0], box_logits)
+    with pytest.raises(ValueError, match="detail branch and needs the input image"):
+        head(Features(torch.zeros(8, 8), grid), 4)
+    assert ActionHead(8, ["a", "b"], spatial="local", persons=True, boxes=4).detail == 0
+    assert ActionHead(8, ["a", "b"]).detail == 0
+
+
+def test_action_head_detail_needs_boxes():
+    with pytest.raises(ValueError, match="detail needs boxes"):
+        ActionHead(8, ["a", "b"], spatial="local", persons=True, detail=32)

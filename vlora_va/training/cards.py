@@ -53,6 +53,13 @@ def _detail_words(spec: Spec) -> str:
             "(it separates people a patch token holds together)" if detail else "")
 
 
+def _box_head_start(spec: Spec) -> str:
+    if spec.box_head_from is None:
+        return ""
+    where = os.path.relpath(spec.box_head_from, spec.output.parent)
+    return f"; that person head started from the `{where}` adapter's detection head (its person class)"
+
+
 def _det_table(row: dict) -> str:
     lines = ["| held-out data | class | refs | precision | recall | F1@0.5 | AP50 |", "|---|---|---|---|---|---|---|"]
     for where, rep in row["test"].items():
@@ -307,8 +314,9 @@ def action_card(spec: Spec, row: dict, counts: dict, person_counts: dict | None 
     person_words = (" and a per-person branch (where each person is over the clip, and that person's activity)"
                     if persons else "")
     if persons and spec.head.get("boxes"):
-        person_words += (f"; each person's box from a person detection head (patch grid ×{spec.head['boxes']}) on the"
-                         " clip's two middle frames, linked and averaged, its activity read at the box's centre")
+        person_words += (f"; each person's box from a person detection head (patch grid ×{spec.head['boxes']}"
+                         f"{_detail_words(spec)}) on the clip's two middle frames, linked and averaged, its activity "
+                         f"read at the box's centre{_box_head_start(spec)}")
     person_line = f"\n\nPerson counts: {json.dumps(person_counts)}" if person_counts else ""
     return f"""# Adapter `{spec.name}` — activity recognition on 1-s clips ({spec.clip_len} frames)
 

@@ -105,8 +105,8 @@ def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range]
     clips = [c for s in sources_of(adapter) for c in activity_clips(s, ranges, spec)]
     frames, idx = frame_lookup(clips)
     model = merged_backbone(backbone, adapter) if model is None else model
-    feats, lbs = features(model, frames, side)
     head, clip_len = adapter.head, adapter.clip_len
+    feats, lbs = features(model, frames, side, keep_pixels=bool(head.detail))
     pred = []
     for c in idx:
         raw = head(feats.select(torch.tensor(c)), clip_len)
@@ -250,7 +250,7 @@ def evaluate_persons_on_human(adapter: Adapter, model: torch.nn.Module, hs: Huma
     side = int(adapter.head_config.get("image_size", 224))
     head, preds = adapter.head, []
     for frames in picked:
-        feats, lbs = features(model, frames, side)
+        feats, lbs = features(model, frames, side, keep_pixels=bool(head.detail))
         result = head.decode(head(feats, adapter.clip_len), [lbs[0]], [frames[0].size])[0]
         preds.append([p.to_json() for p in result.persons or ()])
     return human_persons_report(preds, [c["persons"] for c in clips], head)

@@ -180,6 +180,7 @@ class ClipSet:
     lower: torch.Tensor | None = None
     lower_flip: torch.Tensor | None = None
     side: int = 224
+    images: torch.Tensor | None = None  # uint8 [N, S, S, 3] letterboxed frames, for a person head's detail branch
 
     @property
     def letterboxes(self) -> list[Letterbox]:
@@ -210,6 +211,8 @@ def cache_clip_features(spec: Spec, cs: ClipSet, layer: int, flip: bool, progres
     cache = FeatureCache(cache_root(spec), resolve(spec.backbone), spec.image_size, layer)
     cs.lower = cache.get(model, cs.frames, progress=progress)
     cs.lower_flip = cache.get(model, cs.frames, flip=True, progress=progress) if flip else None
+    if spec.head.get("detail") and cs.images is None:
+        cs.images = letterboxed(cs.frames, spec.image_size)[0]
 
 
 def reversed_persons(persons: list[dict]) -> list[dict]:
@@ -227,15 +230,18 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
     model = T.build_model(spec.backbone, lora, spec.opts.seed)
     hidden = (model.get_base_model() if hasattr(model, "get_base_model") else model).config.hidden_size
     head, _ = T.new_head("action", labels, hidden, spec.image_size, spec.head, clip_len=spec.clip_len)
+    if spec.box_head_from is not None:
+        start_box_head(head.box_head, spec.box_head_from, hidden)
     lbs = cs.letterboxes
     # one sample per (clip, view): (frame indices into `lower`, clip label, persons, clip index, mirrored,
     # the teacher's person boxes per frame in the order the model sees them)
     frame_boxes = cs.frame_boxes or [[] for _ in cs.clips]  # hand-built sets in tests may have none
     samples = [(c, cs.labels[k], cs.persons[k], k, False, frame_boxes[k]) for k, c in enumerate(cs.clips)]
-    lower = cs.lower
+    lower, images = cs.lower, cs.images
     if cs.lower_flip is not None:  # mirrored clips: left and right swap
         n = len(cs.frames)
         lower = torch.cat([cs.lower, cs.lower_flip])
+        images = None if images is None else torch.cat([images, images.flip(2)])  # as flip=True letterboxes
         samples += [([j + n for j in c], MIRRORED.get(cs.labels[k], cs.labels[k]), cs.persons[k], k, True,
                      frame_boxes[k]) for k, c in enumerate(cs.clips)]
     if spec.opts.reverse:  # the rare clips played backwards: toward <-> away, left <-> right (REVERSED)
@@ -256,11 +262,26 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
     loss_fn = T.action_loss_fn(lower, clips, y, _balanced(y, len(labels)), split, spec.image_size,
                                T.backbone_patch(model), spec.clip_len, persons,
                                None if persons is None else _balanced(torch.cat([t[3][t[3] >= 0] for t in persons]),
-                                                                      len(head.person_labels)), frame_targets)
+                                                                      len(head.person_labels)), frame_targets,
+                               images)
     fp = T._fingerprint(spec.name, tag, labels, T.lora_identity(lora), T.run_settings(spec.opts), spec.image_size,
-                        len(clips), spec.head, spec.clip_len)
+                        len(clips), spec.head, spec.clip_len, [asdict(s) for s in spec.sources],
+                        T.file_digest(spec.box_head_from / "head.safetensors") if spec.box_head_from else None)
     ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
     return T.run(model, head, len(clips), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
+
+
+def start_box_head(box_head, path: Path, hidden: int) -> None:
+    """Start a person box head from the detection adapter at `path`: every weight, and of its class output the
+    person row (load_spec checked the shapes)."""
+    from ..adapters import load_adapter_dir
+
+    source = load_adapter_dir(path.name, path, hidden).head
+    person = source.classes.index("person")
+    state = box_head.state_dict()
+    for k, v in source.state_dict().items():
+        state[k] = v[person:person + 1].clone() if k.startswith("cls_out.") else v.clone()
+    box_head.load_state_dict(state)
 
 
 def _balanced(y: torch.Tensor, n: int) -> torch.Tensor:
@@ -274,7 +295,7 @@ def predict_action(spec: Spec, model, head, cs: ClipSet, lora: LoraSpec) -> list
     """The head's decoded output per clip (label, scores and, with the persons branch, persons)."""
     layer = min(lora.layers) if lora.layers else 12
     return T.predict_action(model, head, cs.lower, cs.clips, layer, spec.image_size, T.backbone_patch(model),
-                            spec.clip_len, cs.letterboxes, cs.sizes)
+                            spec.clip_len, cs.letterboxes, cs.sizes, images=cs.images)
 
 
 def evaluate_action(spec: Spec, head, cs: ClipSet, pred: list[dict]) -> dict:

@@ -5,6 +5,7 @@ Relative paths are resolved against the spec file's folder. Example: adapters/sp
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +107,10 @@ class Spec:
     # and "per-source" (detection: LoRA + head on each source alone). YAML: true (all), false (none) or a list.
     baselines: tuple[str, ...] = BASELINES
     head: dict = field(default_factory=dict)  # head constructor params, e.g. {width: 128, norm: false} (heads.py)
+    # action heads with `boxes`: a detection adapter whose head the person box head starts from (every weight, the
+    # person row of its class output), e.g. the detect adapter, which already finds people far better than a
+    # box head trained from scratch on a clip's two middle frames does
+    box_head_from: Path | None = None
 
     @property
     def split(self) -> int:
@@ -182,6 +187,7 @@ def load_spec(path: str | Path) -> Spec:
         teachers_dir=(root / raw["teachers_dir"]).resolve() if raw.get("teachers_dir") else None,
         baselines=_parse_baselines(raw.get("baselines", True)),
         head=dict(raw.get("head") or {}),
+        box_head_from=(root / raw["box_head_from"]).resolve() if raw.get("box_head_from") else None,
     )
     if not spec.train:
         raise SpecError("train: at least one video range is needed")
@@ -195,6 +201,8 @@ def load_spec(path: str | Path) -> Spec:
     if spec.lora.init_from is not None:
         spec.lora.init_from = str((root / spec.lora.init_from).resolve())
         _check_init_from(spec.lora)
+    if spec.box_head_from is not None:
+        _check_box_head_from(spec)
     if not isinstance(spec.opts.repeats, int) or spec.opts.repeats < 1:
         raise SpecError(f"train_options.repeats: expected an integer >= 1, got {spec.opts.repeats!r}")
     if spec.opts.repeats > 1 and spec.fusion:
@@ -219,6 +227,24 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"train_options.zoom_in: source {fixed[0]!r} is a fixed label file, which has no labels for "
                         "the crops (a teacher labels each crop itself)")
     return spec
+
+
+def _check_box_head_from(spec: Spec) -> None:
+    """box_head_from must be a detection adapter with a person class whose head has the box head's shape."""
+    if spec.task != "action" or not spec.head.get("boxes"):
+        raise SpecError("box_head_from: only an action head with `boxes` has a person box head to start")
+    cfg_file = spec.box_head_from / "head_config.json"
+    if not cfg_file.is_file():
+        raise SpecError(f"box_head_from: {cfg_file} does not exist")
+    cfg = json.loads(cfg_file.read_text())
+    if cfg.get("task") != "detection" or "person" not in cfg.get("classes", []):
+        raise SpecError(f"box_head_from: {spec.box_head_from} is not a detection adapter with a person class")
+    params = cfg.get("params", {})
+    theirs = (params.get("upsample", 2), params.get("detail", 0), params.get("width", 128), cfg.get("image_size"))
+    ours = (spec.head["boxes"], spec.head.get("detail", 0), spec.head.get("box_width", 128), spec.image_size)
+    if theirs != ours:
+        raise SpecError(f"box_head_from: {spec.box_head_from} has (upsample, detail, width, image_size) {theirs}; this "
+                        f"spec's box head has {ours}")
 
 
 def _check_init_from(lora: LoraSpec) -> None:

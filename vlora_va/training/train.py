@@ -124,13 +124,17 @@ def _fingerprint(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def file_digest(path: Path) -> str:
+    """A file's identity in a run's fingerprint: the start of its SHA-256."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
 def lora_identity(lora: LoraSpec) -> dict:
     """The LoRA settings as part of a run's identity. A run started from a saved adapter (init_from) is named by
     that adapter's weights, not its path: after the adapter is retrained, its path starts a new run."""
     out = dict(lora.__dict__)
     if lora.init_from:
-        weights = Path(lora.init_from) / "adapter_model.safetensors"
-        out["init_from"] = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+        out["init_from"] = file_digest(Path(lora.init_from) / "adapter_model.safetensors")
     return out
 
 
@@ -249,15 +253,18 @@ def detection_loss_fn(lower: torch.Tensor, targets: list[tuple], split: int, ima
 
 def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Tensor, class_weight: torch.Tensor,
                    split: int, image_size: int, patch: int, clip_len: int, persons: list[tuple] | None = None,
-                   person_weight: torch.Tensor | None = None, frame_boxes: list[tuple] | None = None):
+                   person_weight: torch.Tensor | None = None, frame_boxes: list[tuple] | None = None,
+                   images: torch.Tensor | None = None):
     """clips[i] = indices into `lower` of sample i's frames; labels[i] its class index; persons[i] its
     person-branch targets (targets.person_targets) when the head has that branch; frame_boxes[i] the person
-    DetectionHead's targets on its two middle frames (targets.middle_frame_targets) when the head has `boxes`."""
+    DetectionHead's targets on its two middle frames (targets.middle_frame_targets) when the head has `boxes`;
+    images: the letterboxed frames, indexed like `lower`, for a person head with a detail branch."""
     from .targets import detection_loss, person_loss
 
     def loss_fn(model, head, idx):
         frames = torch.tensor([j for i in idx.tolist() for j in clips[i]])
-        feats = features_from(model, lower[frames], split, image_size, patch)
+        feats = features_from(model, lower[frames], split, image_size, patch,
+                              None if images is None else images[frames])
         logits, maps, boxes = head(feats, clip_len)
         loss = F.cross_entropy(logits, labels[idx], weight=class_weight, label_smoothing=0.05)
         if maps is not None:
@@ -294,13 +301,16 @@ def decode_detections(head: DetectionHead, raw: tuple[torch.Tensor, torch.Tensor
 
 @torch.no_grad()
 def predict_action(model, head: ActionHead, lower: torch.Tensor, clips: list[list[int]], split: int, image_size: int,
-                   patch: int, clip_len: int, letterboxes, sizes, threshold: float = 0.05, batch: int = 4) -> list[dict]:
-    """Decoded clips; persons at a low threshold (the report reads them at the chosen one)."""
+                   patch: int, clip_len: int, letterboxes, sizes, threshold: float = 0.05, batch: int = 4,
+                   images: torch.Tensor | None = None) -> list[dict]:
+    """Decoded clips; persons at a low threshold (the report reads them at the chosen one). images: the
+    letterboxed frames, indexed like `lower` (a person head with a detail branch reads them)."""
     old, head.score_threshold = head.score_threshold, threshold
     out = []
     for i in range(0, len(clips), batch):
         frames = torch.tensor([j for c in clips[i:i + batch] for j in c])
-        feats = features_from(model, lower[frames], split, image_size, patch)
+        feats = features_from(model, lower[frames], split, image_size, patch,
+                              None if images is None else images[frames])
         out += [r.to_json() for r in head.decode(head(feats, clip_len), letterboxes[i:i + batch], sizes[i:i + batch])]
     head.score_threshold = old
     return out

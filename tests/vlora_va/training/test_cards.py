@@ -41,4 +41,9 @@ def test_the_action_card_says_where_the_persons_boxes_come_from(tmp_path):
         words[boxes] = action_card(spec, row, {"train": {"standing": 1}})
     assert "a per-person branch" in words[0] and "person detection head" not in words[0]
     assert ("each person's box from a person detection head (patch grid ×4) on the clip's two middle frames"
-            in words[4])
+            in words[4]) and "started from" not in words[4] and "detail" not in words[4]
+    spec = Spec(name="x", task="action", output=tmp_path / "x", clip_len=4, box_head_from=tmp_path / "detect",
+                head={"spatial": "local", "persons": True, "boxes": 4, "detail": 32})
+    card = action_card(spec, row, {"train": {"standing": 1}})
+    assert "(patch grid ×4, joined there by a 32-channel convolution branch on the input image" in card
+    assert "that person head started from the `detect` adapter's detection head (its person class)" in card

@@ -124,3 +124,42 @@ def test_init_from_must_be_an_adapter_of_the_same_lora_shape(tmp_path):
     p.write_text(base + "lora: {layers: [], init_from: good}\n")
     with pytest.raises(SpecError, match="needs lora.layers"):
         load_spec(p)
+
+
+def save_detection_adapter(path, classes=("car", "person"), head=None, **params):
+    """Save a detection adapter (no LoRA) with `head` or a fresh heads.DetectionHead(`params`); returns the head."""
+    from vlora_va.adapters import save_adapter_dir
+    from vlora_va.heads import DetectionHead
+    from vlora_va.training import train as T
+
+    head = head or DetectionHead(8, list(classes), image_size=56, **params)
+    save_adapter_dir(path, lora={}, rank=2, alpha=4, target_modules=["encoder.layer.11.attention.q_proj"],
+                     base_model="tiny", head=head, head_config=T.head_config("detection", list(classes), 56, params))
+    return head
+
+
+def test_box_head_from_must_be_a_person_detection_head_of_the_box_heads_shape(tmp_path):
+    save_detection_adapter(tmp_path / "good", upsample=4, detail=32)
+    save_detection_adapter(tmp_path / "coarse", upsample=2)
+    save_detection_adapter(tmp_path / "cars", classes=("car",), upsample=4, detail=32)
+    p = tmp_path / "s.yaml"
+    base = ("name: x\ntask: action\noutput: out\nimage_size: 56\nsources: [{name: a, kind: activity}]\n"
+            "train: [{video: %s}]\n" % (ROOT / "sample_videos" / "bikes.mp4"))
+    boxes = "head: {persons: true, spatial: local, boxes: 4, detail: 32}\n"
+    p.write_text(base + boxes + "box_head_from: good\n")  # relative to the spec file, like output
+    assert load_spec(p).box_head_from == tmp_path / "good"
+    for head, where, error in (
+            (boxes, "coarse", r"has \(upsample, detail, width, image_size\) \(2, 0, 128, 56\); this spec's box head "
+                              r"has \(4, 32, 128, 56\)"),
+            (boxes, "cars", "not a detection adapter with a person class"),
+            (boxes, "missing", "missing/head_config.json does not exist"),
+            ("head: {persons: true, spatial: local}\n", "good", "only an action head with `boxes`")):
+        p.write_text(base + head + f"box_head_from: {where}\n")
+        with pytest.raises(SpecError, match=error):
+            load_spec(p)
+
+
+def test_the_box_head_study_spec_fits_the_shipped_detect():
+    spec = load_spec(ROOT / "adapters" / "specs" / "actions-persons-detect-head.yaml")
+    assert spec.box_head_from == (ROOT / "adapters" / "detect").resolve() and spec.head["detail"] == 32
+    assert spec.output == (ROOT / "adapters" / "studies" / "actions-persons-detect-head").resolve()

@@ -135,8 +135,8 @@ def test_lora_can_start_from_a_saved_adapter(tiny_backbone, tmp_path):
     assert T.lora_identity(start) != before
 
 
-@pytest.mark.parametrize("boxes", [0, 2])
-def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, tmp_path, boxes):
+@pytest.mark.parametrize("boxes, detail", [(0, 0), (2, 0), (4, 32)])
+def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, tmp_path, boxes, detail):
     from vlora_va.training import pipeline as P
     from vlora_va.training.runner import _action_labels, _save_action
 
@@ -151,20 +151,36 @@ def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, t
                 clip_len=2, sources=[Source("activity", "activity")], cache_dir=tmp_path / "cache",
                 lora=LoraSpec(rank=4, alpha=8, layers=[1]), opts=TrainSpec(epochs=2, batch=2, ckpt_every=1),
                 head={"motion": True, "width": 4, "spatial": "local", "persons": True,
-                      **({"boxes": boxes, "box_width": 8} if boxes else {})})
+                      **({"boxes": boxes, "box_width": 8} if boxes else {}), **({"detail": detail} if detail else {})})
     labels = _action_labels(cs, persons=True)
     # a person-only activity (walking_toward) is learnt too; mirroring adds walking_right
     assert labels == ["no_person", "standing", "walking_left", "walking_right", "walking_toward"]
-    P.cache_clip_features(spec, cs, 1, flip=False, progress=False)
+    # with the detail branch the clips' letterboxed frames ride along (mirrored for the flipped clips)
+    P.cache_clip_features(spec, cs, 1, flip=bool(detail), progress=False)
+    assert (cs.images is not None) == bool(detail)
+    if detail:
+        assert cs.images.shape == (8, SIDE, SIDE, 3) and cs.images.dtype == torch.uint8
     res = P.train_action(spec, cs, labels, spec.lora, deadline=time.monotonic() + 60)
-    assert res.complete and res.steps == 4 and np.isfinite(res.losses).all() and res.head.persons
-    report = P.evaluate_action(spec, res.head, cs, P.predict_action(spec, res.model, res.head, cs, spec.lora))
+    assert res.complete and res.steps == 4 * (1 + bool(detail)) and np.isfinite(res.losses).all() and res.head.persons
+    preds = P.predict_action(spec, res.model, res.head, cs, spec.lora)
+    report = P.evaluate_action(spec, res.head, cs, preds)
     assert report["clips"] == 4 and report["persons"]["persons"] == 4
+    if detail:  # the person boxes come from each clip's own images (scores lifted so that persons are found)
+        with torch.no_grad():
+            res.head.box_head.cls_out.bias += 8
+        seen = P.predict_action(spec, res.model, res.head, cs, spec.lora)
+        images, cs.images = cs.images, torch.zeros_like(cs.images)
+        blank = P.predict_action(spec, res.model, res.head, cs, spec.lora)
+        cs.images = images
+        assert all(p["persons"] for p in seen) and [p["persons"] for p in blank] != [p["persons"] for p in seen]
+        with torch.no_grad():
+            res.head.box_head.cls_out.bias -= 8
     res.head.score_threshold = 0.42  # as if chosen on validation data
     adapter = load_adapter_dir("tiny-act", _save_action(spec, res, labels, {"test": report}), 32)
     assert adapter.head.persons and adapter.head.score_threshold == 0.42 and adapter.head.image_size == SIDE
     assert (adapter.head.box_head is not None) == bool(boxes)
-    feats = Features(torch.zeros(4, 32), torch.randn(4, 32, 4, 4))
+    assert adapter.head.detail == detail
+    feats = Features(torch.zeros(4, 32), torch.randn(4, 32, 4, 4), torch.randn(4, 3, SIDE, SIDE))
     with torch.no_grad():
         trained, loaded = res.head(feats, 2), adapter.head(feats, 2)
         flat = lambda out: [t for x in out if x is not None for t in (x if isinstance(x, tuple) else (x,))]
@@ -235,3 +251,21 @@ def test_training_under_either_naming_writes_the_same_adapter(tiny_backbone, tmp
             assert torch.allclose(upper_hidden(res.model, lower_hidden(res.model, x, 1), 1), outputs[naming], atol=1e-4)
     assert files["legacy"] == files["canonical"]
     assert torch.equal(outputs["legacy"], outputs["canonical"])
+
+
+def test_a_box_head_started_from_a_detection_adapter_is_its_person_class(tmp_path):
+    from tests.vlora_va.training.test_spec import save_detection_adapter
+    from vlora_va.heads import ActionHead, DetectionHead
+    from vlora_va.training.pipeline import start_box_head
+
+    source = DetectionHead(8, ["car", "person"], image_size=56, upsample=4, detail=32).eval()
+    with torch.no_grad():
+        source.cls_out.bias.copy_(torch.tensor([-1.0, 2.0]))  # car, person: the person row must be taken
+    save_detection_adapter(tmp_path / "det", head=source, upsample=4, detail=32)
+    head = ActionHead(8, ["no_person", "standing"], width=4, spatial="local", persons=True, boxes=4, image_size=56,
+                      detail=32).eval()
+    start_box_head(head.box_head, tmp_path / "det", 8)
+    feats = Features(torch.zeros(2, 8), torch.randn(2, 8, 4, 4), torch.randn(2, 3, 56, 56))
+    with torch.no_grad():
+        (logits, dist), (theirs, their_dist) = head.box_head(feats), source(feats)
+    assert torch.equal(logits, theirs[:, 1:2]) and torch.equal(dist, their_dist)
