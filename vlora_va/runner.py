@@ -29,6 +29,7 @@ import signal
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 from contracts.config import ConfigError, PipelineConfig, load_config
@@ -62,6 +63,24 @@ def _as_child(parent_pid: int, on_orphaned) -> None:
         on_orphaned()
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+@contextmanager
+def signals_ignored_for_children():
+    """Start child processes inside this: a spawned child runs a fresh interpreter and ignores Ctrl-C only once
+    `_as_child` has run, so a Ctrl-C to the process group while it is still importing (a worker started just
+    before, e.g. by a reload) killed it with KeyboardInterrupt and made the run exit 1. Ignored signals stay
+    ignored across exec: a child started here ignores them from birth. A signal to this process in the few
+    milliseconds of the start is lost (press Ctrl-C again). Only the main thread can change signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
 
 
 def daemon_process(config: PipelineConfig, stop, ready, drained, log_level: str, parent_pid: int) -> None:
@@ -197,7 +216,8 @@ class Supervisor:
         d.ready_seen, d.restart_at, d.started = False, None, time.monotonic()
         d.process = self.ctx.Process(target=daemon_process, name="daemon",
                                      args=(self.config, d.stop, d.ready, d.drained, self.log_level, os.getpid()))
-        d.process.start()
+        with signals_ignored_for_children():
+            d.process.start()
         log.info("daemon started (pid %d)", d.process.pid)
 
     def _start_worker(self, w: WorkerChild) -> None:
@@ -212,7 +232,8 @@ class Supervisor:
             target=ingest_process, name=f"ingest-{w.index}",
             args=(self.config, w.streams, w.stop, w.flushed, w.release, self.log_level, w.index,
                   {sid: self.resume[sid] for sid in w.streams}, os.getpid()))
-        w.process.start()
+        with signals_ignored_for_children():
+            w.process.start()
         log.info("ingest worker %d (pid %d): streams %s", w.index, w.process.pid, ", ".join(w.streams))
 
     def _new_worker(self, streams: list[str], after: WorkerChild | None = None) -> WorkerChild:
