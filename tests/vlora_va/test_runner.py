@@ -17,11 +17,16 @@ def test_a_child_started_with_signals_ignored_survives_a_ctrl_c_while_it_starts(
     """Ctrl-C reaches every process of the group; a child still importing must not die of it (it made a run
     exit 1 when a reload had just started a worker). Without the guard the same child dies."""
     ctx = mp.get_context("spawn")
-    for guard, survives in ((nullcontext, False), (signals_ignored_for_children, True)):
-        child = ctx.Process(target=_nap)
-        with guard():
-            child.start()
-        os.kill(child.pid, signal.SIGINT)  # while it is starting: spawn runs a fresh interpreter
-        child.join(30)
-        assert (child.exitcode == 0) == survives, (guard, child.exitcode)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the parent's handler is back
+    # as in `vlora-va run` (Ctrl-C is handled); an earlier test of this process may have left it ignored
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for guard, survives in ((nullcontext, False), (signals_ignored_for_children, True)):
+            child = ctx.Process(target=_nap)
+            with guard():
+                child.start()
+            os.kill(child.pid, signal.SIGINT)  # while it is starting: spawn runs a fresh interpreter
+            child.join(30)
+            assert (child.exitcode == 0) == survives, (guard, child.exitcode)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the parent's handler is back
+    finally:
+        signal.signal(signal.SIGINT, before)
