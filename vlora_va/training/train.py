@@ -228,11 +228,11 @@ def run(model: nn.Module, head: nn.Module, n_samples: int, loss_fn, opts: TrainS
 # --- task-specific pieces: what one step computes -------------------------------------------------------------
 
 def features_from(model: nn.Module, lower: torch.Tensor, split: int, image_size: int, patch: int,
-                  images: torch.Tensor | None = None) -> Features:
-    """Features of cached lower-layer states; `images` (uint8 [N, S, S, 3], the letterboxed frames) ride along
-    for heads that also read the image (a detection head's detail branch)."""
-    feats = Features.from_hidden(upper_hidden(model, lower.float(), split), image_size, patch)
-    feats.pixels = None if images is None else normalise(images)
+                  images: torch.Tensor | None = None, index: torch.Tensor | slice = slice(None)) -> Features:
+    """Features of the cached lower-layer states lower[index]; images[index] (`images`: uint8 [N, S, S, 3], the
+    letterboxed frames, indexed like `lower`) ride along for heads that also read the image (a detail branch)."""
+    feats = Features.from_hidden(upper_hidden(model, lower[index].float(), split), image_size, patch)
+    feats.pixels = None if images is None else normalise(images[index])
     return feats
 
 
@@ -243,7 +243,7 @@ def detection_loss_fn(lower: torch.Tensor, targets: list[tuple], split: int, ima
     from .targets import detection_loss
 
     def loss_fn(model, head, idx):
-        feats = features_from(model, lower[idx], split, image_size, patch, None if images is None else images[idx])
+        feats = features_from(model, lower, split, image_size, patch, images, idx)
         heat, box, weight, count = (torch.stack([targets[i][k] if k < 3 else torch.tensor(targets[i][3])
                                                  for i in idx.tolist()]) for k in range(4))
         return detection_loss(head(feats), heat, box, weight, count, image_size)
@@ -263,8 +263,7 @@ def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Te
 
     def loss_fn(model, head, idx):
         frames = torch.tensor([j for i in idx.tolist() for j in clips[i]])
-        feats = features_from(model, lower[frames], split, image_size, patch,
-                              None if images is None else images[frames])
+        feats = features_from(model, lower, split, image_size, patch, images, frames)
         logits, maps, boxes = head(feats, clip_len)
         loss = F.cross_entropy(logits, labels[idx], weight=class_weight, label_smoothing=0.05)
         if maps is not None:
@@ -283,8 +282,7 @@ def detection_outputs(model, head: DetectionHead, lower: torch.Tensor, split: in
                       batch: int = 16, images: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's raw output (class logits, box distances) for every frame of cached features: decode it as
     often as needed (e.g. once per NMS setting) without running the upper layers again."""
-    outs = [head(features_from(model, lower[i:i + batch], split, image_size, patch,
-                               None if images is None else images[i:i + batch]))
+    outs = [head(features_from(model, lower, split, image_size, patch, images, slice(i, i + batch)))
             for i in range(0, len(lower), batch)]
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
@@ -309,8 +307,7 @@ def predict_action(model, head: ActionHead, lower: torch.Tensor, clips: list[lis
     out = []
     for i in range(0, len(clips), batch):
         frames = torch.tensor([j for c in clips[i:i + batch] for j in c])
-        feats = features_from(model, lower[frames], split, image_size, patch,
-                              None if images is None else images[frames])
+        feats = features_from(model, lower, split, image_size, patch, images, frames)
         out += [r.to_json() for r in head.decode(head(feats, clip_len), letterboxes[i:i + batch], sizes[i:i + batch])]
     head.score_threshold = old
     return out
