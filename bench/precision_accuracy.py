@@ -77,7 +77,7 @@ class Scorer:
                 part = todo[i:i + batch]
                 boxed = [letterbox(f.rgb, IMAGE_SIZE) for f in part]
                 feats = self.engine.features([b[0] for b in boxed], [0] * len(part), LoRAMode(PREMERGED), self.size,
-                                             keep_pixels=bool(getattr(self.head, "detail", 0)))
+                                             keep_pixels=bool(self.head.detail))
                 for j, (f, b) in enumerate(zip(part, boxed)):
                     self._cache[f.key] = (feats.select(slice(j, j + 1)), b[1].resized(self.size / IMAGE_SIZE))
         finally:

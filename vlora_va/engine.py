@@ -285,7 +285,7 @@ class Engine:
             frames.extend(r.frames)
             slots.extend([self.slots[r.adapter]] * r.num_images)
         # the model input rides along only for heads that read it (one copy per frame otherwise wasted)
-        keep_pixels = any(getattr(self.adapters[batch[i].adapter].head, "detail", 0) for i in group.members)
+        keep_pixels = any(self.adapters[batch[i].adapter].head.detail for i in group.members)
         feats = self.features(frames, slots, plan.mode, group.size, group.prefix, keep_pixels)
         by_adapter: dict[str, list[int]] = {}
         for i in group.members:

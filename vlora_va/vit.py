@@ -90,8 +90,13 @@ def lower(model: nn.Module, pixels: torch.Tensor, split: int) -> torch.Tensor:
     return h
 
 
+def middle(model: nn.Module, hidden: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
+    """Blocks [start, stop) (stop None: to the last), without the final norm."""
+    for block in blocks(model)[start:stop]:
+        hidden = _run(block, hidden)
+    return hidden
+
+
 def upper(model: nn.Module, hidden: torch.Tensor, split: int) -> torch.Tensor:
     """Blocks [split, L) + the final norm: the backbone's last hidden state (what heads read)."""
-    for block in blocks(model)[split:]:
-        hidden = _run(block, hidden)
-    return _base(model).layernorm(hidden)
+    return _base(model).layernorm(middle(model, hidden, split))

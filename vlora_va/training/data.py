@@ -83,6 +83,12 @@ class Clip:
     frame_boxes: list[list[list[float]]] = field(default_factory=list)  # per frame of `frames`: teacher person boxes
 
 
+def people_there(frame_boxes: list[list[list[float]]]) -> list[list[float]]:
+    """A clip's confident teacher person boxes over the frames the model sees: people who are there, whether or not
+    the label rule kept them as persons (metrics.person_activity_report's dont_care)."""
+    return [b for boxes in frame_boxes for b in boxes]
+
+
 def pick(n: int, k: int) -> list[int]:
     """k indices of n frames, exactly as a serving task takes its frames from a chunk (streams.chunker.spread);
     fewer frames than k: the last one repeats."""

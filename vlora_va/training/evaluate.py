@@ -26,7 +26,8 @@ import torch
 from ..adapters import Adapter, fit_module_names, load_adapter_dir
 from ..heads import Features
 from ..models import linear_names, load_backbone, patch_size
-from .data import activity_clips, detection_labels, frame_lookup, label_cache_dir, merge_labels, pick
+from .data import (activity_clips, detection_labels, frame_lookup, label_cache_dir, merge_labels, people_there,
+                   pick)
 from .features import full_hidden
 from .frames import Frame, iter_frames, model_input
 from .metrics import (action_report, detection_report, human_detection_report, person_activity_iou_report,
@@ -71,7 +72,7 @@ def detection_predictions(adapter: Adapter, model: torch.nn.Module, frames: list
     """{frame key: every detection scoring >= 0.05} (the full ranking AP needs; F1 is read at a threshold)."""
     side = int(adapter.head_config.get("image_size", 224))
     head = adapter.head
-    feats, lbs = features(model, frames, side, keep_pixels=bool(getattr(head, "detail", 0)))
+    feats, lbs = features(model, frames, side, keep_pixels=bool(head.detail))
     thr, head.score_threshold = head.score_threshold, 0.05
     try:
         preds = [[d.to_json() for d in image] for image in head.decode(head(feats), lbs, [f.size for f in frames])]
@@ -115,7 +116,8 @@ def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range]
     report = action_report([p["label"] for p in pred], true, head.labels)
     if head.persons:
         report["persons"] = person_activity_report([p["persons"] for p in pred], [c.persons for c in clips],
-                                                   head.person_labels, head.score_threshold)
+                                                   head.person_labels, head.score_threshold,
+                                                   [people_there(c.frame_boxes) for c in clips])
     return report
 
 

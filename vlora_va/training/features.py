@@ -30,6 +30,14 @@ def upper_hidden(model: nn.Module, hidden: torch.Tensor, split: int) -> torch.Te
     return vit.upper(model, hidden, split)
 
 
+@torch.no_grad()
+def frozen_layers(model: nn.Module, lower: torch.Tensor, split: int, batch: int = 8) -> torch.Tensor:
+    """Blocks [split, L) of cached lower-layer states, without the final norm, as float32 [N, tokens, D]. When
+    these layers' LoRA is frozen they never change, so they run once instead of every step; then
+    upper_hidden(model, out, L) == upper_hidden(model, lower, split)."""
+    return torch.cat([vit.middle(model, lower[i:i + batch].float(), split) for i in range(0, len(lower), batch)])
+
+
 def full_hidden(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
     return vit.upper(model, vit.lower(model, pixels, 0), 0)
 

@@ -255,19 +255,25 @@ def fmt_ratio(x: float | None) -> str:
 
 
 def person_activity_report(preds: list[list[dict]], refs: list[list[dict]], activities: list[str],
-                           threshold: float) -> dict:
+                           threshold: float, dont_care: list[list[list[float]]] | None = None) -> dict:
     """Per clip lists of predicted persons ({box, score, activity}) and reference persons ({box, label}, and
     `sure`: false for a person whose activity the label rule could not tell: found or not, it counts neither
     way). Confusion rows: reference activity; columns: predicted activity, then "missed". `activities` are the
-    model's; a reference activity outside them is added (it can only be wrong)."""
+    model's; a reference activity outside them is added (it can only be wrong). dont_care: per clip, boxes of
+    people who are there (data.people_there), references or not: the label rule keeps only the persons it tracked
+    through the clip, and a prediction on someone else there who matches no reference is not a false alarm."""
     activities = _with_unknown(activities, (r["label"] for ref in refs for r in ref if r.get("sure", True)))
     idx = {a: i for i, a in enumerate(activities)}
     cm = np.zeros((len(activities), len(activities) + 1), dtype=int)
     predicted = unsure = 0
-    for pred, ref in zip(preds, refs):
+    for k, (pred, ref) in enumerate(zip(preds, refs)):
         pred = [p for p in pred if p["score"] >= threshold]
-        found = {j: pred[i]["activity"] for i, j in _match_persons(pred, ref)}
+        pairs = _match_persons(pred, ref)
+        found = {j: pred[i]["activity"] for i, j in pairs}
         predicted += len(pred) - sum(1 for j in found if not ref[j].get("sure", True))
+        if dont_care is not None:
+            matched, there = {i for i, _ in pairs}, [{"box": b} for b in dont_care[k]]
+            predicted -= sum(1 for i, p in enumerate(pred) if i not in matched and _match_persons([p], there))
         for j, r in enumerate(ref):
             if not r.get("sure", True):
                 unsure += 1
@@ -344,11 +350,14 @@ def person_activity_iou_report(preds: list[list[dict]], refs: list[list[dict]], 
             "activities": activities, "confusion": cm.tolist()}
 
 
-def best_person_threshold(preds: list[list[dict]], refs: list[list[dict]], activities: list[str]) -> float:
-    """The person-score threshold with the best person-finding F1 (chosen on validation data, never on test)."""
+def best_person_threshold(preds: list[list[dict]], refs: list[list[dict]], activities: list[str],
+                          dont_care: list[list[list[float]]] | None = None) -> float:
+    """The person-score threshold with the best person-finding F1 (chosen on validation data, never on test).
+    dont_care (person_activity_report): without it, finding a person the label rule did not keep counts against a
+    threshold, which then drops real people too."""
     best, best_t = -1.0, 0.3
     for t in np.arange(0.1, 0.8, 0.025):
-        rep = person_activity_report(preds, refs, activities, float(t))
+        rep = person_activity_report(preds, refs, activities, float(t), dont_care)
         precision, recall = rep["precision"] or 0.0, rep["recall"] or 0.0
         f1 = 2 * precision * recall / max(precision + recall, 1e-9)
         if f1 > best:

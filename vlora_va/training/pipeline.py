@@ -15,12 +15,14 @@ import torch
 
 from ..adapters import save_adapter_dir
 from ..models import resolve
+from ..vit import num_blocks
 from contracts.geometry import Letterbox
 from . import train as T
 from .actions import MIRRORED, REVERSED
 from .augment import zoom_views
-from .data import activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels
-from .features import FeatureCache
+from .data import (activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels,
+                   people_there)
+from .features import FeatureCache, frozen_layers
 from .frames import Frame, letterbox_params, letterboxed
 from .metrics import action_report, best_f1_threshold, detection_report, mean_f1, person_activity_report
 from .spec import LoraSpec, Source, Spec, target_names
@@ -191,6 +193,10 @@ class ClipSet:
     def sizes(self) -> list[tuple[int, int]]:
         return [self.frames[c[0]].size for c in self.clips]
 
+    def people_there(self) -> list[list[list[float]]] | None:
+        """Per clip, data.people_there; None for a set without teacher boxes (hand-built in tests)."""
+        return [people_there(fb) for fb in self.frame_boxes] if self.frame_boxes else None
+
     def activities(self) -> list[str]:
         """Every label a clip or a person of this set has."""
         return sorted(set(self.labels) | {p["label"] for ps in self.persons for p in ps})
@@ -232,6 +238,12 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
     head, _ = T.new_head("action", labels, hidden, spec.image_size, spec.head, clip_len=spec.clip_len)
     if spec.box_head_from is not None:
         start_box_head(head.box_head, spec.box_head_from, hidden)
+    # freeze applies to the LoRA + head model only (spec.TrainSpec.freeze)
+    frozen = set(spec.opts.freeze) if lora.layers else set()
+    if "lora" in frozen:
+        model.requires_grad_(False)
+    if "box_head" in frozen:
+        head.box_head.requires_grad_(False)
     lbs = cs.letterboxes
     # one sample per (clip, view): (frame indices into `lower`, clip label, persons, clip index, mirrored,
     # the teacher's person boxes per frame in the order the model sees them)
@@ -254,11 +266,13 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
         grid = spec.image_size // T.backbone_patch(model)
         persons = [person_targets(ps, cs.seen[k], lbs[k], spec.image_size, grid, head.person_labels, flip)
                    for _, _, ps, k, flip, _ in samples]
-    if head.box_head is not None:
+    if head.box_head is not None and "box_head" not in frozen:  # a frozen box head learns nothing from its loss
         grid = spec.image_size // T.backbone_patch(model) * head.box_head.upsample
         frame_targets = [middle_frame_targets(fb, lbs[k], spec.image_size, grid, flip)
                          for _, _, _, k, flip, fb in samples]
     split = min(lora.layers) if lora.layers else 12
+    if "lora" in frozen:  # the LoRA layers' output never changes: run them once, not every step
+        lower, split = frozen_layers(model, lower, split), num_blocks(model)
     loss_fn = T.action_loss_fn(lower, clips, y, _balanced(y, len(labels)), split, spec.image_size,
                                T.backbone_patch(model), spec.clip_len, persons,
                                None if persons is None else _balanced(torch.cat([t[3][t[3] >= 0] for t in persons]),
@@ -303,7 +317,7 @@ def evaluate_action(spec: Spec, head, cs: ClipSet, pred: list[dict]) -> dict:
     report = action_report([p["label"] for p in pred], cs.labels, head.labels)
     if head.persons:
         report["persons"] = person_activity_report([p["persons"] for p in pred], cs.persons, head.person_labels,
-                                                   head.score_threshold)
+                                                   head.score_threshold, cs.people_there())
     return report
 
 

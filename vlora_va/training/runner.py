@@ -302,7 +302,7 @@ def _action_run(spec: Spec, res, lora: LoraSpec, val: P.ClipSet | None, tests: d
     head = res.head
     if head.persons and val is not None:
         persons = [p["persons"] for p in P.predict_action(spec, res.model, head, val, lora)]
-        head.score_threshold = best_person_threshold(persons, val.persons, head.person_labels)
+        head.score_threshold = best_person_threshold(persons, val.persons, head.person_labels, val.people_there())
     out = {}
     for where, cs in tests.items():
         preds = P.predict_action(spec, res.model, head, cs, lora)

@@ -82,6 +82,10 @@ class TrainSpec:
     # (one run's held-out top-1 swings by ±0.1 with the seed alone); the first seed's adapter is saved
     repeats: int = 1
     threads: int = 1  # 1: a second thread on a shared 2-core machine ran 4x slower (measured)
+    # action specs: parts of the LoRA + head model kept exactly as loaded, not trained: "lora" (from
+    # lora.init_from) and "box_head" (from box_head_from). The head-only baseline trains its whole head: its box
+    # head reads the frozen backbone, not the features the loaded one was learnt on.
+    freeze: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -217,6 +221,7 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError("train_options.reverse: only action specs train on time-reversed clips")
     if spec.opts.zoom_in and spec.task != "detection":
         raise SpecError("train_options.zoom_in: only detection specs train on zoomed-in crops")
+    _check_freeze(spec)
     manifests = [s.name for s in sources if s.kind != "activity"]
     if spec.head.get("boxes") and (spec.task != "action" or manifests):
         raise SpecError("head.boxes: the person boxes are learnt from the teacher's boxes in each clip's frames: an "
@@ -227,6 +232,23 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"train_options.zoom_in: source {fixed[0]!r} is a fixed label file, which has no labels for "
                         "the crops (a teacher labels each crop itself)")
     return spec
+
+
+FREEZABLE = {"lora": "lora.init_from", "box_head": "box_head_from"}
+
+
+def _check_freeze(spec: Spec) -> None:
+    """Each frozen part must be loaded from somewhere: a fresh part kept untrained would be noise (or, for a LoRA,
+    nothing at all)."""
+    freeze = spec.opts.freeze
+    if not isinstance(freeze, list) or any(p not in FREEZABLE for p in freeze):
+        raise SpecError(f"train_options.freeze: expected a list of {', '.join(FREEZABLE)}; got {freeze!r}")
+    if freeze and spec.task != "action":
+        raise SpecError("train_options.freeze: only action specs keep loaded parts frozen")
+    loaded = {"lora": spec.lora.init_from, "box_head": spec.box_head_from}
+    for part in freeze:
+        if loaded[part] is None:
+            raise SpecError(f"train_options.freeze: {part!r} is frozen but not loaded: set {FREEZABLE[part]}")
 
 
 def _check_box_head_from(spec: Spec) -> None:

@@ -74,6 +74,25 @@ def test_person_activity_report_counts_misses_as_wrong_exactly():
     assert rep["confusion"] == [[0, 1, 1], [0, 1, 1]] and rep["top1_found"] == 0.5
 
 
+def test_a_person_the_label_rule_did_not_keep_is_no_false_alarm_with_dont_care():
+    refs = [[person(0, 0, "standing")], [person(0, 0, "standing")]]
+    # each clip: the labelled person, a person the teacher saw but the rule did not keep, and noise
+    preds = [[person(0, 0, activity="standing", score=0.9), person(100, 0, activity="standing", score=0.4),
+              person(300, 0, activity="standing", score=0.4)] for _ in refs]
+    seen = [[[0, 0, 10, 40], [102, 5, 112, 45]], [[0, 0, 10, 40], [100, 0, 110, 40]]]
+    plain = person_activity_report(preds, refs, ["standing"], 0.3)
+    assert (plain["predicted"], plain["precision"]) == (6, pytest.approx(1 / 3, abs=1e-4))
+    rep = person_activity_report(preds, refs, ["standing"], 0.3, dont_care=seen)
+    assert (rep["predicted"], rep["precision"]) == (4, 0.5)  # the noise still counts
+    assert {k: rep[k] for k in ("top1", "recall", "confusion")} == {k: plain[k] for k in ("top1", "recall", "confusion")}
+    # the threshold: without dont_care the kept-out people (0.4) count as false alarms and it goes above them;
+    # with it, only the noise (0.35) is below it
+    people = [[person(0, 0, activity="standing", score=0.9), person(100, 0, activity="standing", score=0.4),
+               person(300, 0, activity="standing", score=0.35)] for _ in refs]
+    assert best_person_threshold(people, refs, ["standing"]) > 0.4
+    assert 0.35 < best_person_threshold(people, refs, ["standing"], dont_care=seen) <= 0.4
+
+
 def test_person_report_without_labelled_persons_is_undefined_not_zero():
     # Clips with nobody in them: top-1 and recall have no meaning, every prediction is a false alarm.
     rep = person_activity_report([[person(0, 0, activity="standing", score=0.9)], []], [[], []], ["standing"], 0.5)

@@ -159,6 +159,28 @@ def test_box_head_from_must_be_a_person_detection_head_of_the_box_heads_shape(tm
             load_spec(p)
 
 
+def test_freeze_names_loaded_parts_of_an_action_spec(tmp_path):
+    save_detection_adapter(tmp_path / "det", upsample=4, detail=32)
+    p = tmp_path / "s.yaml"
+    base = ("name: x\ntask: %s\noutput: out\nimage_size: 56\nsources: [{name: a, kind: %s}]\n"
+            "train: [{video: %s}]\n")
+    action = base % ("action", "activity", ROOT / "sample_videos" / "bikes.mp4")
+    boxes = "head: {persons: true, spatial: local, boxes: 4, detail: 32}\n"
+    p.write_text(action + boxes + "box_head_from: det\ntrain_options: {freeze: [box_head]}\n")
+    assert load_spec(p).opts.freeze == ["box_head"]
+    for text, error in (
+            (action + boxes + "train_options: {freeze: [box_head]}\n", "'box_head' is frozen but not loaded: set "
+                                                                       "box_head_from"),
+            (action + "train_options: {freeze: [lora]}\n", "'lora' is frozen but not loaded: set lora.init_from"),
+            (action + "train_options: {freeze: [head]}\n", r"expected a list of lora, box_head; got \['head'\]"),
+            (action + "train_options: {freeze: lora}\n", "expected a list of lora, box_head; got 'lora'"),
+            (base % ("detection", "hog", ROOT / "sample_videos" / "bikes.mp4") + "train_options: {freeze: [lora]}\n",
+             "only action specs keep loaded parts frozen")):
+        p.write_text(text)
+        with pytest.raises(SpecError, match=error):
+            load_spec(p)
+
+
 def test_the_box_head_study_spec_fits_the_shipped_detect():
     spec = load_spec(ROOT / "adapters" / "specs" / "actions-persons-detect-head.yaml")
     assert spec.box_head_from == (ROOT / "adapters" / "detect").resolve() and spec.head["detail"] == 32

@@ -253,6 +253,64 @@ def test_training_under_either_naming_writes_the_same_adapter(tiny_backbone, tmp
     assert torch.equal(outputs["legacy"], outputs["canonical"])
 
 
+def test_frozen_layers_then_the_norm_equal_the_upper_layers(tiny_backbone):
+    from vlora_va.training.features import frozen_layers
+    from vlora_va.vit import num_blocks
+
+    model = T.build_model(tiny_backbone, LoraSpec(layers=[]))
+    x, _ = model_input(frames(3), SIDE)
+    with torch.no_grad():
+        lower = lower_hidden(model, x, 1)
+        last = num_blocks(model)
+        assert torch.allclose(upper_hidden(model, frozen_layers(model, lower, 1, batch=2), last),
+                              upper_hidden(model, lower, 1), atol=1e-5)
+
+
+def test_frozen_lora_and_box_head_stay_as_loaded_while_the_activity_branches_learn(tiny_backbone, tmp_path):
+    """train_options.freeze: [lora, box_head] — the saved adapter's LoRA is init_from's and its box head is the
+    detection adapter's person head, bit for bit; the rest of the head trains."""
+    from vlora_va.adapters import save_adapter_dir
+    from vlora_va.heads import DetectionHead
+    from vlora_va.training import pipeline as P
+    from vlora_va.training.runner import _action_labels
+
+    lora = LoraSpec(rank=2, alpha=4, layers=[1], modules=["q_proj", "fc2"])
+    backbone = T.build_model(tiny_backbone, LoraSpec(layers=[]))
+    rng = torch.Generator().manual_seed(2)
+    start = {n: (torch.randn(2, m.weight.shape[1], generator=rng), torch.randn(m.weight.shape[0], 2, generator=rng))
+             for n in T.target_names(lora) for m in [T.installed_module(backbone, n)]}
+    box_source = DetectionHead(32, ["person"], 8, image_size=SIDE, upsample=2)
+    save_adapter_dir(tmp_path / "det", lora=start, rank=2, alpha=4, target_modules=list(start), base_model="tiny",
+                     head=box_source, head_config=T.head_config("detection", ["person"], SIDE,
+                                                                {"upsample": 2, "width": 8}))
+    walker = [{"box": [10, 10, 30, 50], "label": "walking_left"}]
+    cs = P.ClipSet(frames(6), [[0, 1], [2, 3], [4, 5]], ["walking_left", "standing", "no_person"],
+                   persons=[walker, [{"box": [40, 5, 60, 45], "label": "standing"}], []], seen=[[], [], []],
+                   frame_boxes=[[[[10, 10, 30, 50]]] * 2, [[[40, 5, 60, 45]]] * 2, [[], []]], side=SIDE)
+    frozen = dataclasses.replace(lora, init_from=str(tmp_path / "det"))
+    spec = Spec(name="tiny-frozen", task="action", output=tmp_path / "out", backbone=tiny_backbone, image_size=SIDE,
+                clip_len=2, sources=[Source("activity", "activity")], cache_dir=tmp_path / "cache", lora=frozen,
+                opts=TrainSpec(epochs=2, batch=2, ckpt_every=1, flip=False, freeze=["lora", "box_head"]),
+                head={"motion": True, "width": 4, "spatial": "local", "persons": True, "boxes": 2, "box_width": 8},
+                box_head_from=tmp_path / "det")
+    labels = _action_labels(cs, persons=True)
+    P.cache_clip_features(spec, cs, 1, flip=False, progress=False)
+    fresh = T.new_head("action", labels, 32, SIDE, spec.head, clip_len=2)[0].state_dict()
+    res = P.train_action(spec, cs, labels, frozen, deadline=time.monotonic() + 60)
+    assert res.complete and res.steps == 4 and np.isfinite(res.losses).all()
+    got = T.lora_weights(res.model, frozen)
+    assert all(torch.equal(got[n][0], a) and torch.equal(got[n][1], b) for n, (a, b) in start.items())
+    assert all(torch.equal(v, box_source.state_dict()[k]) for k, v in res.head.box_head.state_dict().items())
+    trained = res.head.state_dict()
+    assert any(not torch.equal(trained[k], fresh[k]) for k in trained if not k.startswith("box_head."))
+    # the same spec without freeze trains both (a run of its own: freeze is part of its identity)
+    free = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, freeze=[]))
+    res = P.train_action(free, cs, labels, frozen, deadline=time.monotonic() + 60)
+    got = T.lora_weights(res.model, frozen)
+    assert any(not torch.equal(got[n][1], b) for n, (_, b) in start.items())
+    assert any(not torch.equal(v, box_source.state_dict()[k]) for k, v in res.head.box_head.state_dict().items())
+
+
 def test_a_box_head_started_from_a_detection_adapter_is_its_person_class(tmp_path):
     from tests.vlora_va.training.test_spec import save_detection_adapter
     from vlora_va.heads import ActionHead, DetectionHead
