@@ -266,7 +266,9 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
         grid = spec.image_size // T.backbone_patch(model)
         persons = [person_targets(ps, cs.seen[k], lbs[k], spec.image_size, grid, head.person_labels, flip)
                    for _, _, ps, k, flip, _ in samples]
-    if head.box_head is not None and "box_head" not in frozen:  # a frozen box head learns nothing from its loss
+    # the box loss trains the box head, or keeps a trained LoRA's features what a frozen box head needs; with both
+    # frozen it teaches nothing
+    if head.box_head is not None and not {"box_head", "lora"} <= frozen:
         grid = spec.image_size // T.backbone_patch(model) * head.box_head.upsample
         frame_targets = [middle_frame_targets(fb, lbs[k], spec.image_size, grid, flip)
                          for _, _, _, k, flip, fb in samples]

@@ -258,7 +258,7 @@ def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Te
     """clips[i] = indices into `lower` of sample i's frames; labels[i] its class index; persons[i] its
     person-branch targets (targets.person_targets) when the head has that branch; frame_boxes[i] the person
     DetectionHead's targets on its two middle frames (targets.middle_frame_targets) when the head has `boxes`
-    that are trained (None: no box loss); images: the letterboxed frames, indexed like `lower`, for a person head with a detail branch."""
+    that anything upstream of their loss trains (None: no box loss); images: the letterboxed frames, indexed like `lower`, for a person head with a detail branch."""
     from .targets import detection_loss, person_loss
 
     def loss_fn(model, head, idx):

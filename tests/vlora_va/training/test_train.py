@@ -303,12 +303,15 @@ def test_frozen_lora_and_box_head_stay_as_loaded_while_the_activity_branches_lea
     assert all(torch.equal(v, box_source.state_dict()[k]) for k, v in res.head.box_head.state_dict().items())
     trained = res.head.state_dict()
     assert any(not torch.equal(trained[k], fresh[k]) for k in trained if not k.startswith("box_head."))
-    # the same spec without freeze trains both (a run of its own: freeze is part of its identity)
-    free = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, freeze=[]))
-    res = P.train_action(free, cs, labels, frozen, deadline=time.monotonic() + 60)
-    got = T.lora_weights(res.model, frozen)
-    assert any(not torch.equal(got[n][1], b) for n, (_, b) in start.items())
-    assert any(not torch.equal(v, box_source.state_dict()[k]) for k, v in res.head.box_head.state_dict().items())
+    # the same spec without freeze trains both (a run of its own: freeze is part of its identity); with the box head
+    # alone frozen, the LoRA trains and the box head stays
+    for freeze in ([], ["box_head"]):
+        res = P.train_action(dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, freeze=freeze)), cs, labels,
+                             frozen, deadline=time.monotonic() + 60)
+        got = T.lora_weights(res.model, frozen)
+        assert any(not torch.equal(got[n][1], b) for n, (_, b) in start.items())
+        same_box_head = all(torch.equal(v, box_source.state_dict()[k]) for k, v in res.head.box_head.state_dict().items())
+        assert same_box_head == (freeze == ["box_head"])
 
 
 def test_a_box_head_started_from_a_detection_adapter_is_its_person_class(tmp_path):
