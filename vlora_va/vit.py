@@ -84,10 +84,7 @@ def _run(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 def lower(model: nn.Module, pixels: torch.Tensor, split: int) -> torch.Tensor:
     """Embeddings + blocks [0, split): [B, tokens, D]."""
-    h = _base(model).embeddings(pixels)
-    for block in blocks(model)[:split]:
-        h = _run(block, h)
-    return h
+    return middle(model, _base(model).embeddings(pixels), 0, split)
 
 
 def middle(model: nn.Module, hidden: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:

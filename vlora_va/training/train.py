@@ -258,7 +258,8 @@ def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Te
     """clips[i] = indices into `lower` of sample i's frames; labels[i] its class index; persons[i] its
     person-branch targets (targets.person_targets) when the head has that branch; frame_boxes[i] the person
     DetectionHead's targets on its two middle frames (targets.middle_frame_targets) when the head has `boxes`
-    that anything upstream of their loss trains (None: no box loss); images: the letterboxed frames, indexed like `lower`, for a person head with a detail branch."""
+    that anything upstream of their loss trains (None: no box loss); images: the letterboxed frames, indexed like
+    `lower`, for a person head with a detail branch."""
     from .targets import detection_loss, person_loss
 
     def loss_fn(model, head, idx):
@@ -269,7 +270,7 @@ def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Te
         if maps is not None:
             targets = (torch.stack([persons[i][k] for i in idx.tolist()]) for k in range(5))
             loss = loss + person_loss(maps, *targets, activity_weight=person_weight)
-        if boxes is not None and frame_boxes is not None:  # None: a frozen box head
+        if boxes is not None and frame_boxes is not None:  # None: box head and LoRA both frozen
             heat, box, weight, count = (torch.cat([frame_boxes[i][k] for i in idx.tolist()]) for k in range(4))
             loss = loss + detection_loss(boxes, heat, box, weight, count, image_size)
         return loss
