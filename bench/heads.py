@@ -4,7 +4,9 @@
                            branch (the shipped `detect`): the ×4 head adds a second ×2 step and a 3×3 convolution
                            at half width on 96×96 cells; the detail branch three small convolutions on the image
     activity, per clip     `actions-persons`' head (4 frames, local 3-D convolution, persons branch) without vs
-                           with `boxes: 4` (a person detection head on the clip's two middle frames)
+                           with `boxes: 4` (a person detection head on the clip's two middle frames), with its
+                           detail branch, and with `activity_from: track` (the shipped head: the person head on all
+                           4 frames, so each person's boxes can be followed through the clip)
 
 Each pair times the heads' forward on the same random features in interleaved rounds (both see the same load;
 decoding is not included), reports medians per unit and the ratio to the first, and what each difference adds to a second of
@@ -41,7 +43,10 @@ def pairs() -> list[dict]:
     det = {label: DetectionHead(HIDDEN, ["person", "car", "truck"], image_size=SIDE, upsample=up, detail=detail).eval()
            for label, up, detail in (("×2", 2, 0), ("×4", 4, 0), ("×4 + detail 32", 4, 32))}
     act = {label: ActionHead(HIDDEN, ACTIVITIES, width=16, motion=True, spatial="local", persons=True, image_size=SIDE,
-                             boxes=boxes).eval() for label, boxes in (("persons branch", 0), ("+ boxes: 4", 4))}
+                             boxes=boxes, detail=detail, activity_from=source).eval()
+           for label, boxes, detail, source in (("persons branch", 0, 0, "maps"), ("+ boxes: 4", 4, 0, "maps"),
+                                                ("+ boxes: 4 + detail 32", 4, 32, "maps"),
+                                                ("+ boxes: 4 + detail 32, activity_from track", 4, 32, "track"))}
     return [{"name": "detection", "unit": "image", "per_second": 2, "batch": 2,
              "variants": {k: (lambda h=h: h(det_feats)) for k, h in det.items()}},
             {"name": "activity (actions-persons)", "unit": "4-frame clip", "per_second": 1, "batch": 1,

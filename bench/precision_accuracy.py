@@ -101,7 +101,7 @@ class Scorer:
         out = []
         for frames in clips:
             feats, lbs = self.features(frames)
-            res = self.head.decode(self.head(feats, clip_len), [lbs[0]], [frames[0].size])[0]
+            res = self.head.decode(self.head(feats, clip_len), [lbs[0]], [frames[0].size], [[f.t for f in frames]])[0]
             out.append(res.to_json())
         return out
 

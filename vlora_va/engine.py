@@ -322,5 +322,6 @@ class Engine:
             # A clip's frames share one letterbox: persons are placed through it, as detections are.
             lbs = [batch[i].letterbox.resized(size / batch[i].frames[0].shape[0]) for i in group]
             sizes = [batch[i].orig_size for i in group]
-            for i, res in zip(group, head.decode(head(feats.select(rows), clip_len), lbs, sizes)):
+            times = [list(batch[i].frame_ts) for i in group]  # a head naming activities by track needs them
+            for i, res in zip(group, head.decode(head(feats.select(rows), clip_len), lbs, sizes, times)):
                 results[i] = res

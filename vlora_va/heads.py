@@ -12,7 +12,8 @@ detection head with a detail branch) and is saved beside its adapter as `head_co
 - `ActionHead`: a clip classifier over the patch grids of a clip's frames (a temporal or 3-D convolution,
   mean+max over the clip, a linear layer gives label logits), optionally with a per-person branch: where
   each person is over the clip and what that person is doing, optionally with the persons found per frame by
-  a person `DetectionHead` on the clip's two middle frames (`boxes`).
+  a person `DetectionHead` on the clip's two middle frames (`boxes`), and their activity named by where their
+  boxes go over all the clip's frames (`activity_from="track"`, the rule of vlora_va/motion.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from torch import nn
 
 from contracts.geometry import Letterbox, pair_iou
 from contracts.results import ActivityResult, Detection, PersonActivity
+
+from .motion import motion_label, track_motion
 
 HEAD_FORMAT = "vlora-va-head"
 HEAD_FORMAT_VERSION = 1
@@ -206,11 +209,18 @@ class ActionHead(nn.Module):
     coarsely to overlap a hand-drawn one by half (found 0.49 of the human-checked persons, against 0.79 for
     boxes from a detection head, adapters/STUDIES.md). See `decode_persons_from_boxes`. detail (boxes=4 only)
     gives that person head the detection head's detail branch on the middle frames' images (`Features.pixels`).
+    activity_from="track" (boxes only) runs the person head on every frame of the clip, follows each person's box
+    through them, and names the activity by the motion rule (vlora_va/motion.py, the rule the training labels
+    come from) wherever the track covers >= TRACK_MIN of the frames; the activity maps name it otherwise, and
+    always name cycling (a rider moves like a walker). The maps, learnt from the teacher's tracks, tell a
+    standing person from a walker less well than the person's own boxes over the clip do (adapters/STUDIES.md).
+    Decoding then needs each clip's frame times.
     """
 
     def __init__(self, hidden: int, labels: list[str], width: int = 64, pool: int = 4, motion: bool = False,
                  spatial: str = "pooled", persons: bool = False, image_size: int = 224, score_threshold: float = 0.3,
-                 max_persons: int = 50, boxes: int = 0, box_width: int = 128, detail: int = 0, **_: object):
+                 max_persons: int = 50, boxes: int = 0, box_width: int = 128, detail: int = 0,
+                 activity_from: str = "maps", **_: object):
         super().__init__()
         if spatial not in ("pooled", "local"):
             raise ValueError(f"action head: spatial must be 'pooled' or 'local', got {spatial!r}")
@@ -220,6 +230,12 @@ class ActionHead(nn.Module):
             raise ValueError("action head: boxes needs persons=true (they are the persons' boxes)")
         if detail and not boxes:
             raise ValueError("action head: detail needs boxes (it is the person box head's detail branch)")
+        if activity_from not in ACTIVITY_FROM:
+            raise ValueError(f"action head: activity_from must be one of {', '.join(ACTIVITY_FROM)}, "
+                             f"got {activity_from!r}")
+        if activity_from == "track" and not boxes:
+            raise ValueError("action head: activity_from 'track' needs boxes (the persons' boxes are the track)")
+        self.activity_from = activity_from
         self.labels, self.pool, self.motion, self.spatial = list(labels), pool, motion, spatial
         self.image_size, self.score_threshold, self.max_persons = image_size, score_threshold, max_persons
         self.project = nn.Sequential(nn.Conv2d(hidden, width, 1), nn.GELU())
@@ -249,10 +265,13 @@ class ActionHead(nn.Module):
         """The person box head's detail channels (0: none): callers keep each frame's model input for it."""
         return self.box_head.detail if self.box_head is not None else 0
 
-    def forward(self, feats: Features, clip_len: int) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
+    def forward(self, feats: Features, clip_len: int,
+                every_frame: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
         """feats holds B*clip_len frames, clip-major. Returns (label logits [B, L], person maps
         [B, PERSON_FIELDS + activities, h, w] or None without the persons branch, the person DetectionHead's
-        output on each clip's two middle frames [2B, ...] (clip-major) or None without `boxes`)."""
+        output (clip-major) on each clip's two middle frames [2B, ...], or on every frame [B*clip_len, ...] with
+        activity_from "track" or every_frame=True, or None without `boxes`). every_frame=False: the middle frames
+        only, whatever decoding wants (training: the box loss is on those)."""
         grid = feats.grid if self.spatial == "local" else F.adaptive_avg_pool2d(feats.grid, self.pool)
         x = self.project(grid)                                          # [B*T, C, h, w]
         x = x.reshape(-1, clip_len, *x.shape[1:]).transpose(1, 2)       # [B, C, T, h, w]
@@ -269,14 +288,18 @@ class ActionHead(nn.Module):
         maps = self.person_out(self.person_mix(torch.cat([x.mean(2), x.amax(2)], dim=1)))
         boxes = None
         if self.box_head is not None:
-            boxes = self.box_head(feats.select(middle_frames(logits.shape[0], clip_len, feats.grid.device)))
+            every = self.activity_from == "track" if every_frame is None else every_frame
+            boxes = self.box_head(feats if every else
+                                  feats.select(middle_frames(logits.shape[0], clip_len, feats.grid.device)))
         return logits, maps, boxes
 
     @torch.no_grad()
     def decode(self, raw: tuple, letterboxes: list[Letterbox] | None = None,
-               orig_sizes: list[tuple[int, int]] | None = None) -> list[ActivityResult]:
+               orig_sizes: list[tuple[int, int]] | None = None,
+               frame_times: list[list[float]] | None = None) -> list[ActivityResult]:
         """Per clip: the label, its probability and every label's, and, with the persons branch, every person
-        found (box in original pixels, best first). Persons need each clip's letterbox and original size."""
+        found (box in original pixels, best first). Persons need each clip's letterbox and original size, and
+        person boxes on every frame (forward with activity_from "track") each clip's frame times in seconds."""
         logits, maps, boxes = raw
         probs = logits.softmax(-1).tolist()
         persons: list = [None] * len(probs)
@@ -284,7 +307,7 @@ class ActionHead(nn.Module):
             if letterboxes is None or orig_sizes is None:
                 raise ValueError("action head: decoding persons needs each clip's letterbox and original size")
             found = (self.decode_persons(maps, letterboxes, orig_sizes) if boxes is None else
-                     self.decode_persons_from_boxes(maps, boxes, letterboxes, orig_sizes))
+                     self.decode_persons_from_boxes(maps, boxes, letterboxes, orig_sizes, frame_times))
             persons = [tuple(p) for p in found]
         out = []
         for p, ps in zip(probs, persons):
@@ -316,34 +339,39 @@ class ActionHead(nn.Module):
         return out
 
     def decode_persons_from_boxes(self, maps: torch.Tensor, boxes: tuple, letterboxes: list[Letterbox],
-                                  orig_sizes: list[tuple[int, int]]) -> list[list[PersonActivity]]:
+                                  orig_sizes: list[tuple[int, int]],
+                                  frame_times: list[list[float]] | None = None) -> list[list[PersonActivity]]:
         """Per clip: its persons from the person DetectionHead on its two middle frames, best first. As a loop:
-        decode each middle frame's person boxes (score >= BOX_FLOOR, NMS); walk the first frame's boxes best
-        first, each taking the free second-frame box it overlaps most (IoU >= LINK_IOU); a linked pair is one
-        person with the mean box and mean score (the clip's mid-time position, where a labelled person's mean
-        box over the clip lies for steady motion), an unlinked box one person as it is; keep the persons
-        scoring >= score_threshold; a person's activity is the argmax of the activity maps at the cell holding
-        its box's centre. (Linking below the threshold makes decoding at a threshold the same as decoding
-        low and filtering, as training's reports do.)"""
-        side = self.image_size
+        decode each frame's person boxes (score >= BOX_FLOOR, NMS); link the middle frames' boxes into persons,
+        each with the mean box and mean score of its boxes there (the clip's mid-time position, where a labelled
+        person's mean box over the clip lies for steady motion), and keep those scoring >= score_threshold
+        (`person_tracks`); a person's activity is the argmax of the activity maps at the cell holding its box's
+        centre. With boxes on every frame (activity_from "track"), each person's track through the clip names
+        the activity instead where it is long enough (`track_activity`); activity_score stays the maps'
+        probability of the activity named."""
+        side, clips = self.image_size, maps.shape[0]
+        n = len(boxes[0])
+        per_clip = n // clips
+        if per_clip > 2 and (frame_times is None or any(len(t) != per_clip for t in frame_times)):
+            raise ValueError(f"action head: activity_from 'track' needs each clip's {per_clip} frame times")
         model = Letterbox(1.0, 0.0, 0.0)  # decode in model pixels: the activity maps live there
-        frames = self.box_head.decode(boxes, [model] * len(boxes[0]), [(side, side)] * len(boxes[0]))
+        frames = self.box_head.decode(boxes, [model] * n, [(side, side)] * n)
         activity = maps[:, PERSON_FIELDS:].softmax(1).cpu()  # one transfer: persons are read one by one below
         stride = side / maps.shape[-1]
         out: list[list[PersonActivity]] = []
-        for i in range(maps.shape[0]):
-            first, second = ([(d.box, d.score) for d in frames[2 * i + k]] for k in (0, 1))
+        for i in range(clips):
+            clip = [[(d.box, d.score) for d in frames[i * per_clip + f]] for f in range(per_clip)]
             found = []
-            for box, score in link_pairs(first, second, LINK_IOU):
-                if score < self.score_threshold:
-                    continue
+            for score, box, track in person_tracks(clip, self.score_threshold):
                 cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
                 row, col = (min(max(int(v / stride), 0), maps.shape[-1] - 1) for v in (cy, cx))
-                a = activity[i, :, row, col]
-                k = int(a.argmax())
+                probs = activity[i, :, row, col]
+                name = self.person_labels[int(probs.argmax())]
+                if per_clip > 2:
+                    name = track_activity(track, frame_times[i], per_clip, name, self.person_labels)
                 found.append(PersonActivity(tuple(letterboxes[i].box_to_original(box, orig_sizes[i])), score,
-                                            self.person_labels[k], float(a[k])))
-            out.append(sorted(found, key=lambda p: -p.score)[:self.max_persons])
+                                            name, float(probs[self.person_labels.index(name)])))
+            out.append(found[:self.max_persons])
         return out
 
 
@@ -351,6 +379,11 @@ class ActionHead(nn.Module):
 # less when faster. 0.1 beat 0.2 and 0.3 on the validation range too (precision 0.93 vs 0.88 / 0.82, STUDIES.md).
 LINK_IOU = 0.1
 BOX_FLOOR = 0.05  # per-frame person boxes are linked from this score up; persons are kept at score_threshold
+ACTIVITY_FROM = ("maps", "track")  # what names a person's activity (ActionHead)
+DECODE_ONLY = ("activity_from",)  # head params that change how outputs are read, never what is learnt
+# A track names the activity when it covers this share of the clip's frames: the label rule keeps a teacher's
+# track as a person from the same share (training/actions.py), so a track's motion is measured over as long a span.
+TRACK_MIN = 0.6
 
 
 def middle_frames(clips: int, clip_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -363,23 +396,97 @@ def middle_frames(clips: int, clip_len: int, device: torch.device | None = None)
     return torch.stack([base + a, base + b], 1).flatten()
 
 
+def link_index_pairs(first: list, second: list, min_iou: float) -> list[tuple[int | None, int | None]]:
+    """Boxes of one frame (best first) and of the next -> one (index in first, index in second) per person: each
+    first box in turn takes the free second box it overlaps most (IoU >= min_iou), or none (None); then the
+    second boxes no first box took, each alone."""
+    free = set(range(len(second)))
+    people: list[tuple[int | None, int | None]] = []
+    for i, box in enumerate(first):
+        best, j = min_iou, None
+        for k in sorted(free):
+            o = pair_iou(box, second[k])
+            if o >= best:
+                best, j = o, k
+        free.discard(j)
+        people.append((i, j))
+    return people + [(None, k) for k in sorted(free)]
+
+
 def link_pairs(first: list[tuple], second: list[tuple], min_iou: float) -> list[tuple[list[float], float]]:
     """(box, score) of one frame and the next -> one (box, score) per person: `first` best first, each linked
     to the free box of `second` it overlaps most (IoU >= min_iou) and averaged with it; the rest as they are."""
-    free = set(range(len(second)))
+    first = sorted(first, key=lambda d: -d[1])
     people = []
-    for box, score in sorted(first, key=lambda d: -d[1]):
-        best, j = min_iou, -1
-        for k in free:
-            o = pair_iou(box, second[k][0])
-            if o >= best:
-                best, j = o, k
-        if j < 0:
+    for i, j in link_index_pairs([d[0] for d in first], [d[0] for d in second], min_iou):
+        if i is None or j is None:
+            box, score = first[i] if j is None else second[j]
             people.append((list(box), score))
-            continue
-        free.discard(j)
-        people.append(([(u + v) / 2 for u, v in zip(box, second[j][0])], (score + second[j][1]) / 2))
-    return people + [(list(second[k][0]), second[k][1]) for k in sorted(free)]
+        else:
+            people.append(([(u + v) / 2 for u, v in zip(first[i][0], second[j][0])], (first[i][1] + second[j][1]) / 2))
+    return people
+
+
+def person_tracks(frames: list[list[tuple]],
+                  threshold: float) -> list[tuple[float, list[float], dict[int, list[float]]]]:
+    """One clip's persons from its frames' person boxes (per frame, (box, score)s; the two middle frames alone, or
+    every frame): (score, box, track) per person scoring >= threshold, best first. The middle frames' boxes are
+    linked (`link_index_pairs`, the first frame's best first); a person's score and box are the mean of its
+    middle boxes; its track {frame: box} starts there and, best person first, goes on to the other frames
+    (`extend_track`): so an outer frame's box goes to the likelier person, and a person below the threshold never
+    takes one from a person above it (decoding at a threshold = decoding low and filtering)."""
+    frames = [sorted(f, key=lambda d: -d[1]) for f in frames]
+    a, b = middle_frames(1, len(frames)).tolist()
+    people = []
+    for j, k in link_index_pairs([d[0] for d in frames[a]], [d[0] for d in frames[b]], LINK_IOU):
+        middle = {f: frames[f][x] for f, x in ((a, j), (b, k)) if x is not None}
+        people.append(([(f, x) for f, x in ((a, j), (b, k)) if x is not None],
+                       sum(d[1] for d in middle.values()) / len(middle),
+                       [sum(v) / len(middle) for v in zip(*(d[0] for d in middle.values()))]))
+    taken: list[set[int]] = [set() for _ in frames]
+    for members, _, _ in people:
+        for f, x in members:
+            taken[f].add(x)
+    out = []
+    for members, score, box in sorted(people, key=lambda p: -p[1]):
+        if score < threshold:
+            break
+        out.append((score, box, extend_track({f: frames[f][x][0] for f, x in members}, frames, taken)))
+    return out
+
+
+def extend_track(track: dict[int, list[float]], frames: list[list[tuple]],
+                 taken: list[set[int]]) -> dict[int, list[float]]:
+    """A person's boxes {frame: box} on adjacent middle frames, carried to the frames before and after: frame by
+    frame outward, the free box (not in `taken`, which this updates) overlapping the track's nearest box most,
+    IoU >= LINK_IOU; the track stops at a frame where none does. frames: per frame, its (box, score)s."""
+    track = dict(track)
+    for step in (-1, 1):
+        f = min(track) if step < 0 else max(track)
+        while 0 <= f + step < len(frames):
+            best, pick = LINK_IOU, None
+            for x, (box, _) in enumerate(frames[f + step]):
+                o = pair_iou(track[f], box)
+                if x not in taken[f + step] and o >= best:
+                    best, pick = o, x
+            if pick is None:
+                break
+            f += step
+            taken[f].add(pick)
+            track[f] = frames[f][pick][0]
+    return track
+
+
+def track_activity(track: dict[int, list[float]], times: list[float], clip_len: int, learnt: str,
+                   labels: list[str]) -> str:
+    """The activity a person's track names (motion.motion_label on its boxes at their frame times) when it covers
+    >= TRACK_MIN of the clip's frames over some time (a sender may stamp frames alike), the maps did not name
+    cycling, and it is one of the head's `labels`; otherwise the maps' (`learnt`)."""
+    idx = sorted(track)
+    if learnt == "cycling" or len(track) < TRACK_MIN * clip_len or times[idx[-1]] <= times[idx[0]]:
+        return learnt
+    named = motion_label(track_motion([track[f] for f in idx], [times[f] for f in idx]))[0]
+    return named if named in labels else learnt
 
 
 HEAD_TYPES = {"detection": DetectionHead, "action": ActionHead}

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from vlora_va.heads import ActionHead, DetectionHead, Features, batched_nms, box_iou, link_pairs, middle_frames
+from vlora_va.heads import (TRACK_MIN, ActionHead, DetectionHead, Features, batched_nms, box_iou, extend_track,
+                            link_index_pairs, link_pairs, middle_frames, person_tracks, track_activity)
 from contracts.geometry import Letterbox
 
 
@@ -155,6 +156,105 @@ def test_link_pairs_joins_each_box_to_its_best_overlap_in_the_next_frame():
     # the best first box takes its best overlap even when a weaker first box overlaps it too
     crowd = link_pairs([([0, 0, 10, 20], 0.9), ([4, 0, 14, 20], 0.5)], [([3, 0, 13, 20], 0.8)], 0.1)
     assert crowd == [([1.5, 0.0, 11.5, 20.0], pytest.approx(0.85)), ([4, 0, 14, 20], 0.5)]
+
+
+def test_link_index_pairs_names_each_persons_boxes():
+    first = [[0, 0, 10, 20], [50, 0, 60, 20]]
+    second = [[52, 0, 62, 20], [2, 0, 12, 20], [200, 0, 210, 20]]
+    assert link_index_pairs(first, second, 0.1) == [(0, 1), (1, 0), (None, 2)]
+    assert link_index_pairs(first, second, 0.9) == [(0, None), (1, None), (None, 0), (None, 1), (None, 2)]
+    assert link_index_pairs([], second[:1], 0.1) == [(None, 0)] and link_index_pairs(first[:1], [], 0.1) == [(0, None)]
+
+
+def test_extend_track_follows_a_person_outward_from_the_middle_frames():
+    walker = [[10 * f, 0, 10 * f + 20, 40] for f in range(5)]  # 10 px a frame: consecutive boxes overlap by 1/3
+    other = [100, 0, 120, 40]
+    frames = [[(other, 0.9), (walker[f], 0.8)] for f in range(5)]
+    taken = [set() for _ in frames]
+    taken[2].add(1)
+    assert extend_track({2: walker[2]}, frames, taken) == dict(enumerate(walker))
+    assert taken == [{1}] * 5  # the walker's boxes are taken: a second person cannot reuse them
+    # a box another person took, or one too far away, ends the track there
+    taken = [set(), {1}, set(), set(), set()]
+    frames[4] = [(other, 0.9), ([200, 0, 220, 40], 0.8)]
+    assert extend_track({2: walker[2], 3: walker[3]}, frames, taken) == {2: walker[2], 3: walker[3]}
+
+
+def test_person_tracks_serve_the_likelier_person_first():
+    """Two people on the middle frames 1 and 2: L's first box scores higher (linking walks it first) but its second
+    box is weak, so H is the likelier person; a box in frame 0 overlaps both by 0.2 and goes to H, whatever the
+    threshold (a person below the threshold never takes a box from one above it)."""
+    l1, h1, b0 = [0, 0, 10, 20], [20, 0, 30, 20], [5, 0, 25, 20]
+    frames = [[(b0, 0.9)], [(l1, 0.95), (h1, 0.9)], [(l1, 0.1), (h1, 0.9)], []]
+    low = person_tracks(frames, 0.05)
+    assert [(round(score, 3), box, track) for score, box, track in low] == [
+        (0.9, h1, {0: b0, 1: h1, 2: h1}), (0.525, l1, {1: l1, 2: l1})]
+    assert person_tracks(frames, 0.7) == low[:1]
+    # the two middle frames alone (activity from the maps): the same persons, no track beyond them
+    assert [(round(s_, 3), t) for s_, _, t in person_tracks(frames[1:3], 0.05)] == [(0.9, {0: h1, 1: h1}),
+                                                                                  (0.525, {0: l1, 1: l1})]
+
+
+def test_track_activity_names_the_motion_of_a_long_enough_track():
+    times, labels = [0.0, 0.3, 0.6, 0.9], ["standing", "walking_left", "walking_right", "cycling"]
+    walking = {f: [100 + 30 * f, 0, 140 + 30 * f, 100] for f in range(4)}  # 1 height/s to the right
+    still = {f: [100, 0, 140, 100] for f in range(4)}
+    assert track_activity(walking, times, 4, "standing", labels) == "walking_right"
+    assert track_activity(still, times, 4, "walking_left", labels) == "standing"
+    three = {1: walking[1], 2: walking[2], 3: walking[3]}
+    assert track_activity(three, times, 4, "standing", labels) == "walking_right"
+    short = {1: walking[1], 2: walking[2]}  # 2 of 4 frames < TRACK_MIN: the maps' activity stays
+    assert len(short) < TRACK_MIN * 4 and track_activity(short, times, 4, "standing", labels) == "standing"
+    assert track_activity(walking, times, 4, "cycling", labels) == "cycling"  # a rider moves like a walker
+    assert track_activity(walking, [0.5] * 4, 4, "standing", labels) == "standing"  # frames stamped alike
+    toward = {f: [100, 100 - 10 * f, 140, 200 + 20 * f] for f in range(4)}  # growing, feet moving down
+    assert track_activity(toward, times, 4, "standing", labels + ["walking_toward"]) == "walking_toward"
+    assert track_activity(toward, times, 4, "standing", labels) == "standing"  # not a label this head has
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_decoding_tracks_at_a_threshold_is_decoding_low_and_filtering(seed):
+    """Training's reports decode persons at a low threshold and filter at the chosen one; the daemon decodes at the
+    chosen one: both must give the same persons with the same activities (a person below the threshold never takes
+    a box from a person above it)."""
+    torch.manual_seed(seed)
+    head = ActionHead(8, ["no_person", "standing", "walking_left", "walking_right"], width=4, spatial="local",
+                      persons=True, boxes=2, box_width=16, image_size=56, activity_from="track").eval()
+    head.box_head.cls_out.bias.data.zero_()  # scores spread around 0.5: many boxes, many persons to share them
+    with torch.no_grad():
+        raw = head(Features(torch.zeros(12, 8), torch.randn(12, 8, 4, 4)), 4)
+    lb, times = Letterbox(1.0, 0.0, 0.0), [[0.0, 0.3, 0.6, 0.9], [0.1, 0.3, 0.6, 0.8], [0.0, 0.33, 0.63, 0.97]]
+
+    def persons(threshold):
+        head.score_threshold = threshold
+        return [[p for p in r.persons] for r in head.decode(raw, [lb] * 3, [(56, 56)] * 3, times)]
+
+    low = persons(0.05)
+    threshold = sorted(p.score for clip in low for p in clip)[sum(map(len, low)) // 2]  # keeps about half
+    high = persons(threshold)
+    assert sum(map(len, high)) > 0 and sum(map(len, low)) > sum(map(len, high))
+    assert high == [[p for p in clip if p.score >= threshold] for clip in low]
+
+
+def test_activity_from_track_needs_boxes_and_runs_the_box_head_on_every_frame():
+    with pytest.raises(ValueError, match="activity_from must be one of maps, track"):
+        ActionHead(8, ["a", "b"], spatial="local", persons=True, boxes=2, activity_from="pose")
+    with pytest.raises(ValueError, match="'track' needs boxes"):
+        ActionHead(8, ["a", "b"], spatial="local", persons=True, activity_from="track")
+    head = ActionHead(8, ["no_person", "standing"], width=4, spatial="local", persons=True, boxes=2, box_width=16,
+                      image_size=56, activity_from="track").eval()
+    feats = Features(torch.zeros(8, 8), torch.randn(8, 8, 4, 4))
+    with torch.no_grad():
+        logits, maps, boxes = head(feats, 4)
+        assert boxes[0].shape == (8, 1, 8, 8) and torch.equal(boxes[0], head.box_head(feats)[0])
+        middle = head(feats, 4, every_frame=False)[2]
+        assert middle[0].shape == (4, 1, 8, 8) and torch.equal(middle[0], boxes[0][[1, 2, 5, 6]])
+    lb = Letterbox(1.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="needs each clip's 4 frame times"):
+        head.decode((logits, maps, boxes), [lb, lb], [(56, 56)] * 2)
+    with pytest.raises(ValueError, match="needs each clip's 4 frame times"):
+        head.decode((logits, maps, boxes), [lb, lb], [(56, 56)] * 2, [[0.0, 0.3, 0.6, 0.9], [0.0, 0.5]])
+    assert len(head.decode((logits, maps, boxes), [lb, lb], [(56, 56)] * 2, [[0.0, 0.3, 0.6, 0.9]] * 2)) == 2
 
 
 @pytest.mark.parametrize("seed", range(3))

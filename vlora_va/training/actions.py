@@ -7,22 +7,13 @@ rule from the detection teacher's output on *every* frame of the clip's time win
    highest IoU first); a track that misses up to 2 frames may continue.
 2. People: the tracks present in >= 60% of the window's frames. Each is one labelled person, at its mean
    box over the window.
-3. Each person's motion: displacement of the feet (the bottom centre of the box: a person turning or bending
-   changes height but not where they stand) between the first and last third of its frames, in
-   box heights per second (dx right, dy down; scale-free: near and far people walk at similar heights/s),
-   and the scale rate: the least-squares slope of log(box height) over time, per second (> 0: growing).
+3. Each person's activity:
    - "cycling" if a teacher bicycle box overlaps the person (IoU >= 0.1 or bicycle centre inside the
      person box's lower half) in >= 50% of the frames — checked first;
-   - "standing" if the speed < `still_speed` (0.12 heights/s); sure only if the scale also holds still
-     (|rate| < 0.15/s: a person turning or bending changes height, someone walking at the camera grows);
-   - a "don't care" band: speed in [still_speed, walk_speed) (0.25) is neither clearly standing nor walking:
-     labelled by the rules below but not sure;
-   - walking, mostly sideways (|dx| > 1.25 |dy|): "walking_left" / "walking_right", sure;
-   - walking, mostly along the image's vertical (|dy| > 1.25 |dx|): by the scale, not by dy: "walking_toward"
-     when the box grows, "walking_away" when it shrinks; sure when the scale changes by at least
-     `scale_rate` (0.05/s) in the direction the feet move (growing while moving down the image). The old
-     rule (dy alone) called people on a path that climbs the image "away" while they grew;
-   - diagonal (|dx| and |dy| within 1.25 of each other): the larger one names it, not sure.
+   - otherwise the motion rule of `vlora_va/motion.py` on the track (feet displacement in box heights per
+     second, scale rate; standing below `still_speed`, a don't-care band up to walking speed, left / right by
+     the feet, toward / away by the scale). The old rule (dy alone) called people on a path that climbs the
+     image "away" while they grew.
    A person that is not sure is still a person (the persons branch learns where it is) but its activity is
    not a training target and not scored (`sure: false`).
 4. The clip's label is its *main subject's*: the person with the largest mean box height (the most
@@ -37,15 +28,14 @@ import numpy as np
 
 from contracts.geometry import pair_iou
 
+from .. import motion
+
 ACTION_LABELS = ["no_person", "standing", "walking_left", "walking_right", "walking_toward", "walking_away", "cycling"]
 PERSON_ACTIVITIES = ACTION_LABELS[1:]  # what one person can be doing
 MIRRORED = {"walking_left": "walking_right", "walking_right": "walking_left"}  # the label of a mirrored clip
 # the label of a clip played backwards: every motion reverses; standing and cycling stay (a reversed ride is a ride)
 REVERSED = {**MIRRORED, "walking_toward": "walking_away", "walking_away": "walking_toward"}
-STILL_SPEED, WALK_SPEED = 0.12, 0.25  # heights/s: below = standing, at or above = walking, between = don't care
-SCALE_RATE = 0.05  # per second: the least change of log(height) that says towards or away
-STILL_SCALE_RATE = 0.15  # per second: a standing person whose height changes faster is not sure
-DOMINANT = 1.25  # one direction names the motion when it is this many times the other
+STILL_SPEED = motion.STILL_SPEED  # the standing speed person_activities uses unless told another
 
 
 def track(frames: list[list[dict]], min_iou: float = 0.3, max_gap: int = 2) -> list[dict[int, list[float]]]:
@@ -75,51 +65,17 @@ def _rides(person: list[float], bikes: list[list[float]]) -> bool:
     return False
 
 
-def _scale_rate(boxes: dict[int, list[float]], fps: float) -> float:
-    """Least-squares slope of log(box height) per second over the track (steadier than first vs last frames)."""
-    idx = sorted(boxes)
-    if len(idx) < 2:
-        return 0.0
-    t = np.array(idx, dtype=float) / fps
-    logh = np.log([max(boxes[k][3] - boxes[k][1], 1.0) for k in idx])
-    t -= t.mean()
-    return float((t * (logh - logh.mean())).sum() / max((t * t).sum(), 1e-9))
-
-
-def _label(dx: float, dy: float, rate: float, still_speed: float) -> tuple[str, bool]:
-    """(activity, sure) from motion in heights/s and the scale rate (rule 3 of the module doc)."""
-    speed = float(np.hypot(dx, dy))
-    if speed < still_speed:
-        return "standing", abs(rate) < STILL_SCALE_RATE
-    sure = speed >= WALK_SPEED
-    if abs(dx) > DOMINANT * abs(dy):
-        return ("walking_right" if dx > 0 else "walking_left"), sure
-    if abs(dy) > DOMINANT * abs(dx):
-        agrees = abs(rate) >= SCALE_RATE and rate * dy > 0
-        return ("walking_toward" if rate > 0 else "walking_away"), sure and agrees
-    if abs(dx) >= abs(dy):
-        return ("walking_right" if dx > 0 else "walking_left"), False
-    return ("walking_toward" if dy > 0 else "walking_away"), False
-
-
 def _activity(boxes: dict[int, list[float]], bikes: list[list[list[float]]], fps: float, still_speed: float) -> dict:
     """One person's activity from its track {frame index: box} (rule 3 of the module doc)."""
     idx = sorted(boxes)
-    third = max(1, len(idx) // 3)
-    first, last = idx[:third], idx[-third:]
-    feet = lambda ks: np.mean([[(boxes[k][0] + boxes[k][2]) / 2, boxes[k][3]] for k in ks], 0)
-    height = float(np.mean([boxes[k][3] - boxes[k][1] for k in idx]))
-    dt = (np.mean(last) - np.mean(first)) / fps
-    dx, dy = (feet(last) - feet(first)) / max(height, 1.0) / max(dt, 1e-6)
-    speed = float(np.hypot(dx, dy))
-    rate = _scale_rate(boxes, fps)
+    m = motion.track_motion([boxes[k] for k in idx], [k / fps for k in idx])
     if sum(_rides(boxes[k], bikes[k]) for k in idx) >= 0.5 * len(idx):
         label, sure = "cycling", True
     else:
-        label, sure = _label(float(dx), float(dy), rate, still_speed)
+        label, sure = motion.motion_label(m, still_speed)
     mean_box = [round(float(v), 1) for v in np.mean([boxes[k] for k in idx], 0)]
-    return {"label": label, "sure": sure, "box": mean_box, "speed": round(speed, 3), "dx": round(float(dx), 3),
-            "dy": round(float(dy), 3), "scale_rate": round(rate, 3), "height": round(height, 1)}
+    return {"label": label, "sure": sure, "box": mean_box, "speed": round(m.speed, 3), "dx": round(m.dx, 3),
+            "dy": round(m.dy, 3), "scale_rate": round(m.rate, 3), "height": round(m.height, 1)}
 
 
 def person_activities(labels: list[list[dict]], fps: float, min_score: float = 0.4,

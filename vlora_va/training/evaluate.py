@@ -111,7 +111,7 @@ def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range]
     pred = []
     for c in idx:
         raw = head(feats.select(torch.tensor(c)), clip_len)
-        pred += [r.to_json() for r in head.decode(raw, [lbs[c[0]]], [frames[c[0]].size])]
+        pred += [r.to_json() for r in head.decode(raw, [lbs[c[0]]], [frames[c[0]].size], [[frames[j].t for j in c]])]
     true = [c.label for c in clips]
     report = action_report([p["label"] for p in pred], true, head.labels)
     if head.persons:
@@ -253,7 +253,7 @@ def evaluate_persons_on_human(adapter: Adapter, model: torch.nn.Module, hs: Huma
     head, preds = adapter.head, []
     for frames in picked:
         feats, lbs = features(model, frames, side, keep_pixels=bool(head.detail))
-        result = head.decode(head(feats, adapter.clip_len), [lbs[0]], [frames[0].size])[0]
+        result = head.decode(head(feats, adapter.clip_len), [lbs[0]], [frames[0].size], [[f.t for f in frames]])[0]
         preds.append([p.to_json() for p in result.persons or ()])
     return human_persons_report(preds, [c["persons"] for c in clips], head)
 

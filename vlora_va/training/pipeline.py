@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..adapters import save_adapter_dir
+from ..heads import DECODE_ONLY
 from ..models import resolve
 from ..vit import num_blocks
 from contracts.geometry import Letterbox
@@ -193,6 +194,11 @@ class ClipSet:
     def sizes(self) -> list[tuple[int, int]]:
         return [self.frames[c[0]].size for c in self.clips]
 
+    @property
+    def frame_times(self) -> list[list[float]]:
+        """Per clip, its frames' media times (s)."""
+        return [[self.frames[j].t for j in c] for c in self.clips]
+
     def people_there(self) -> list[list[list[float]]] | None:
         """Per clip, data.people_there; None for a set without teacher boxes (hand-built in tests)."""
         return [people_there(fb) for fb in self.frame_boxes] if self.frame_boxes else None
@@ -281,10 +287,16 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
                                                                       len(head.person_labels)), frame_targets,
                                images)
     fp = T._fingerprint(spec.name, tag, labels, T.lora_identity(lora), T.run_settings(spec.opts), spec.image_size,
-                        len(clips), spec.head, spec.clip_len, [asdict(s) for s in spec.sources],
+                        len(clips), learnt_head_params(spec.head), spec.clip_len, [asdict(s) for s in spec.sources],
                         T.file_digest(spec.box_head_from / "head.safetensors") if spec.box_head_from else None)
     ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
     return T.run(model, head, len(clips), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
+
+
+def learnt_head_params(params: dict) -> dict:
+    """The head params that change what a run learns: a run's identity leaves out those that only change how
+    its outputs are read (heads.DECODE_ONLY), so a decoding change rescores a finished run instead of redoing it."""
+    return {k: v for k, v in params.items() if k not in DECODE_ONLY}
 
 
 def start_box_head(box_head, path: Path, hidden: int) -> None:
@@ -311,7 +323,7 @@ def predict_action(spec: Spec, model, head, cs: ClipSet, lora: LoraSpec) -> list
     """The head's decoded output per clip (label, scores and, with the persons branch, persons)."""
     layer = min(lora.layers) if lora.layers else 12
     return T.predict_action(model, head, cs.lower, cs.clips, layer, spec.image_size, T.backbone_patch(model),
-                            spec.clip_len, cs.letterboxes, cs.sizes, images=cs.images)
+                            spec.clip_len, cs.letterboxes, cs.sizes, images=cs.images, frame_times=cs.frame_times)
 
 
 def evaluate_action(spec: Spec, head, cs: ClipSet, pred: list[dict]) -> dict:

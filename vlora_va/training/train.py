@@ -265,7 +265,7 @@ def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Te
     def loss_fn(model, head, idx):
         frames = torch.tensor([j for i in idx.tolist() for j in clips[i]])
         feats = features_from(model, lower, split, image_size, patch, images, frames)
-        logits, maps, boxes = head(feats, clip_len)
+        logits, maps, boxes = head(feats, clip_len, every_frame=False)  # the box loss is on the middle frames
         loss = F.cross_entropy(logits, labels[idx], weight=class_weight, label_smoothing=0.05)
         if maps is not None:
             targets = (torch.stack([persons[i][k] for i in idx.tolist()]) for k in range(5))
@@ -301,15 +301,18 @@ def decode_detections(head: DetectionHead, raw: tuple[torch.Tensor, torch.Tensor
 @torch.no_grad()
 def predict_action(model, head: ActionHead, lower: torch.Tensor, clips: list[list[int]], split: int, image_size: int,
                    patch: int, clip_len: int, letterboxes, sizes, threshold: float = 0.05, batch: int = 4,
-                   images: torch.Tensor | None = None) -> list[dict]:
+                   images: torch.Tensor | None = None, frame_times: list[list[float]] | None = None) -> list[dict]:
     """Decoded clips; persons at a low threshold (the report reads them at the chosen one). images: the
-    letterboxed frames, indexed like `lower` (a person head with a detail branch reads them)."""
+    letterboxed frames, indexed like `lower` (a person head with a detail branch reads them); frame_times: per
+    clip, its frames' times (a head naming activities by the persons' tracks needs them)."""
     old, head.score_threshold = head.score_threshold, threshold
     out = []
     for i in range(0, len(clips), batch):
         frames = torch.tensor([j for c in clips[i:i + batch] for j in c])
         feats = features_from(model, lower, split, image_size, patch, images, frames)
-        out += [r.to_json() for r in head.decode(head(feats, clip_len), letterboxes[i:i + batch], sizes[i:i + batch])]
+        times = None if frame_times is None else frame_times[i:i + batch]
+        out += [r.to_json() for r in head.decode(head(feats, clip_len), letterboxes[i:i + batch], sizes[i:i + batch],
+                                                 times)]
     head.score_threshold = old
     return out
 

@@ -26,6 +26,7 @@ def test_shipped_adapter_loads_and_is_trained(name, task):
         assert "person" in adapter.head_config["classes"]
     if name == "actions-persons":  # every person's activity, at the size and clip length its card states
         assert adapter.head.persons and adapter.head_config["image_size"] == 336 and adapter.clip_len == 4
+        assert adapter.head.activity_from == "track"  # each person's activity from its own boxes over the clip
 
 
 def eval_cli():

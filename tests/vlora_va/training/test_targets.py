@@ -160,6 +160,31 @@ def test_person_boxes_from_the_middle_frames_decode_to_each_persons_mid_clip_box
     assert torch.equal(middle_frame_targets(frame_boxes[::-1], lb, side, 96)[0][0], heat[1])
 
 
+def test_person_tracks_name_each_persons_activity_by_its_motion():
+    """The same walker and standing man with perfect box outputs on all 4 frames and activity maps that say the
+    opposite: with activity_from "track" each person's boxes over the clip name the activity (the label rule); with
+    "maps" the maps do. A person seen only on the middle frames keeps the maps' activity."""
+    side, lb = 336, letterbox_params(768, 576, 336)
+    walk = [[100 + 20 * t, 80, 140 + 20 * t, 200] for t in range(4)]  # 0.56 heights/s to the right
+    still, brief = [500, 300, 530, 380], [300, 100, 330, 180]
+    frame_boxes = [[walk[t], still] + ([brief] if t in (1, 2) else []) for t in range(4)]
+    outputs = [build_targets([{"box": b, "class": "person"} for b in boxes], lb, side, 96, ["person"])
+               for boxes in frame_boxes]
+    raw_boxes = detection_outputs(torch.stack([o[0] for o in outputs]), torch.stack([o[1] for o in outputs]), side)
+    mid = [(u + v) / 2 for u, v in zip(walk[1], walk[2])]
+    maps = person_maps(person_targets([{"box": mid, "label": "standing"}, {"box": still, "label": "walking_left"},
+                                       {"box": brief, "label": "walking_left"}], [], lb, side, 24, ACTS), len(ACTS))
+    got = {}
+    for source in ("track", "maps"):
+        head = ActionHead(8, ["no_person", *ACTS], spatial="local", persons=True, image_size=side, score_threshold=0.5,
+                          boxes=4, activity_from=source)
+        middle = raw_boxes if source == "track" else tuple(r[1:3] for r in raw_boxes)
+        (out,) = head.decode((torch.zeros(1, 6), maps, middle), [lb], [(768, 576)], [[0.0, 0.3, 0.6, 0.9]])
+        got[source] = sorted((p.activity, [round(v) for v in p.box]) for p in out.persons)
+    assert got["track"] == [("standing", still), ("walking_left", brief), ("walking_right", [round(v) for v in mid])]
+    assert got["maps"] == [("standing", [round(v) for v in mid]), ("walking_left", brief), ("walking_left", still)]
+
+
 def test_person_loss_is_lower_for_the_right_answer():
     lb = letterbox_params(224, 224, 224)
     targets = person_targets([{"box": [30, 40, 44, 68], "label": "walking_left"}], [], lb, 224, 16, ACTS)
