@@ -257,6 +257,25 @@ def test_activity_from_track_needs_boxes_and_runs_the_box_head_on_every_frame():
     assert len(head.decode((logits, maps, boxes), [lb, lb], [(56, 56)] * 2, [[0.0, 0.3, 0.6, 0.9]] * 2)) == 2
 
 
+@pytest.mark.parametrize("clip_len", [1, 2])
+def test_a_track_head_on_clips_too_short_to_track_reads_the_maps(clip_len):
+    """A pipeline may send a track head fewer frames than it learnt: with 1 or 2 frames there is no outer frame to
+    follow a person to, so the activity maps name every person, frame times or not."""
+    torch.manual_seed(0)
+    kw = dict(width=4, spatial="local", persons=True, boxes=2, box_width=16, image_size=56)
+    track = ActionHead(8, ["no_person", "standing", "walking_left"], activity_from="track", **kw).eval()
+    maps = ActionHead(8, ["no_person", "standing", "walking_left"], **kw).eval()
+    maps.load_state_dict(track.state_dict())
+    track.box_head.cls_out.bias.data.zero_()
+    maps.box_head.cls_out.bias.data.zero_()
+    feats = Features(torch.zeros(2 * clip_len, 8), torch.randn(2 * clip_len, 8, 4, 4))
+    lb = Letterbox(1.0, 0.0, 0.0)
+    with torch.no_grad():
+        got = track.decode(track(feats, clip_len), [lb] * 2, [(56, 56)] * 2)
+        want = maps.decode(maps(feats, clip_len), [lb] * 2, [(56, 56)] * 2)
+    assert sum(len(r.persons) for r in got) > 0 and [r.persons for r in got] == [r.persons for r in want]
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_batched_nms_keeps_groups_apart_and_handles_crowds(seed):
     """Dense overlapping boxes (chains of suppression), many groups: still exactly the greedy loop."""
