@@ -62,11 +62,14 @@ class PersonActivity:
     box: tuple[float, float, float, float]  # where the person was over the clip (mean box), original pixels
     score: float  # how sure the head is that a person is there
     activity: str
-    activity_score: float
+    activity_score: float  # the learnt activity maps' probability of `activity`
+    # what named the activity: "maps" (the learnt activity maps) or "track" (the person's boxes over the clip, by
+    # the motion rule of vlora_va/motion.py; activity_score then says how far the maps agree)
+    activity_from: str = "maps"
 
     def to_json(self) -> dict:
         return {"box": [round(v, 1) for v in self.box], "score": round(self.score, 4), "activity": self.activity,
-                "activity_score": round(self.activity_score, 4)}
+                "activity_score": round(self.activity_score, 4), "activity_from": self.activity_from}
 
 
 @dataclass(frozen=True)

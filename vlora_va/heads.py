@@ -347,8 +347,8 @@ class ActionHead(nn.Module):
         person's mean box over the clip lies for steady motion), and keep those scoring >= score_threshold
         (`person_tracks`); a person's activity is the argmax of the activity maps at the cell holding its box's
         centre. With boxes on every frame (activity_from "track"), each person's track through the clip names
-        the activity instead where it is long enough (`track_activity`); activity_score stays the maps'
-        probability of the activity named."""
+        the activity instead where it is long enough (`track_activity`; activity_from "track"), and activity_score
+        stays the maps' probability of the activity named."""
         side, clips = self.image_size, maps.shape[0]
         n = len(boxes[0])
         per_clip = n // clips
@@ -366,11 +366,13 @@ class ActionHead(nn.Module):
                 cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
                 row, col = (min(max(int(v / stride), 0), maps.shape[-1] - 1) for v in (cy, cx))
                 probs = activity[i, :, row, col]
-                name = self.person_labels[int(probs.argmax())]
-                if per_clip > 2:
-                    name = track_activity(track, frame_times[i], per_clip, name, self.person_labels)
+                name, named_by = self.person_labels[int(probs.argmax())], "maps"
+                by_track = (track_activity(track, frame_times[i], per_clip, name, self.person_labels)
+                            if per_clip > 2 else None)
+                if by_track is not None:
+                    name, named_by = by_track, "track"
                 found.append(PersonActivity(tuple(letterboxes[i].box_to_original(box, orig_sizes[i])), score,
-                                            name, float(probs[self.person_labels.index(name)])))
+                                            name, float(probs[self.person_labels.index(name)]), named_by))
             out.append(found[:self.max_persons])
         return out
 
@@ -478,15 +480,15 @@ def extend_track(track: dict[int, list[float]], frames: list[list[tuple]],
 
 
 def track_activity(track: dict[int, list[float]], times: list[float], clip_len: int, learnt: str,
-                   labels: list[str]) -> str:
+                   labels: list[str]) -> str | None:
     """The activity a person's track names (motion.motion_label on its boxes at their frame times) when it covers
-    >= TRACK_MIN of the clip's frames over some time (a sender may stamp frames alike), the maps did not name
-    cycling, and it is one of the head's `labels`; otherwise the maps' (`learnt`)."""
+    >= TRACK_MIN of the clip's frames over some time (a sender may stamp frames alike), the maps' activity
+    (`learnt`) is not cycling, and it is one of the head's `labels`; otherwise None (the maps name it)."""
     idx = sorted(track)
     if learnt == "cycling" or len(track) < TRACK_MIN * clip_len or times[idx[-1]] <= times[idx[0]]:
-        return learnt
+        return None
     named = motion_label(track_motion([track[f] for f in idx], [times[f] for f in idx]))[0]
-    return named if named in labels else learnt
+    return named if named in labels else None
 
 
 HEAD_TYPES = {"detection": DetectionHead, "action": ActionHead}

@@ -82,7 +82,7 @@ def test_ok_detection_row():
 def test_activity_row_with_persons():
     result = ActivityResult(label="walking_left", score=0.50444, scores={"standing": 0.08123, "walking_left": 0.50444},
                             persons=(PersonActivity((10.04, 20.06, 30.0, 40.56), 0.91234, "walking_left", 0.61239),
-                                     PersonActivity((0.0, 0.0, 5.0, 5.0), 0.5, "standing", 1.0)))
+                                     PersonActivity((0.0, 0.0, 5.0, 5.0), 0.5, "standing", 1.0, "track")))
     row = record(task="activity", adapter="actions-persons", frame_ts=(0.0, 1 / 3, 0.66666), result=result,
                  latency=Latency(0.0, 0.0, 2.68996), deadline_ms=3000.04, untrained=True, dropped_before=2,
                  extra={"frames_used": 4}).to_json()
@@ -91,8 +91,9 @@ def test_activity_row_with_persons():
         "frame_ts": [0.0, 0.3333, 0.6667], "untrained": True,
         "label": "walking_left", "score": 0.5044, "scores": {"standing": 0.0812, "walking_left": 0.5044},
         "persons": [{"box": [10.0, 20.1, 30.0, 40.6], "score": 0.9123, "activity": "walking_left",
-                     "activity_score": 0.6124},
-                    {"box": [0.0, 0.0, 5.0, 5.0], "score": 0.5, "activity": "standing", "activity_score": 1.0}],
+                     "activity_score": 0.6124, "activity_from": "maps"},
+                    {"box": [0.0, 0.0, 5.0, 5.0], "score": 0.5, "activity": "standing", "activity_score": 1.0,
+                     "activity_from": "track"}],
         "latency_ms": {"queue": 0.0, "compute": 0.0, "total": 2690.0},
         "deadline_ms": 3000.0, "deadline_met": True, "dropped_before": 2, "frames_used": 4,
     }

@@ -180,9 +180,11 @@ def test_person_tracks_name_each_persons_activity_by_its_motion():
                           boxes=4, activity_from=source)
         middle = raw_boxes if source == "track" else tuple(r[1:3] for r in raw_boxes)
         (out,) = head.decode((torch.zeros(1, 6), maps, middle), [lb], [(768, 576)], [[0.0, 0.3, 0.6, 0.9]])
-        got[source] = sorted((p.activity, [round(v) for v in p.box]) for p in out.persons)
-    assert got["track"] == [("standing", still), ("walking_left", brief), ("walking_right", [round(v) for v in mid])]
-    assert got["maps"] == [("standing", [round(v) for v in mid]), ("walking_left", brief), ("walking_left", still)]
+        got[source] = sorted((p.activity, [round(v) for v in p.box], p.activity_from) for p in out.persons)
+    assert got["track"] == [("standing", still, "track"), ("walking_left", brief, "maps"),
+                            ("walking_right", [round(v) for v in mid], "track")]
+    assert got["maps"] == [("standing", [round(v) for v in mid], "maps"), ("walking_left", brief, "maps"),
+                           ("walking_left", still, "maps")]
 
 
 def test_person_loss_is_lower_for_the_right_answer():
