@@ -415,20 +415,6 @@ def link_index_pairs(first: list, second: list, min_iou: float) -> list[tuple[in
     return people + [(None, k) for k in sorted(free)]
 
 
-def link_pairs(first: list[tuple], second: list[tuple], min_iou: float) -> list[tuple[list[float], float]]:
-    """(box, score) of one frame and the next -> one (box, score) per person: `first` best first, each linked
-    to the free box of `second` it overlaps most (IoU >= min_iou) and averaged with it; the rest as they are."""
-    first = sorted(first, key=lambda d: -d[1])
-    people = []
-    for i, j in link_index_pairs([d[0] for d in first], [d[0] for d in second], min_iou):
-        if i is None or j is None:
-            box, score = first[i] if j is None else second[j]
-            people.append((list(box), score))
-        else:
-            people.append(([(u + v) / 2 for u, v in zip(first[i][0], second[j][0])], (first[i][1] + second[j][1]) / 2))
-    return people
-
-
 def person_tracks(frames: list[list[tuple]],
                   threshold: float) -> list[tuple[float, list[float], dict[int, list[float]]]]:
     """One clip's persons from its frames' person boxes (per frame, (box, score)s; the two middle frames alone, or
@@ -441,10 +427,10 @@ def person_tracks(frames: list[list[tuple]],
     a, b = middle_frames(1, len(frames)).tolist()
     people = []
     for j, k in link_index_pairs([d[0] for d in frames[a]], [d[0] for d in frames[b]], LINK_IOU):
-        middle = {f: frames[f][x] for f, x in ((a, j), (b, k)) if x is not None}
-        people.append(([(f, x) for f, x in ((a, j), (b, k)) if x is not None],
-                       sum(d[1] for d in middle.values()) / len(middle),
-                       [sum(v) / len(middle) for v in zip(*(d[0] for d in middle.values()))]))
+        members = [(f, x) for f, x in ((a, j), (b, k)) if x is not None]
+        boxes = [frames[f][x] for f, x in members]
+        people.append((members, sum(d[1] for d in boxes) / len(boxes),
+                       [sum(v) / len(boxes) for v in zip(*(d[0] for d in boxes))]))
     taken: list[set[int]] = [set() for _ in frames]
     for members, _, _ in people:
         for f, x in members:

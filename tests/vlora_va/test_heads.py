@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vlora_va.heads import (TRACK_MIN, ActionHead, DetectionHead, Features, batched_nms, box_iou, extend_track,
-                            link_index_pairs, link_pairs, middle_frames, person_tracks, track_activity)
+                            link_index_pairs, middle_frames, person_tracks, track_activity)
 from contracts.geometry import Letterbox
 
 
@@ -146,16 +146,17 @@ def test_person_boxes_need_the_persons_branch_and_run_on_each_clips_middle_frame
     assert torch.equal(logits, want[0]) and torch.equal(dist, want[1])
 
 
-def test_link_pairs_joins_each_box_to_its_best_overlap_in_the_next_frame():
-    first = [([0, 0, 10, 20], 0.9), ([50, 0, 60, 20], 0.6)]
+def test_person_tracks_on_the_middle_frames_join_each_box_to_its_best_overlap_in_the_next_frame():
+    first = [([50, 0, 60, 20], 0.6), ([0, 0, 10, 20], 0.9)]  # any order: the best box links first
     second = [([52, 0, 62, 20], 0.4), ([2, 0, 12, 20], 0.7), ([200, 0, 210, 20], 0.5)]
-    got = link_pairs(first, second, 0.1)
-    assert got == [([1.0, 0.0, 11.0, 20.0], pytest.approx(0.8)), ([51.0, 0.0, 61.0, 20.0], pytest.approx(0.5)),
-                   ([200, 0, 210, 20], 0.5)]  # the unlinked box of the second frame stays a person
-    assert link_pairs(first, second, 0.9)[:2] == [([0, 0, 10, 20], 0.9), ([50, 0, 60, 20], 0.6)]  # too far apart
+    got = [(score, box) for score, box, _ in person_tracks([first, second], 0.0)]
+    assert got == [(pytest.approx(0.8), [1.0, 0.0, 11.0, 20.0]), (pytest.approx(0.5), [51.0, 0.0, 61.0, 20.0]),
+                   (0.5, [200, 0, 210, 20])]  # the unlinked box of the second frame stays a person
     # the best first box takes its best overlap even when a weaker first box overlaps it too
-    crowd = link_pairs([([0, 0, 10, 20], 0.9), ([4, 0, 14, 20], 0.5)], [([3, 0, 13, 20], 0.8)], 0.1)
-    assert crowd == [([1.5, 0.0, 11.5, 20.0], pytest.approx(0.85)), ([4, 0, 14, 20], 0.5)]
+    crowd = person_tracks([[([0, 0, 10, 20], 0.9), ([4, 0, 14, 20], 0.5)], [([3, 0, 13, 20], 0.8)]], 0.0)
+    assert [(score, box) for score, box, _ in crowd] == [(pytest.approx(0.85), [1.5, 0.0, 11.5, 20.0]),
+                                                         (0.5, [4, 0, 14, 20])]
+    assert [t for _, _, t in crowd] == [{0: [0, 0, 10, 20], 1: [3, 0, 13, 20]}, {0: [4, 0, 14, 20]}]
 
 
 def test_link_index_pairs_names_each_persons_boxes():
