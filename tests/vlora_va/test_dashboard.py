@@ -31,7 +31,9 @@ import zmq
 from contracts.config import ConfigError, parse_config
 from contracts.security import is_local_host
 from vlora_va.daemon import Daemon
+from contracts.results import PersonActivity
 from vlora_va.dashboard import url_for
+from vlora_va.dashboard.hub import person_label
 from vlora_va.dashboard.server import HttpServer, readiness, start_http
 
 from .test_daemon import chunk_parts, config
@@ -204,6 +206,14 @@ def test_a_taken_port_is_logged_and_the_daemon_serves_without_http(tmp_path, tin
             assert start_http(daemon) is None
     assert f"cannot bind 127.0.0.1:{port}" in caplog.text
     assert not daemon.taps
+
+
+def test_a_persons_label_shows_the_score_behind_its_activity():
+    maps = PersonActivity((10.0, 20.0, 30.0, 60.0), 0.9, "walking_left", 0.7)
+    track = PersonActivity((10.0, 20.0, 30.0, 60.0), 0.9, "standing", 0.05, "track")
+    assert person_label(maps, 0.5) == {"box": [5.0, 10.0, 15.0, 30.0], "label": "walking_left", "score": 0.7}
+    # named by its track: the maps' 0.05 is not the doubt of that call; the person score is shown
+    assert person_label(track, 0.5) == {"box": [5.0, 10.0, 15.0, 30.0], "label": "standing (track)", "score": 0.9}
 
 
 @pytest.mark.parametrize("host,loopback,url", [

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from contracts.requests import Request
-from contracts.results import ActivityResult, DetectionResult, ResultRecord
+from contracts.results import ActivityResult, DetectionResult, PersonActivity, ResultRecord
 
 HISTORY_S = 120.0  # seconds of per-stream history on the charts
 MAX_POINTS = 1200  # per stream (about 10 rows/s over HISTORY_S); older points go first
@@ -86,6 +86,15 @@ def _describe(rec: ResultRecord) -> str:
 
 def _crop_box(box, scale: float) -> list[float]:
     return [round(v * scale, 1) for v in box]
+
+
+def person_label(p: PersonActivity, scale: float) -> dict:
+    """A person's box on the dashboard's frame: its activity, and the score behind it: the activity maps'
+    probability where they named it, the person score where the person's track did (the maps' probability of a
+    track's call would read as doubt it does not carry)."""
+    if p.activity_from == "track":
+        return {"box": _crop_box(p.box, scale), "label": f"{p.activity} (track)", "score": round(p.score, 2)}
+    return {"box": _crop_box(p.box, scale), "label": p.activity, "score": round(p.activity_score, 2)}
 
 
 class Hub:
@@ -157,9 +166,7 @@ class Hub:
             for d in rec.result.frames[i].detections if i < len(rec.result.frames) else ():
                 boxes.append({"box": _crop_box(d.box, lb.scale), "label": d.cls, "score": round(d.score, 2)})
         elif rec.result.persons:
-            for p in rec.result.persons:
-                boxes.append({"box": _crop_box(p.box, lb.scale), "label": p.activity,
-                              "score": round(p.activity_score, 2)})
+            boxes += [person_label(p, lb.scale) for p in rec.result.persons]
         meta = {"chunk": req.seq, "ts": round(req.frame_ts[i], 3), "task": req.task, "boxes": boxes,
                 "untrained": rec.untrained, "width": int(pixels.shape[1]), "height": int(pixels.shape[0])}
         with self._lock:
