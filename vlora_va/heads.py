@@ -28,7 +28,7 @@ from torch import nn
 from contracts.geometry import Letterbox, pair_iou
 from contracts.results import ActivityResult, Detection, PersonActivity
 
-from .motion import motion_label, track_motion
+from .motion import TRACK_SHARE, motion_label, track_motion
 
 HEAD_FORMAT = "vlora-va-head"
 HEAD_FORMAT_VERSION = 1
@@ -211,7 +211,7 @@ class ActionHead(nn.Module):
     gives that person head the detection head's detail branch on the middle frames' images (`Features.pixels`).
     activity_from="track" (boxes only) runs the person head on every frame of the clip, follows each person's box
     through them, and names the activity by the motion rule (vlora_va/motion.py, the rule the training labels
-    come from) wherever the track covers >= TRACK_MIN of the frames; the activity maps name it otherwise, and
+    come from) wherever the track covers >= TRACK_SHARE of the frames; the activity maps name it otherwise, and
     always name cycling (a rider moves like a walker). The maps, learnt from the teacher's tracks, tell a
     standing person from a walker less well than the person's own boxes over the clip do (adapters/STUDIES.md).
     Decoding then needs each clip's frame times.
@@ -383,9 +383,6 @@ LINK_IOU = 0.1
 BOX_FLOOR = 0.05  # per-frame person boxes are linked from this score up; persons are kept at score_threshold
 ACTIVITY_FROM = ("maps", "track")  # what names a person's activity (ActionHead)
 DECODE_ONLY = ("activity_from",)  # head params that change how outputs are read, never what is learnt
-# A track names the activity when it covers this share of the clip's frames: the label rule keeps a teacher's
-# track as a person from the same share (training/actions.py), so a track's motion is measured over as long a span.
-TRACK_MIN = 0.6
 
 
 def middle_frames(clips: int, clip_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -468,10 +465,10 @@ def extend_track(track: dict[int, list[float]], frames: list[list[tuple]],
 def track_activity(track: dict[int, list[float]], times: list[float], clip_len: int, learnt: str,
                    labels: list[str]) -> str | None:
     """The activity a person's track names (motion.motion_label on its boxes at their frame times) when it covers
-    >= TRACK_MIN of the clip's frames over some time (a sender may stamp frames alike), the maps' activity
+    >= TRACK_SHARE of the clip's frames over some time (a sender may stamp frames alike), the maps' activity
     (`learnt`) is not cycling, and it is one of the head's `labels`; otherwise None (the maps name it)."""
     idx = sorted(track)
-    if learnt == "cycling" or len(track) < TRACK_MIN * clip_len or times[idx[-1]] <= times[idx[0]]:
+    if learnt == "cycling" or len(track) < TRACK_SHARE * clip_len or times[idx[-1]] <= times[idx[0]]:
         return None
     named = motion_label(track_motion([track[f] for f in idx], [times[f] for f in idx]))[0]
     return named if named in labels else None

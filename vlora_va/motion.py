@@ -27,6 +27,9 @@ STILL_SPEED, WALK_SPEED = 0.12, 0.25  # heights/s: below = standing, at or above
 SCALE_RATE = 0.05  # per second: the least change of log(height) that says towards or away
 STILL_SCALE_RATE = 0.15  # per second: a standing person whose height changes faster is not sure
 DOMINANT = 1.25  # one direction names the motion when it is this many times the other
+# A track is a person's when it covers this share of the clip's frames (the teacher's labels and a head's tracks
+# alike), so a track's motion is always measured over most of the clip.
+TRACK_SHARE = 0.6
 
 
 @dataclass(frozen=True)

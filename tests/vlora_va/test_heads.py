@@ -3,9 +3,10 @@ import math
 import pytest
 import torch
 
-from vlora_va.heads import (TRACK_MIN, ActionHead, DetectionHead, Features, batched_nms, box_iou, extend_track,
+from vlora_va.heads import (ActionHead, DetectionHead, Features, batched_nms, box_iou, extend_track,
                             link_index_pairs, middle_frames, person_tracks, track_activity)
 from contracts.geometry import Letterbox
+from vlora_va.motion import TRACK_SHARE
 
 
 def nms_reference(boxes, scores, classes, thr):
@@ -204,8 +205,8 @@ def test_track_activity_names_the_motion_of_a_long_enough_track():
     assert track_activity(still, times, 4, "walking_left", labels) == "standing"
     three = {1: walking[1], 2: walking[2], 3: walking[3]}
     assert track_activity(three, times, 4, "standing", labels) == "walking_right"
-    short = {1: walking[1], 2: walking[2]}  # 2 of 4 frames < TRACK_MIN: the maps' activity stays
-    assert len(short) < TRACK_MIN * 4 and track_activity(short, times, 4, "standing", labels) is None  # the maps'
+    short = {1: walking[1], 2: walking[2]}  # 2 of 4 frames < TRACK_SHARE: the maps' activity stays
+    assert len(short) < TRACK_SHARE * 4 and track_activity(short, times, 4, "standing", labels) is None  # the maps'
     assert track_activity(walking, times, 4, "cycling", labels) is None  # a rider moves like a walker
     assert track_activity(walking, [0.5] * 4, 4, "standing", labels) is None  # frames stamped alike
     toward = {f: [100, 100 - 10 * f, 140, 200 + 20 * f] for f in range(4)}  # growing, feet moving down

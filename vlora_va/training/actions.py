@@ -83,7 +83,7 @@ def person_activities(labels: list[list[dict]], fps: float, min_score: float = 0
     """Every person tracked through >= 60% of the window, with its activity and mean box; largest first."""
     persons = [[b for b in f if b["class"] == "person" and b["score"] >= min_score] for f in labels]
     bikes = [[b["box"] for b in f if b["class"] in ("bicycle", "motorcycle") and b["score"] >= 0.3] for f in labels]
-    tracks = [t for t in track(persons) if len(t) >= 0.6 * len(labels)]
+    tracks = [t for t in track(persons) if len(t) >= motion.TRACK_SHARE * len(labels)]
     return sorted((_activity(t, bikes, fps, still_speed) for t in tracks), key=lambda p: -p["height"])
 
 

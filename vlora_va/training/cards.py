@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 
 from .. import jsonfmt
+from ..motion import TRACK_SHARE
 from .metrics import fmt_ratio
 from .spec import Spec
 
@@ -319,8 +320,8 @@ def action_card(spec: Spec, row: dict, counts: dict, person_counts: dict | None 
                          f"read at the box's centre{_box_head_start(spec)}")
     if persons and spec.head.get("activity_from") == "track":
         person_words += ("; the person head also runs on the clip's other frames, each person's box is followed "
-                         "through them, and where it is seen on ≥ 60% of the frames the label rule's motion test "
-                         "(below) names the activity, not the activity maps (which still name cycling)")
+                         f"through them, and where it is seen on ≥ {TRACK_SHARE:.0%} of the frames the label rule's "
+                         "motion test (below) names the activity, not the activity maps (which still name cycling)")
     person_line = f"\n\nPerson counts: {json.dumps(person_counts)}" if person_counts else ""
     return f"""# Adapter `{spec.name}` — activity recognition on 1-s clips ({spec.clip_len} frames)
 
