@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from soak import percentile, pipeline  # noqa: E402
 
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-            "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+from vlora_va.precision import AVX2_ENV  # noqa: E402
+
 READY = "daemon ready on"
 
 

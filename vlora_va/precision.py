@@ -55,11 +55,15 @@ PRECISIONS = ("fp32", "bf16", "int8")  # what `daemon.precision` may name beside
 GATE_FILE = "precision.json"  # an adapter's accuracy-gate results, beside its weights
 GATE_MIN_DELTA = -0.01  # a precision stays off when its accuracy interval (vs fp32) lies below this
 SPEED_MARGIN = 0.95  # auto takes a lower precision only when it runs in at most this share of the fp32 time
-# int8 activations in 8 bits where the CPU has VNNI (int32 dot products: nothing saturates), in 7 bits elsewhere
+# int8 activations in 8 bits where fbgemm's kernels sum in int32 (AVX512-VNNI: `int8_sums_exact`), in 7 bits elsewhere
 # (AVX2's vpmaddubsw sums pairs of u8 x s8 products in int16, which 8-bit activations can saturate). 8 bits halve
 # the rounding error: detect's person F1 moved -0.002 vs fp32 with 8 bits, -0.016 with 7 (precision_accuracy.md),
 # so the two are gated separately (`gate_key`). None: by the machine; True / False force 7 / 8 bits (tests, bench).
 REDUCE_RANGE: bool | None = None
+# How this machine runs as an AVX2-only one (the README's AVX2 figures on a wider CPU): every library that picks
+# its own kernels is told, fbgemm included (it ignores ATen's capability).
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32, "fp16": torch.float16}
 
 
@@ -73,7 +77,7 @@ class Capabilities:
     device: str  # "cpu" | "cuda"
     isa: str  # torch.backends.cpu.get_cpu_capability(): "AVX512", "AVX2", "DEFAULT", ...
     native_bf16: bool  # bf16 dot products in hardware (avx512_bf16, AMX-BF16; any CUDA GPU torch supports)
-    vnni: bool  # int8 dot products (avx512_vnni, avx_vnni, AMX-INT8)
+    vnni: bool  # fbgemm's int8 GEMM adds full-range 8-bit products without saturating (`int8_sums_exact`)
     int8_kernels: bool  # fbgemm's dynamic int8 linear is in this torch build and this CPU runs it (AVX2+)
 
     @classmethod
@@ -86,9 +90,9 @@ class Capabilities:
         if not isa.startswith("AVX512"):  # torch runs narrower (ATEN_CPU_CAPABILITY=avx2): so do its peers here
             flags = {f for f in flags if not f.startswith(("avx512", "amx"))}
         x86 = platform.machine().lower() in ("x86_64", "amd64")
-        return cls("cpu", isa, bool(flags & {"avx512_bf16", "amx_bf16"}),
-                   bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"}),
-                   x86 and isa.startswith(("AVX2", "AVX512")) and "fbgemm" in torch.backends.quantized.supported_engines)
+        int8_kernels = x86 and isa.startswith(("AVX2", "AVX512")) and "fbgemm" in torch.backends.quantized.supported_engines
+        return cls("cpu", isa, bool(flags & {"avx512_bf16", "amx_bf16"}), int8_kernels and int8_sums_exact(),
+                   int8_kernels)
 
     def runs(self, precision: str) -> str | None:
         """Why this machine cannot run `precision` (None: it can). bf16 without native support runs, slowly."""
@@ -96,6 +100,19 @@ class Capabilities:
             return ("int8 needs a CPU device with AVX2 and fbgemm" if self.device == "cpu" else
                     "int8 runs on CPU devices only")
         return None
+
+
+@functools.cache
+def int8_sums_exact() -> bool:
+    """Whether fbgemm's int8 GEMM on this machine adds full-range 8-bit products exactly: a row of 63 activations
+    quantised to 255 against weights quantised to 127 must give 63. Its AVX2 kernels add pairs of u8 x s8 products
+    in int16 (vpmaddubsw: 2 x 255 x 127 > 32767, so ~32 comes out); its AVX512-VNNI kernels add them in int32.
+    Asked of the kernel, not read off the CPU flags: fbgemm picks its kernels by its own check (AVX512-VNNI only,
+    never the AVX2-width AVX-VNNI) and FBGEMM_ENABLE_INSTRUCTIONS, not by ATen's ATEN_CPU_CAPABILITY."""
+    x = torch.ones(1, 64)
+    x[0, 0] = 0.0  # activations span [0, 1]: zero point 0, every 1 quantised to 255
+    y = torch.ops.quantized.linear_dynamic(x, _pack(torch.ones(1, 64), None), False)
+    return abs(float(y[0, 0]) - 63.0) < 0.5
 
 
 def cpu_flags() -> set[str]:

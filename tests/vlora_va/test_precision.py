@@ -186,16 +186,35 @@ def test_capabilities_of_this_machine():
     if not caps.isa.startswith("AVX512"):
         flags = {f for f in flags if not f.startswith(("avx512", "amx"))}
     assert caps.native_bf16 == bool(flags & {"avx512_bf16", "amx_bf16"})
-    assert caps.vnni == bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    if "FBGEMM_ENABLE_INSTRUCTIONS" not in os.environ:  # fbgemm's own pick: its VNNI kernels need AVX512-VNNI
+        assert caps.vnni == (caps.int8_kernels and "avx512_vnni" in P.cpu_flags())
     assert P.reduce_range() == (not caps.vnni)
     assert P.gate_key("int8") == ("int8" if caps.vnni else "int8-7bit") and P.gate_key("bf16") == "bf16"
 
 
+def test_vnni_means_full_range_int8_sums_come_out_exact_here():
+    """`vnni` is what fbgemm's kernels do, not what a CPU flag says: where it is set, 8-bit activations at full range
+    (255 x 127 products) sum exactly; where not, they saturate in int16, and int8 runs with 7 bits, which never do."""
+    caps = P.Capabilities.detect("cpu")
+    if not caps.int8_kernels:
+        pytest.skip("no fbgemm int8 kernels on this machine")
+    x = torch.ones(3, 256)
+    x[:, 0] = 0.0
+    w = torch.ones(4, 256)
+    packed = P._pack(w, None)
+    eight_bits = torch.ops.quantized.linear_dynamic(x, packed, False)
+    seven_bits = torch.ops.quantized.linear_dynamic(x, packed, True)
+    assert torch.allclose(seven_bits, x @ w.T, atol=1.0)
+    assert caps.vnni == torch.allclose(eight_bits, x @ w.T, atol=1.0)
+    assert P.reduce_range() == (not caps.vnni)
+
+
 @pytest.mark.skipif("avx2" not in P.cpu_flags(), reason="needs an AVX2 CPU")
 def test_a_cpu_run_as_avx2_has_no_avx512_int8_or_bf16_instructions():
-    """ATEN_CPU_CAPABILITY=avx2 (how README's AVX2 figures are taken on a wider CPU): no VNNI, no native bf16."""
+    """`AVX2_ENV` (how README's AVX2 figures are taken on a wider CPU): ATen at AVX2 and fbgemm on its AVX2 kernels,
+    so int8 sums saturate at 8 bits (no VNNI) and bf16 is not native, whatever the CPU has."""
     code = "from vlora_va.precision import Capabilities as C; c = C.detect('cpu'); print(c.isa, c.vnni, c.native_bf16)"
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    env = {**os.environ, **P.AVX2_ENV}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["AVX2", "False", "False"]
 
