@@ -5,6 +5,7 @@ Modules, one concept each:
   augment     zoomed-in crops of training frames (scale augmentation for detection)
   teachers    label sources (CenterNet ONNX with a class filter, optionally on tiles; HOG, Haar, COCO JSON,
               clip manifest) + cache
+  corrections hand fixes of a teacher's boxes on named frames (and their crops), e.g. side-by-side people
   actions     the action-label source: activity derived from tracking teacher person boxes over a clip
   data        spec sources + video ranges -> labelled frames (detection) / labelled clips (action)
   features    frozen lower-layer feature cache; running the upper (LoRA) layers on top of it

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .. import jsonfmt
 from ..motion import TRACK_SHARE
+from .corrections import load_corrections
 from .metrics import fmt_ratio
 from .spec import Spec
 
@@ -41,11 +42,22 @@ def _source_line(s) -> str:
               if tiles > 1 else "")
         return (f"- **{s.name}**: CenterNet COCO-80 ONNX teacher{on} filtered to {s.classes}; boxes scoring ≥ {s.score_threshold} "
                 f"are labels, {s.ignore_below}–{s.score_threshold} are don't-care"
-                f"{f', as are boxes under {s.min_height:g} px tall' if s.min_height else ''}.")
+                f"{f', as are boxes under {s.min_height:g} px tall' if s.min_height else ''}.{_corrections_words(s)}")
     if s.kind == "activity":
         return (f"- **{s.name}**: activity derived from tracking CenterNet person boxes (score ≥ {s.score_threshold}) over each "
                 "1-s clip — see `vlora_va/training/actions.py` for the exact rule.")
     return f"- **{s.name}**: {s.kind} {s.classes} {s.options}"
+
+
+def _corrections_words(s) -> str:
+    if not s.options.get("corrections"):
+        return ""
+    path = Path(s.options["corrections"])
+    fixes = load_corrections(path)
+    changed = sum(1 for f in fixes.frames.values() if f.remove or f.add or f.add_ignore)
+    return (f" On {len(fixes.frames)} {fixes.video} frames checked by hand (`{path.parent.name}/{path.name}`, sha256 "
+            f"{s.options['corrections_sha256'][:12]}…), {changed} of them corrected, the hand boxes replace the "
+            "teacher's there and in those frames' crops (`training/corrections.py`).")
 
 
 def _detail_words(spec: Spec) -> str:

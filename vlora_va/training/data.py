@@ -10,6 +10,7 @@ import numpy as np
 from streams.chunker import spread
 
 from .actions import main_subject, person_activities
+from .corrections import apply_fix, load_corrections
 from .frames import Frame, iter_frames, read_frames
 from .spec import Range, Source, Spec
 from .teachers import (CenterNetTeacher, HaarTeacher, HogPeopleTeacher, Teacher, default_cache_dir,
@@ -60,7 +61,14 @@ def detection_labels(source: Source, frames: list[Frame], spec: Spec, progress: 
     raw = teacher.label(frames, label_cache_dir(spec), progress=progress)
     if source.kind == "hog" and source.classes:  # HOG finds people; the source may name them (e.g. person_hog)
         raw = {k: [{**lab, "class": source.classes[0]} for lab in v] for k, v in raw.items()}
-    return {k: mark_ignore(v, source) for k, v in raw.items()}
+    labels = {k: mark_ignore(v, source) for k, v in raw.items()}
+    if source.options.get("corrections"):  # hand fixes on some frames (and their crops) replace the teacher there
+        fixes = load_corrections(source.options["corrections"])
+        for f in frames:
+            fix = fixes.fix_for(f)
+            if fix is not None:
+                labels[f.key] = apply_fix(labels[f.key], f, fix, fixes.cls, source.min_height)
+    return labels
 
 
 def merge_labels(*per_source: dict[str, list[dict]]) -> dict[str, list[dict]]:

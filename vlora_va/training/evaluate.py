@@ -65,7 +65,12 @@ def features(model: torch.nn.Module, frames: list[Frame], side: int, batch: int 
 
 
 def sources_of(adapter: Adapter) -> list[Source]:
-    return [Source(**s) for s in adapter.head_config.get("label_sources", [])]
+    """The adapter's label sources; a hand corrections file is named from the adapter's folder (runner._record_sources)."""
+    sources = [Source(**s) for s in adapter.head_config.get("label_sources", [])]
+    for s in sources:
+        if s.options.get("corrections"):
+            s.options = {**s.options, "corrections": str((adapter.path / s.options["corrections"]).resolve())}
+    return sources
 
 
 def detection_predictions(adapter: Adapter, model: torch.nn.Module, frames: list[Frame]) -> dict[str, list[dict]]:

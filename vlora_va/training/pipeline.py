@@ -106,11 +106,18 @@ def train_detection(spec: Spec, train: Split, sources: list[Source], lora: LoraS
         images = torch.cat([train.images, train.images.flip(2)]) if train.lower_flip is not None else train.images
     split = min(lora.layers) if lora.layers else 12
     loss_fn = T.detection_loss_fn(lower, targets, split, spec.image_size, patch, images)
-    # the sources in full: a run on other labels (another threshold, the teacher on tiles) is another run
+    # the sources in full: a run on other labels (another threshold, the teacher on tiles, other hand fixes) is
+    # another run; hand fixes count by their content's digest, not where the file lies
     fp = T._fingerprint(spec.name, tag, classes, T.lora_identity(lora), T.run_settings(spec.opts), spec.image_size,
-                        len(lower), spec.head, [asdict(s) for s in sources])
+                        len(lower), spec.head, [_label_identity(s) for s in sources])
     ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
     return T.run(model, head, len(lower), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
+
+
+def _label_identity(source: Source) -> dict:
+    out = asdict(source)
+    out["options"] = {k: v for k, v in out["options"].items() if k != "corrections"}  # its digest stays
+    return out
 
 
 NMS_CHOICES = (0.4, 0.5, 0.6, 0.7)  # IoU above which a weaker box of the same class is dropped

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -255,10 +256,14 @@ def _teacher_rows(spec: Spec, human) -> list[dict]:
 
 
 def _record_sources(out: Path, sources) -> None:
-    """Write the label protocol into head_config.json so `vlora-va eval` scores against the same labels."""
+    """Write the label protocol into head_config.json so `vlora-va eval` scores against the same labels (a hand
+    corrections file by its path from the adapter's folder: no machine paths in an adapter)."""
     p = out / "head_config.json"
     cfg = json.loads(p.read_text())
-    cfg["label_sources"] = [{k: v for k, v in s.__dict__.items()} for s in sources]
+    cfg["label_sources"] = [dict(s.__dict__) for s in sources]
+    for s in cfg["label_sources"]:
+        if s["options"].get("corrections"):
+            s["options"] = {**s["options"], "corrections": os.path.relpath(s["options"]["corrections"], out)}
     p.write_text(jsonfmt.dumps(cfg, indent=2) + "\n")
 
 

@@ -5,6 +5,7 @@ Relative paths are resolved against the spec file's folder. Example: adapters/sp
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,8 @@ def load_spec(path: str | Path) -> Spec:
         opts = {k: v for k, v in s.items() if k not in Source.__dataclass_fields__}
         src = Source(**{k: v for k, v in s.items() if k in Source.__dataclass_fields__ and k != "options"},
                      options={**s.get("options", {}), **opts})
+        if src.options.get("corrections"):
+            src.options["corrections"] = str((root / src.options["corrections"]).resolve())
         sources.append(src)
     if not sources:
         raise SpecError("sources: at least one knowledge source is needed")
@@ -207,6 +210,9 @@ def load_spec(path: str | Path) -> Spec:
         _check_init_from(spec.lora)
     if spec.box_head_from is not None:
         _check_box_head_from(spec)
+    for i, src in enumerate(sources):
+        if src.options.get("corrections"):
+            _check_corrections(spec, src, i)
     if not isinstance(spec.opts.repeats, int) or spec.opts.repeats < 1:
         raise SpecError(f"train_options.repeats: expected an integer >= 1, got {spec.opts.repeats!r}")
     if spec.opts.repeats > 1 and spec.fusion:
@@ -232,6 +238,29 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"train_options.zoom_in: source {fixed[0]!r} is a fixed label file, which has no labels for "
                         "the crops (a teacher labels each crop itself)")
     return spec
+
+
+def _check_corrections(spec: Spec, source: Source, i: int) -> None:
+    """A source's hand corrections (training/corrections.py) fix a teacher's boxes of one of its classes, on
+    frames the spec trains or validates on: a corrected test frame would be tuning on held-out data. The file's
+    digest joins the source's options, so a run on other corrections is another run (checkpoints, cards)."""
+    from .corrections import CorrectionsError, load_corrections
+
+    where = f"sources[{i}].corrections"
+    if spec.task != "detection" or source.kind != "centernet":
+        raise SpecError(f"{where}: only a detection spec's centernet source has teacher boxes to correct")
+    path = Path(source.options["corrections"])
+    try:
+        fixes = load_corrections(path)
+    except CorrectionsError as e:
+        raise SpecError(f"{where}: {e}") from None
+    if fixes.cls not in source.classes:
+        raise SpecError(f"{where}: corrects {fixes.cls!r} boxes, which source {source.name!r} does not teach")
+    inside = [r for r in spec.train + spec.val if r.video.stem == fixes.video]
+    for t in fixes.frames:
+        if not any(r.start - 1e-6 <= t and (r.end is None or t < r.end - 1e-6) for r in inside):
+            raise SpecError(f"{where}: frame {fixes.video}@{t:g} is not in the spec's train or val ranges")
+    source.options["corrections_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 FREEZABLE = {"lora": "lora.init_from", "box_head": "box_head_from"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +160,11 @@ def _save_ckpt(path: Path, model, head, opt, sched, step: int, fingerprint: str,
 def _load_ckpt(path: Path, model, head, opt, sched, fingerprint: str) -> tuple[int, float]:
     if not path.is_file():
         return 0, 0.0
-    state = torch.load(path, weights_only=False)
+    try:  # tensors and plain values only: a checkpoint on disk is never unpickled into arbitrary objects
+        state = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
+        tqdm.write(f"checkpoint {path} is unreadable ({type(e).__name__}): starting afresh")
+        return 0, 0.0
     if state.get("fingerprint") != fingerprint:
         tqdm.write(f"checkpoint {path} is from other settings: starting afresh")
         return 0, 0.0

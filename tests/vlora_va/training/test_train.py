@@ -1,6 +1,7 @@
 """LoRA + head training end to end on a tiny random backbone: checkpoints, resume, budget, save, load, merge."""
 
 import dataclasses
+import pickle
 import time
 
 import numpy as np
@@ -22,6 +23,16 @@ SIDE = 56
 def frames(n=6):
     rng = np.random.default_rng(0)
     return [Frame("synthetic", i / 10, rng.integers(0, 255, (60, 80, 3), dtype=np.uint8)) for i in range(n)]
+
+
+class OpensAFile:
+    """Unpickling this opens (creates) a file: what a checkpoint loader must never do."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
 
 
 def labelled_split(fr):
@@ -67,6 +78,13 @@ def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
     assert first.steps == 6 and first.complete and np.isfinite(first.losses).all()
     again = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60)
     assert again.steps == 6 and again.losses == []  # resumed from the final checkpoint: nothing left to do
+    # A checkpoint is read as tensors and plain values only: one holding any other object is never unpickled
+    (ckpt,) = (tmp_path / "cache" / "checkpoints" / "tiny").glob("run-*.pt")
+    saved, marker = ckpt.read_bytes(), tmp_path / "unpickled"
+    ckpt.write_bytes(pickle.dumps(OpensAFile(str(marker))))
+    fresh = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60)
+    assert len(fresh.losses) == 6 and not marker.exists()
+    ckpt.write_bytes(saved)
     # Seeds repeated, checkpoint period and threads do not change what a run computes: still the same run ...
     same = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, repeats=3, ckpt_every=5, threads=2))
     assert train_detection(same, split, same.sources, same.lora, deadline=time.monotonic() + 60).losses == []
@@ -76,6 +94,11 @@ def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
     # ... and so are other labels: the same source with the teacher also run on tiles
     tiled = [dataclasses.replace(spec.sources[0], options={"tiles": 2})]
     assert len(train_detection(spec, split, tiled, spec.lora, deadline=time.monotonic() + 60).losses) == 6
+    # ... and so are other hand fixes, known by their content's digest wherever the file lies
+    fixed = [dataclasses.replace(tiled[0], options={"tiles": 2, "corrections": "/a/fix.json", "corrections_sha256": "1"})]
+    assert len(train_detection(spec, split, fixed, spec.lora, deadline=time.monotonic() + 60).losses) == 6
+    moved = [dataclasses.replace(tiled[0], options={"tiles": 2, "corrections": "/b/fix.json", "corrections_sha256": "1"})]
+    assert train_detection(spec, split, moved, spec.lora, deadline=time.monotonic() + 60).losses == []
     lora = T.lora_weights(first.model, spec.lora)
     assert set(lora) == {f"encoder.layer.1.{m}" for m in
                          ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "mlp.fc1", "mlp.fc2")}
