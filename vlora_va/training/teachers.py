@@ -14,8 +14,10 @@ A label is the same dict the detection head decodes to: {"box": [x1, y1, x2, y2]
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -25,6 +27,8 @@ import numpy as np
 from contracts.geometry import pair_iou
 
 from .frames import Frame
+
+log = logging.getLogger(__name__)
 
 COCO80 = [
     "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
@@ -98,7 +102,10 @@ def _centre_inside(box: list[float], outer: list[float]) -> bool:
 
 
 class LabelCache:
-    """Raw teacher output per frame key, one JSON file per (teacher, video)."""
+    """Raw teacher output per frame key, one JSON file per (teacher, video).
+
+    Several training processes may label into one cache at once (seeds trained side by side): a save holds a lock
+    on the video's file, merges what other processes saved meanwhile, and replaces the file atomically."""
 
     def __init__(self, root: Path, teacher: str):
         self.dir = Path(root) / teacher
@@ -107,10 +114,17 @@ class LabelCache:
     def _file(self, video: str) -> Path:
         return self.dir / f"{video}.json"
 
+    def _read(self, video: str) -> dict[str, list]:
+        f = self._file(video)
+        try:
+            return json.loads(f.read_text()) if f.is_file() else {}
+        except (OSError, ValueError) as e:  # a cache is recomputable: an unreadable one is relabelled, not fatal
+            log.warning("label cache %s unreadable (%s): labelling its frames again", f, e)
+            return {}
+
     def _load(self, video: str) -> dict[str, list]:
         if video not in self._data:
-            f = self._file(video)
-            self._data[video] = json.loads(f.read_text()) if f.is_file() else {}
+            self._data[video] = self._read(video)
         return self._data[video]
 
     def get(self, frame: Frame) -> list | None:
@@ -122,9 +136,13 @@ class LabelCache:
     def save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         for video, data in self._data.items():
-            tmp = self._file(video).with_suffix(".tmp")
-            tmp.write_text(json.dumps(data))
-            tmp.replace(self._file(video))  # atomic: a stopped run leaves a valid cache
+            with open(self.dir / f".{video}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                merged = {**self._read(video), **data}  # frames another process labelled since we read the file
+                tmp = self._file(video).with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(merged))
+                tmp.replace(self._file(video))  # atomic: a stopped run leaves a valid cache
+            self._data[video] = merged
 
 
 class Teacher:

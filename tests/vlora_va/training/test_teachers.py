@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from vlora_va.training.frames import Frame
-from vlora_va.training.teachers import (COCO80, CenterNetTeacher, HaarTeacher, HogPeopleTeacher, Teacher,
+from vlora_va.training.teachers import (COCO80, CenterNetTeacher, HaarTeacher, HogPeopleTeacher, LabelCache, Teacher,
                                         load_clip_manifest, load_coco_json, save_coco_json)
 
 
@@ -23,6 +23,38 @@ class CountingTeacher(Teacher):
 
 def frames(n=3):
     return [Frame("vid", i * 0.5, np.zeros((8, 8, 3), np.uint8)) for i in range(n)]
+
+
+def _label_into(root, first, n):
+    """One process of several labelling into one cache (seeds trained side by side): save after every frame."""
+    cache = LabelCache(root, "shared")
+    for i in range(first, first + n):
+        cache.put(Frame("vid", i * 0.1, np.zeros((1, 1, 3), np.uint8)), [{"i": i}])
+        cache.save()
+
+
+def test_processes_labelling_into_one_cache_at_once_lose_nothing(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_label_into, args=(tmp_path, k * 40, 40)) for k in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0, 0, 0]
+    saved = json.loads((tmp_path / "shared" / "vid.json").read_text())
+    assert sorted(v[0]["i"] for v in saved.values()) == list(range(120))
+    assert not list((tmp_path / "shared").glob("*.tmp"))
+
+
+def test_an_unreadable_cache_file_is_labelled_again(tmp_path, caplog):
+    t = CountingTeacher()
+    t.label(frames(2), tmp_path, progress=False)
+    (tmp_path / "counting" / "vid.json").write_text("{cut off")
+    out = t.label(frames(2), tmp_path, progress=False)
+    assert t.calls == 4 and len(out) == 2 and "unreadable" in caplog.text
+    assert len(json.loads((tmp_path / "counting" / "vid.json").read_text())) == 2
 
 
 def test_cache_labels_once_and_class_filter_reads_the_same_cache(tmp_path):
