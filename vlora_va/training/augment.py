@@ -9,6 +9,7 @@ tighter and split more pairs than on the whole frame; no box is cut or moved by 
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import numpy as np
@@ -35,3 +36,9 @@ def zoom_views(frames: list[Frame], per_frame: int, scale: tuple[float, float] =
             crop = np.ascontiguousarray(f.rgb[y0:y0 + ch, x0:x0 + cw])
             views.append(Frame(f.video, f.t, crop, view=f"crop{x0},{y0},{cw}x{ch}"))
     return views
+
+
+def crop_window(view: str) -> tuple[int, int, int, int] | None:
+    """(x0, y0, w, h) in the frame of a crop view made by `zoom_views` ("crop{x0},{y0},{w}x{h}"); None: not a crop."""
+    m = re.fullmatch(r"crop(\d+),(\d+),(\d+)x(\d+)", view)
+    return tuple(int(v) for v in m.groups()) if m else None

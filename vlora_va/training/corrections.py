@@ -21,12 +21,12 @@ Boxes are [x1, y1, x2, y2] in original-frame pixels; frame times are seconds (th
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.geometry import pair_iou
 
+from .augment import crop_window
 from .frames import Frame
 
 REMOVE_IOU = 0.9  # a "remove" entry names one teacher box of the whole frame, copied from the teacher's output
@@ -88,12 +88,6 @@ def load_corrections(path: str | Path) -> Corrections:
         frames[time] = Fix(*(tuple(_box(b, f"{path}: frame {t} {part}[{i}]") for i, b in enumerate(entry.get(part, [])))
                              for part in ("remove", "add", "add_ignore")))
     return Corrections(raw["video"], raw["class"], frames)
-
-
-def crop_window(view: str) -> tuple[int, int, int, int] | None:
-    """(x0, y0, w, h) of a zoomed-in crop view (augment.zoom_views names it "crop{x0},{y0},{w}x{h}"); None: the frame."""
-    m = re.fullmatch(r"crop(\d+),(\d+),(\d+)x(\d+)", view)
-    return tuple(int(v) for v in m.groups()) if m else None
 
 
 def _label(box, cls: str, ignore: bool) -> dict:

@@ -179,20 +179,16 @@ class HumanSet:
 
     def frame_keys(self, r: Range) -> list[str]:
         """The set's frames inside the range (same video, start <= t < end), in time order."""
-        keys = [k for k, (v, t) in self.times.items() if v == r.video.stem and _in_range(t, r)]
+        keys = [k for k, (v, t) in self.times.items() if v == r.video.stem and r.holds(t)]
         return sorted(keys, key=lambda k: self.times[k][1])
 
     def clips_in(self, r: Range) -> list[dict]:
         """The set's clips lying wholly inside the range."""
-        return [c for c in self.clips if c["video"] == r.video.stem and _in_range(c["start"], r)
+        return [c for c in self.clips if c["video"] == r.video.stem and r.holds(c["start"])
                 and (r.end is None or c["end"] <= r.end + 1e-6)]
 
     def describe(self) -> dict:
         return {"path": str(self.path), "sha256": self.sha256, "frozen": self.sha256 == HUMAN_SET_SHA256}
-
-
-def _in_range(t: float, r: Range) -> bool:
-    return t >= r.start - 1e-6 and (r.end is None or t < r.end - 1e-6)
 
 
 def load_human_set(path: str | Path = HUMAN_SET) -> HumanSet:

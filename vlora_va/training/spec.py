@@ -27,6 +27,10 @@ class Range:
     end: float | None = None
     step: float | None = None  # seconds between frames (None: every frame)
 
+    def holds(self, t: float) -> bool:
+        """Whether media time t (seconds) lies in the range: start <= t < end."""
+        return t >= self.start - 1e-6 and (self.end is None or t < self.end - 1e-6)
+
 
 @dataclass
 class Source:
@@ -258,7 +262,7 @@ def _check_corrections(spec: Spec, source: Source, i: int) -> None:
         raise SpecError(f"{where}: corrects {fixes.cls!r} boxes, which source {source.name!r} does not teach")
     inside = [r for r in spec.train + spec.val if r.video.stem == fixes.video]
     for t in fixes.frames:
-        if not any(r.start - 1e-6 <= t and (r.end is None or t < r.end - 1e-6) for r in inside):
+        if not any(r.holds(t) for r in inside):
             raise SpecError(f"{where}: frame {fixes.video}@{t:g} is not in the spec's train or val ranges")
     source.options["corrections_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -1,11 +1,9 @@
-"""Zoomed-in crops for detection training (augment.zoom_views)."""
-
-import re
+"""Zoomed-in crops for detection training (augment.zoom_views) and their names (augment.crop_window)."""
 
 import numpy as np
 import pytest
 
-from vlora_va.training.augment import zoom_views
+from vlora_va.training.augment import crop_window, zoom_views
 from vlora_va.training.frames import Frame
 
 
@@ -19,11 +17,12 @@ def test_crops_are_regions_of_the_frame_at_its_aspect_within_the_scale():
     views = zoom_views([f], 5, scale=(0.4, 0.7))
     assert len(views) == 5
     for v in views:
-        x0, y0, w, h = map(int, re.fullmatch(r"crop(\d+),(\d+),(\d+)x(\d+)", v.view).groups())
+        x0, y0, w, h = crop_window(v.view)
         assert v.rgb.shape == (h, w, 3) and np.array_equal(v.rgb, f.rgb[y0:y0 + h, x0:x0 + w])
         assert 0.4 * 160 - 1 <= w <= 0.7 * 160 + 1 and 0.4 * 120 - 1 <= h <= 0.7 * 120 + 1
         assert abs(w / h - 160 / 120) < 0.05  # the video's aspect: the letterbox stays the same shape
         assert (v.video, v.t) == (f.video, f.t) and v.key == f"cam@1.000#{v.view}" and v.key != f.key
+    assert crop_window(f.view) is None and crop_window("flip") is None  # the decoded frame, another kind of view
 
 
 def test_crops_are_the_same_on_every_call_and_differ_by_frame_and_seed():

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from contracts.geometry import pair_iou
-from vlora_va.training.corrections import CorrectionsError, Fix, apply_fix, crop_window, load_corrections
+from vlora_va.training.augment import crop_window
+from vlora_va.training.corrections import CorrectionsError, Fix, apply_fix, load_corrections
 from vlora_va.training.frames import Frame
 from vlora_va.training.spec import SpecError, load_spec
 
