@@ -164,6 +164,12 @@ def _lora_vs_head_only(rows: list[dict], means, what: str) -> str:
     return "\n" + "\n".join(out) + "\n" if out else ""
 
 
+def _chosen_why(row: dict) -> str:
+    """Why this seed ships: reports that record each run's validation score chose the best one; older reports
+    shipped the first seed."""
+    return ", the best there," if "val_mean_f1" in row["runs"][0] else ", the first,"
+
+
 def _det_human_section(row: dict, rows: list[dict]) -> str:
     if not any(r.get("human") for r in rows):
         return ""
@@ -172,7 +178,8 @@ def _det_human_section(row: dict, rows: list[dict]) -> str:
     seeds = _det_seed_table(rows, _main_range(row))
     seed_part = (f"""
 ### LoRA + head vs head-only, {len(row['runs'])} seeds each (human-checked persons)
-Every model's threshold and NMS were picked on the validation range; seed {row['seed']} is the shipped adapter.
+Every model's threshold and NMS were picked on the validation range; seed {row['seed']}{_chosen_why(row)} is the
+adapter saved here.
 
 {seeds}
 {_lora_vs_head_only(rows, lambda r: {w: m["f1"] for w, m in r["mean"].get("human_person", {}).items()
@@ -193,13 +200,20 @@ Targets (issue 15), this adapter:
 {seed_part}"""
 
 
+def _lora_words(spec: Spec) -> str:
+    if not spec.lora.layers:  # head only: nothing of the backbone is trained
+        return "No LoRA (head only): the frozen backbone"
+    return (f"LoRA (rank {spec.lora.rank}, alpha {spec.lora.alpha:g}) on backbone layers {spec.lora.layers} "
+            f"({', '.join(spec.lora.modules)})")
+
+
 def detection_card(spec: Spec, name: str, sources, row: dict, rows: list[dict] | None = None) -> str:
     """The adapter's README: `row` is its own report row, `rows` every row of the report (baselines, teacher)."""
     rows = rows or [row]
     classes = [c for s in sources for c in s.classes]
     return f"""# Adapter `{name}` — object detection ({', '.join(classes)})
 
-LoRA (rank {spec.lora.rank}, alpha {spec.lora.alpha:g}) on backbone layers {spec.lora.layers} ({', '.join(spec.lora.modules)})
+{_lora_words(spec)}
 of `{spec.backbone}`{_started_from(spec)}, plus a dense anchor-free detection head on the patch grid upsampled
 ×{spec.head.get('upsample', 2)}{_detail_words(spec)}. Input: {spec.image_size}×{spec.image_size} letterbox (pad 114), ImageNet normalisation — exactly what the daemon feeds it.
 

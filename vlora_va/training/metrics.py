@@ -198,10 +198,17 @@ def side_by_side_report(preds: dict[str, list[dict]], refs: dict[str, list[dict]
             "persons_in_pairs": in_pairs, "found_in_pairs": found, "recall_in_pairs": _ratio(found, in_pairs)}
 
 
+# The score thresholds calibration tries. It starts at the floor the predictions are decoded at (0.05,
+# `train.decode_detections`, `predict_action`): models trained on hand-fixed labels picked 0.1 when the grid
+# began there, so their best threshold could lie below it.
+SCORE_THRESHOLDS = [round(float(t), 3) for t in np.arange(0.05, 0.8, 0.025)]
+
+
 def best_f1_threshold(preds: dict[str, list[dict]], refs: dict[str, list[dict]], classes: list[str]) -> float:
-    """The score threshold with the best mean F1 over classes (chosen on validation data, never on test)."""
+    """The score threshold of `SCORE_THRESHOLDS` with the best mean F1 over classes (chosen on validation data,
+    never on test)."""
     best, best_t = -1.0, 0.3
-    for t in np.arange(0.1, 0.8, 0.025):
+    for t in SCORE_THRESHOLDS:
         f1 = mean_f1(detection_report(preds, refs, classes, float(t)))
         if f1 > best:
             best, best_t = f1, float(t)
@@ -352,11 +359,12 @@ def person_activity_iou_report(preds: list[list[dict]], refs: list[list[dict]], 
 
 def best_person_threshold(preds: list[list[dict]], refs: list[list[dict]], activities: list[str],
                           dont_care: list[list[list[float]]] | None = None) -> float:
-    """The person-score threshold with the best person-finding F1 (chosen on validation data, never on test).
+    """The person-score threshold of `SCORE_THRESHOLDS` with the best person-finding F1 (chosen on validation data,
+    never on test).
     dont_care (person_activity_report): without it, finding a person the label rule did not keep counts against a
     threshold, which then drops real people too."""
     best, best_t = -1.0, 0.3
-    for t in np.arange(0.1, 0.8, 0.025):
+    for t in SCORE_THRESHOLDS:
         rep = person_activity_report(preds, refs, activities, float(t), dont_care)
         precision, recall = rep["precision"] or 0.0, rep["recall"] or 0.0
         f1 = 2 * precision * recall / max(precision + recall, 1e-9)

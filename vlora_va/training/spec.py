@@ -83,8 +83,8 @@ class TrainSpec:
     reverse: bool = False
     ckpt_every: int = 25  # steps
     seed: int = 0
-    # action specs: train every model with seeds seed .. seed+repeats-1 and report each run and the mean
-    # (one run's held-out top-1 swings by ±0.1 with the seed alone); the first seed's adapter is saved
+    # train every model with seeds seed .. seed+repeats-1 and report each run and the mean (one run's held-out
+    # top-1 swings by ±0.1 with the seed alone); detection saves the seed best on validation, action the first
     repeats: int = 1
     threads: int = 1  # 1: a second thread on a shared 2-core machine ran 4x slower (measured)
     # action specs: parts of the LoRA + head model kept exactly as loaded, not trained: "lora" (from

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from vlora_va.training.metrics import (action_report, average_precision, best_person_threshold, detection_report,
-                                      match_image, person_activity_report)
+from vlora_va.training.metrics import (SCORE_THRESHOLDS, action_report, average_precision, best_f1_threshold,
+                                      best_person_threshold, detection_report, match_image, person_activity_report)
 
 
 def box(x, y, w=10, h=20, cls="person", score=1.0, **kw):
@@ -17,6 +17,17 @@ def test_match_counts_tp_fp_and_skips_ignored_refs():
     # first matches ref 0; the duplicate is an FP; the ignored match is dropped; the stray is an FP
     assert scored == [(0.9, 1), (0.8, 0), (0.6, 0)]
     assert n == 2
+
+
+def test_the_best_threshold_may_lie_below_0_1_down_to_the_decode_floor():
+    # two people the model scores only 0.08 and 0.09, noise at 0.06: the best F1 keeps both people and drops the
+    # noise, which only 0.075 of the grid does (it began at 0.1, where recall was 0)
+    refs = {"a": [box(0, 0), box(50, 0)]}
+    preds = {"a": [box(0, 0, score=0.08), box(50, 0, score=0.09), box(200, 0, score=0.06)]}
+    assert best_f1_threshold(preds, refs, ["person"]) == 0.075
+    assert SCORE_THRESHOLDS[0] == 0.05  # the floor the predictions are decoded at (train.decode_detections)
+    people = [[person(0, 0, activity="standing", score=0.09), person(300, 0, activity="standing", score=0.06)]]
+    assert best_person_threshold(people, [[person(0, 0, "standing")]], ["standing"]) == 0.075
 
 
 def test_detection_report_exact_f1_and_ap():
