@@ -108,10 +108,17 @@ def train_detection(spec: Spec, train: Split, sources: list[Source], lora: LoraS
     loss_fn = T.detection_loss_fn(lower, targets, split, spec.image_size, patch, images)
     # the sources in full: a run on other labels (another threshold, the teacher on tiles, other hand fixes) is
     # another run; hand fixes count by their content's digest, not where the file lies
-    fp = T._fingerprint(spec.name, tag, classes, T.lora_identity(lora), T.run_settings(spec.opts), spec.image_size,
-                        len(lower), spec.head, [_label_identity(s) for s in sources])
-    ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
-    return T.run(model, head, len(lower), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
+    fp = T._fingerprint(tag, spec.backbone, classes, T.lora_identity(lora), T.run_settings(spec.opts), spec.image_size,
+                        [f.key for f in train.frames], len(lower), spec.head, [_label_identity(s) for s in sources])
+    return T.run(model, head, len(lower), loss_fn, spec.opts, deadline, checkpoint_path(spec, tag, fp), fp,
+                 f"train {tag or spec.name}")
+
+
+def checkpoint_path(spec: Spec, tag: str, fingerprint: str) -> Path:
+    """Where a run's checkpoint lies: named by what the run computes (its fingerprint: the backbone, the training
+    frames, labels, head, LoRA and recipe), not by the spec that asked for it, so a study spec repeating another
+    spec's run resumes it instead of training it again."""
+    return cache_root(spec) / "checkpoints" / spec.task / f"{tag or 'run'}-{fingerprint}.pt"
 
 
 def _label_identity(source: Source) -> dict:
@@ -293,11 +300,12 @@ def train_action(spec: Spec, cs: ClipSet, labels: list[str], lora: LoraSpec, dea
                                None if persons is None else _balanced(torch.cat([t[3][t[3] >= 0] for t in persons]),
                                                                       len(head.person_labels)), frame_targets,
                                images)
-    fp = T._fingerprint(spec.name, tag, labels, T.lora_identity(lora), T.run_settings(spec.opts), spec.image_size,
-                        len(clips), learnt_head_params(spec.head), spec.clip_len, [asdict(s) for s in spec.sources],
+    fp = T._fingerprint(tag, spec.backbone, labels, T.lora_identity(lora), T.run_settings(spec.opts), spec.image_size,
+                        [f.key for f in cs.frames], len(clips), learnt_head_params(spec.head), spec.clip_len,
+                        [asdict(s) for s in spec.sources],
                         T.file_digest(spec.box_head_from / "head.safetensors") if spec.box_head_from else None)
-    ckpt = cache_root(spec) / "checkpoints" / spec.name / f"{tag or 'run'}-{fp}.pt"
-    return T.run(model, head, len(clips), loss_fn, spec.opts, deadline, ckpt, fp, f"train {tag or spec.name}")
+    return T.run(model, head, len(clips), loss_fn, spec.opts, deadline, checkpoint_path(spec, tag, fp), fp,
+                 f"train {tag or spec.name}")
 
 
 def learnt_head_params(params: dict) -> dict:

@@ -79,7 +79,7 @@ def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
     again = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60)
     assert again.steps == 6 and again.losses == []  # resumed from the final checkpoint: nothing left to do
     # A checkpoint is read as tensors and plain values only: one holding any other object is never unpickled
-    (ckpt,) = (tmp_path / "cache" / "checkpoints" / "tiny").glob("run-*.pt")
+    (ckpt,) = (tmp_path / "cache" / "checkpoints" / "detection").glob("run-*.pt")
     saved, marker = ckpt.read_bytes(), tmp_path / "unpickled"
     ckpt.write_bytes(pickle.dumps(OpensAFile(str(marker))))
     fresh = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60)
@@ -88,7 +88,15 @@ def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
     # Seeds repeated, checkpoint period and threads do not change what a run computes: still the same run ...
     same = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, repeats=3, ckpt_every=5, threads=2))
     assert train_detection(same, split, same.sources, same.lora, deadline=time.monotonic() + 60).losses == []
-    # ... while another learning rate is another run.
+    # ... and so is the same run asked for by another spec (a study repeating a shipped recipe) ...
+    renamed = dataclasses.replace(spec, name="a-study-of-tiny", output=tmp_path / "study")
+    assert train_detection(renamed, split, renamed.sources, renamed.lora, deadline=time.monotonic() + 60).losses == []
+    # ... while other training frames, even as many, are another run ...
+    shifted = [dataclasses.replace(f, t=f.t + 1) for f in split.frames]
+    moved_split = labelled_split(shifted)
+    moved_split.lower, moved_split.lower_flip = split.lower, split.lower_flip
+    assert len(train_detection(spec, moved_split, spec.sources, spec.lora, deadline=time.monotonic() + 60).losses) == 6
+    # ... and so is another learning rate.
     other = dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, lr=spec.opts.lr / 2))
     assert len(train_detection(other, split, other.sources, other.lora, deadline=time.monotonic() + 60).losses) == 6
     # ... and so are other labels: the same source with the teacher also run on tiles
