@@ -165,8 +165,8 @@ def _lora_vs_head_only(rows: list[dict], means, what: str) -> str:
 
 
 def _chosen_why(row: dict) -> str:
-    """Why this seed ships: reports that record each run's validation score chose the best one; older reports
-    shipped the first seed."""
+    """Why this seed was saved: reports that record each run's validation score chose the best one; older
+    reports saved the first seed."""
     return ", the best there," if "val_mean_f1" in row["runs"][0] else ", the first,"
 
 
