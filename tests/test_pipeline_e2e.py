@@ -263,7 +263,7 @@ def test_default_pipeline_in_real_time_meets_its_deadlines(tmp_path):
 
 
 def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_path):
-    """Three copies of the surveillance stream (each detect + 8-frame activity) overload two cores; beside
+    """Five copies of the surveillance stream (each detect + 8-frame activity) overload two cores; beside
     them a light stream (detect on bikes, 1 frame/s) runs on after they end. Under overload served work keeps
     its deadlines and the shed rows are counted per stream; once the load drops, the light stream is served
     in full again, without a restart."""
@@ -274,7 +274,9 @@ def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_pat
     cfg["adapters"] = {n: str(ROOT / p) for n, p in cfg["adapters"].items()}
     peds = next(s for s in cfg["streams"] if s["id"] == "pedestrians")
     bikes = next(s for s in cfg["streams"] if s["id"] == "bikes")
-    heavy = [dict(peds, id=f"pedestrians-{i}", source=str(ROOT / peds["source"]), max_chunks=18) for i in range(3)]
+    # five, not three: on a fast AVX-512 VNNI CPU three copies offered ~0.95-0.99 s of compute per second, at the
+    # edge of overload, and sometimes nothing was shed; five offer ~1.7 s there
+    heavy = [dict(peds, id=f"pedestrians-{i}", source=str(ROOT / peds["source"]), max_chunks=18) for i in range(5)]
     light = dict(bikes, id="bikes", source=str(ROOT / bikes["source"]), loop=True, max_chunks=36)
     cfg["streams"] = [*heavy, light]
     cfg["sinks"] = [{"type": "jsonl", "path": str(tmp_path / "results.jsonl")}]
