@@ -50,6 +50,12 @@ def main_train(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-minutes", type=float, help="override the spec's time budget")
     ap.add_argument("--no-baselines", action="store_true", help="skip the head-only / per-source comparison runs")
     ap.add_argument("--threads", type=int, help="torch threads (default: the spec's, else 1)")
+    ap.add_argument("--repeat", type=int, metavar="K",
+                    help="train only repeat K (seed seed+K) of the spec's train_options.repeats, exactly as the whole "
+                         "spec trains it; run repeats side by side, then the whole spec resumes their checkpoints "
+                         "(needs --out)")
+    ap.add_argument("--out", type=Path, metavar="DIR",
+                    help="write the adapter and its report under DIR instead of the spec's output")
     ap.add_argument("--cards-only", action="store_true",
                     help="train nothing: rewrite the adapters' README cards and REPORT-*.md from the spec's REPORT-*.json")
     args = ap.parse_args(argv)
@@ -64,6 +70,17 @@ def main_train(argv: list[str] | None = None) -> int:
         spec.baselines = ()
     if args.threads:
         spec.opts.threads = args.threads
+    if args.repeat is not None:
+        if not 0 <= args.repeat < spec.opts.repeats:
+            print(f"vlora-va train: --repeat {args.repeat}: the spec has repeats 0..{spec.opts.repeats - 1}",
+                  file=sys.stderr)
+            return 2
+        if args.out is None:  # one repeat alone must not replace the adapter the whole spec saves
+            print("vlora-va train: --repeat needs --out DIR", file=sys.stderr)
+            return 2
+        spec.only_repeat = args.repeat
+    if args.out is not None:
+        spec.output = args.out.resolve() / spec.output.name
     if args.cards_only:
         return _cards_only(spec)
     from .runner import train_spec

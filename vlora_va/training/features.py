@@ -9,6 +9,7 @@ the lower layers across tasks at serving time. split = num_layers gives the head
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -67,6 +68,9 @@ class FeatureCache:
             out.append(lower_hidden(model, pixels, self.split).half())
         feats = torch.cat(out)
         f.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(feats, f.with_suffix(".tmp"))
-        f.with_suffix(".tmp").replace(f)
+        # the temporary name is this process's own: runs side by side compute the same file, and a shared name let
+        # one rename the other's half-written file away (FileNotFoundError in the slower run)
+        tmp = f.with_suffix(f".{os.getpid()}.tmp")
+        torch.save(feats, tmp)
+        tmp.replace(f)
         return feats

@@ -80,11 +80,18 @@ def _seeded(spec: Spec, k: int) -> Spec:
     return dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, seed=spec.opts.seed + k))
 
 
+def _repeats(spec: Spec) -> list[int]:
+    """Which of the spec's repeats to train: all, or the one `vlora-va train --repeat K` names. A repeat run alone
+    has the data (zoomed crops drawn with the spec's seed) and the seed of that repeat in the whole spec, so its
+    checkpoint is the one the whole spec resumes: repeats can train side by side in separate processes."""
+    return list(range(spec.opts.repeats)) if spec.only_repeat is None else [spec.only_repeat]
+
+
 def _repeated_detection(spec: Spec, name: str, train, sources, lora, val, tests, deadline, human, tag: str):
     """`repeats` runs (seeds seed, seed+1, ...): (the chosen run's result, its row with every run and their mean).
     The chosen run (`best_on_validation`) is the one a spec ships."""
     results, rows = [], []
-    for k in range(spec.opts.repeats):
+    for k in _repeats(spec):
         run_spec = _seeded(spec, k)
         res = P.train_detection(run_spec, train, sources, lora, deadline, tag=tag)
         results.append(res)
@@ -380,13 +387,13 @@ def train_action_spec(spec: Spec) -> dict:
         for cs in [*tests.values(), *([val] if val else [])]:
             P.cache_clip_features(spec, cs, lay, False)
         runs = []
-        for k in range(spec.opts.repeats):  # seeds seed, seed+1, ...: the first run is the one saved
+        for k in _repeats(spec):  # seeds seed, seed+1, ...: the first run is the one saved
             run_spec = _seeded(spec, k)
             res = P.train_action(run_spec, train, labels, lora, deadline, tag=name.split()[0].lower())
             test = _action_run(spec, res, lora, val, tests, human)
             runs.append({"seed": run_spec.opts.seed, "train_seconds": round(res.seconds, 1), "complete": res.complete,
                          **_scores(test)})
-            if k == 0:
+            if len(runs) == 1:
                 row = {"model": name, "train_seconds": round(res.seconds, 1), "steps": res.steps,
                        "complete": res.complete, "test": test}
                 if saved is None:

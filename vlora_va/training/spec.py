@@ -120,6 +120,8 @@ class Spec:
     # person row of its class output), e.g. the detect adapter, which already finds people far better than a
     # box head trained from scratch on a clip's two middle frames does
     box_head_from: Path | None = None
+    # `vlora-va train --repeat K`: train only the K-th of `repeats` (runner._repeats); set by the command, not YAML
+    only_repeat: int | None = None
 
     @property
     def split(self) -> int:

@@ -9,6 +9,8 @@ it. When the time budget runs out the run stops early, saves, and returns what i
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -180,11 +182,35 @@ def _load_ckpt(path: Path, model, head, opt, sched, fingerprint: str) -> tuple[i
     return int(state["step"]), float(state.get("seconds", 0.0))
 
 
+@contextlib.contextmanager
+def _one_trainer(ckpt: Path | None):
+    """Hold the run's lock while training it: a second process asking for the same run (the whole spec while
+    `vlora-va train --repeat K` still trains that seed) waits, then resumes from the checkpoint the first left,
+    instead of both writing one checkpoint."""
+    if ckpt is None:
+        yield
+        return
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    with open(ckpt.with_suffix(".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            tqdm.write(f"{ckpt.name}: another process is training this run; waiting for it to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def run(model: nn.Module, head: nn.Module, n_samples: int, loss_fn, opts: TrainSpec, deadline: float,
         ckpt: Path | None, fingerprint: str, desc: str) -> RunResult:
     """The generic loop: epochs over shuffled sample indices, AdamW + warm-up/cosine, checkpoints, budget.
 
     loss_fn(model, head, indices) -> scalar loss."""
+    with _one_trainer(ckpt):
+        return _run(model, head, n_samples, loss_fn, opts, deadline, ckpt, fingerprint, desc)
+
+
+def _run(model: nn.Module, head: nn.Module, n_samples: int, loss_fn, opts: TrainSpec, deadline: float,
+         ckpt: Path | None, fingerprint: str, desc: str) -> RunResult:
     torch.manual_seed(opts.seed)
     lora_params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": list(head.parameters()), "lr": opts.lr}]

@@ -96,7 +96,7 @@ def test_the_card_shows_the_human_figures_and_cards_only_rewrites_it(trained):
     adapter = tmp_path / "out" / "tiny"
     card = (adapter / "README.md").read_text()
     assert "## Accuracy on the human-checked set" in card and "LoRA + head vs head-only, 2 seeds each" in card
-    assert "recall ≥ 0.85 at precision ≥ 0.9, at the shipped threshold: **not met**" in card  # a tiny model finds nobody
+    assert "recall ≥ 0.85 at precision ≥ 0.9, at its validation-picked threshold: **not met**" in card  # a tiny model finds nobody
     config = json.loads((adapter / "head_config.json").read_text())
     assert config["params"]["upsample"] == 4 and config["params"]["nms_iou"] in NMS_CHOICES
     (adapter / "README.md").unlink()
@@ -122,3 +122,24 @@ def test_cards_only_without_a_report_is_an_error(tiny_backbone, tmp_path, capsys
     spec = write_spec(tmp_path, tiny_backbone)
     assert main_train([str(spec), "--cards-only"]) == 2
     assert "no report (train the spec first)" in capsys.readouterr().err
+
+
+def test_one_repeat_alone_is_the_run_the_whole_spec_resumes(tiny_backbone, tmp_path, capsys):
+    spec = write_spec(tmp_path, tiny_backbone, baselines="false")
+    assert main_train([str(spec), "--repeat", "2", "--out", str(tmp_path / "r")]) == 2
+    assert "--repeat 2: the spec has repeats 0..1" in capsys.readouterr().err
+    assert main_train([str(spec), "--repeat", "1"]) == 2
+    assert "--repeat needs --out DIR" in capsys.readouterr().err
+    assert main_train([str(spec), "--repeat", "1", "--out", str(tmp_path / "r1")]) == 0
+    alone = json.loads((tmp_path / "r1" / "REPORT-tiny.json").read_text())["rows"][0]
+    assert alone["seed"] == 1 and (tmp_path / "r1" / "tiny" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "out").exists()  # the spec's own output is left alone
+    checkpoints = tmp_path / "cache" / "checkpoints" / "detection"
+    assert len(list(checkpoints.glob("*.pt"))) == 1
+    assert main_train([str(spec)]) == 0
+    whole = json.loads((tmp_path / "out" / "REPORT-tiny.json").read_text())["rows"][0]
+    # seed 1 was resumed from the repeat's checkpoint, not trained again: one new checkpoint (seed 0), same figures
+    assert len(list(checkpoints.glob("*.pt"))) == 2
+    again = next(r for r in whole["runs"] if r["seed"] == 1)
+    assert (again["train_seconds"], again["threshold"], again["nms_iou"]) == (
+        alone["train_seconds"], alone["threshold"], alone["nms_iou"])

@@ -1,7 +1,9 @@
 """LoRA + head training end to end on a tiny random backbone: checkpoints, resume, budget, save, load, merge."""
 
 import dataclasses
+import fcntl
 import pickle
+import threading
 import time
 
 import numpy as np
@@ -62,6 +64,62 @@ def test_feature_cache_is_reused(tiny_backbone, tmp_path):
     a = cache.get(model, frames(3), progress=False)
     b = cache.get(None, frames(3), progress=False)  # no model needed the second time
     assert torch.equal(a, b) and a.dtype == torch.float16 and a.shape[:2] == (3, 1 + (SIDE // 14) ** 2)
+
+
+def _cache_side_by_side(root, backbone, barrier, errors):
+    """One of two training processes computing the same features: both save before either moves its file."""
+    real_save = torch.save
+
+    def save_then_wait(obj, path):
+        real_save(obj, path)
+        barrier.wait(timeout=60)
+
+    torch.save = save_then_wait
+    try:
+        model = T.build_model(backbone, LoraSpec(layers=[]))
+        FeatureCache(root, backbone, SIDE, 1).get(model, frames(2), progress=False)
+    except Exception as e:  # reported to the parent: an exception in a child would only show as an exit code
+        errors.put(repr(e))
+
+
+def test_feature_cache_written_by_two_processes_at_once(tiny_backbone, tmp_path):
+    # Studies train seeds side by side, each computing the same uncached features: both must end with the file
+    ctx = torch.multiprocessing.get_context("spawn")  # fork after torch has run threads can hang
+    barrier, errors = ctx.Barrier(2), ctx.Queue()
+    runs = [ctx.Process(target=_cache_side_by_side, args=(tmp_path, tiny_backbone, barrier, errors)) for _ in range(2)]
+    for p in runs:
+        p.start()
+    for p in runs:
+        p.join(120)
+    assert [p.exitcode for p in runs] == [0, 0]
+    assert errors.empty(), errors.get()
+    cached = FeatureCache(tmp_path, tiny_backbone, SIDE, 1)
+    assert torch.equal(cached.get(None, frames(2), progress=False),
+                       cached.get(T.build_model(tiny_backbone, LoraSpec(layers=[])), frames(2), progress=False))
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_run_another_process_is_training_waits_then_resumes(tiny_backbone, tmp_path):
+    # `--repeat K` beside the whole spec: the second asker must wait for the first, not share its checkpoint
+    spec = spec_for(tmp_path, tiny_backbone, layers=[])
+    split = labelled_split(frames())
+    split.lower = FeatureCache(tmp_path, tiny_backbone, SIDE, 12).get(
+        T.build_model(tiny_backbone, LoraSpec(layers=[])), split.frames, progress=False)
+    first = train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60)
+    (ckpt,) = (tmp_path / "cache" / "checkpoints" / "detection").glob("run-*.pt")
+    done = ckpt.read_bytes()
+    ckpt.unlink()  # as if the other process had not finished yet
+    results = []
+    with open(ckpt.with_suffix(".lock"), "w") as other:  # another open file description: another trainer
+        fcntl.flock(other, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=lambda: results.append(
+            train_detection(spec, split, spec.sources, spec.lora, deadline=time.monotonic() + 60)))
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and not results  # waiting, not training on its own
+        ckpt.write_bytes(done)  # the other trainer's final checkpoint, then it lets go
+    waiter.join(60)
+    assert results and results[0].steps == first.steps and results[0].losses == []  # resumed at the end
 
 
 def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
