@@ -223,8 +223,10 @@ def _lora_words(spec: Spec) -> str:
             f"({', '.join(spec.lora.modules)})")
 
 
-def detection_card(spec: Spec, name: str, sources, row: dict, rows: list[dict] | None = None) -> str:
-    """The adapter's README: `row` is its own report row, `rows` every row of the report (baselines, teacher)."""
+def detection_card(spec: Spec, name: str, sources, row: dict, rows: list[dict] | None = None, *,
+                   adapter: Path) -> str:
+    """The adapter's README: `row` is its own report row, `rows` every row of the report (baselines, teacher),
+    `adapter` the directory it is saved in."""
     rows = rows or [row]
     classes = [c for s in sources for c in s.classes]
     return f"""# Adapter `{name}` — object detection ({', '.join(classes)})
@@ -252,7 +254,7 @@ Full comparison (head-only, per-source, fused, classical teacher): `{_report_pat
 feature caching and teacher labelling not included){'' if row['complete'] else ' — stopped by the time budget'}.
 
 Reproduce: `{_reproduce(spec)}` (needs the `train` extra and the CenterNet teacher in `../shared/assets/teachers`).
-Evaluate: `vlora-va eval {_shown(spec.output if spec.output.name == name else spec.output.parent / name)} --on sample_videos/pedestrians.mp4:55-79.5 sample_videos/bikes.mp4`
+Evaluate: `vlora-va eval {_shown(adapter)} --on sample_videos/pedestrians.mp4:55-79.5 sample_videos/bikes.mp4`
 """
 
 

@@ -76,6 +76,10 @@ def _human_report(human, split: P.Split, preds: list[list[dict]], classes: list[
     return {"frames": len(keys), "per_class": human_detection_report(pred_map, refs, named, threshold)}
 
 
+# The report's names of the two kinds of model (cards and tables tell them apart by these words)
+LORA_HEAD, HEAD_ONLY = "LoRA+head", "head only (frozen backbone)"
+
+
 def _seeded(spec: Spec, k: int) -> Spec:
     return dataclasses.replace(spec, opts=dataclasses.replace(spec.opts, seed=spec.opts.seed + k))
 
@@ -212,7 +216,7 @@ def train_detection_spec(spec: Spec) -> dict:
             adapters.append((name, a.state, srcs, row))
         fusion_log = fused.log
     else:
-        kind = "LoRA+head" if spec.lora.layers else "head only (frozen backbone)"
+        kind = LORA_HEAD if spec.lora.layers else HEAD_ONLY
         res, row = _repeated_detection(spec, f"{kind}, all sources ({'+'.join(s.name for s in spec.sources)})",
                                        train, spec.sources, spec.lora, val, tests, deadline, human, tag="joint")
         rows.append(row)
@@ -222,7 +226,7 @@ def train_detection_spec(spec: Spec) -> dict:
     for name, res, srcs, row in adapters:
         out = spec.output if len(adapters) == 1 else spec.output.parent / name
         P.save_detection(spec, out, res, spec.lora, srcs, row["threshold"], {"val": row["val"], "test": row["test"]},
-                         detection_card(spec, name, srcs, row))
+                         detection_card(spec, name, srcs, row, adapter=out))
         _record_sources(out, srcs)
         saved.append(str(out))
         cards.append({"adapter": str(out), "row": rows.index(row), "sources": [s.name for s in srcs]})
@@ -251,7 +255,8 @@ def write_cards(spec: Spec, report: dict) -> None:
     cards = report.get("cards") or [{"adapter": report["adapters"][0], "row": 0, "sources": list(by_name)}]
     for c in cards:
         adapter = here / Path(c["adapter"]).name
-        card = detection_card(spec, adapter.name, [by_name[n] for n in c["sources"]], rows[c["row"]], rows)
+        card = detection_card(spec, adapter.name, [by_name[n] for n in c["sources"]], rows[c["row"]], rows,
+                              adapter=adapter)
         adapter.joinpath("README.md").write_text(card)
 
 
@@ -302,12 +307,12 @@ def _baselines(spec: Spec, train, val, tests, deadline, human=None) -> list[dict
         for where, s in tests.items():
             te[where] = P.Split(s.frames, s.labels, side=spec.image_size)
             P.cache_features(spec, te[where], 12, False)
-        rows.append(_repeated_detection(spec, "head only (frozen backbone), all sources", tr, spec.sources, head_only,
+        rows.append(_repeated_detection(spec, f"{HEAD_ONLY}, all sources", tr, spec.sources, head_only,
                                         va, te, deadline, human, tag="head-only")[1])
     if "per-source" in spec.baselines and len(spec.sources) > 1:
         for s in spec.sources:
             res = P.train_detection(spec, train, [s], spec.lora, deadline, tag=f"single-{s.name}")
-            rows.append(_det_row(spec, f"LoRA+head, source {s.name} only", res, spec.lora, [s], val, tests, res.seconds,
+            rows.append(_det_row(spec, f"{LORA_HEAD}, source {s.name} only", res, spec.lora, [s], val, tests, res.seconds,
                                  human))
     hog = _hog_row(spec, tests, spec.sources) if "head-only" in spec.baselines else None
     if hog:
@@ -378,7 +383,7 @@ def train_action_spec(spec: Spec) -> dict:
     labels = _action_labels(train, bool(spec.head.get("persons")), spec.opts.reverse)
     human = _human_set()
     rows = []
-    variants = [("LoRA+head", spec.lora)] + ([("head only (frozen backbone)", LoraSpec(layers=[]))]
+    variants = [(LORA_HEAD, spec.lora)] + ([(HEAD_ONLY, LoraSpec(layers=[]))]
                                              if "head-only" in spec.baselines else [])
     saved = None
     for name, lora in variants:
