@@ -40,15 +40,15 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from contracts.geometry import Letterbox  # noqa: E402
-from contracts.requests import Request  # noqa: E402
-from streams.chunker import letterbox, plan_chunk  # noqa: E402
-from vlora_va.adapters import load_adapter_dir  # noqa: E402
-from vlora_va.engine import Engine  # noqa: E402
-from vlora_va.lora import PREMERGED, LoRAMode  # noqa: E402
-from vlora_va.models import load_backbone, normalise  # noqa: E402
-from vlora_va.plan import make_plan  # noqa: E402
-from vlora_va.precision import Capabilities, cpu_flags  # noqa: E402
+from vlora_va.contracts.geometry import Letterbox  # noqa: E402
+from vlora_va.contracts.requests import Request  # noqa: E402
+from vlora_va.ingest.chunker import letterbox, plan_chunk  # noqa: E402
+from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
+from vlora_va.engine.executor import Engine  # noqa: E402
+from vlora_va.engine.lora import PREMERGED, LoRAMode  # noqa: E402
+from vlora_va.engine.backbones import load_backbone, normalise  # noqa: E402
+from vlora_va.engine.plan import make_plan  # noqa: E402
+from vlora_va.engine.precision import Capabilities, cpu_flags  # noqa: E402
 
 IMAGE_SIZE = 336  # pipelines.yaml daemon.image_size
 FPS = 10
@@ -285,7 +285,7 @@ def linear_layers(rounds: int, calls: int = 5) -> list[dict]:
     336 px, 8 x 257 at 224): fp32 (nn.Linear), bf16 (weights and input bf16), int8 as the engine runs it (fbgemm,
     precision.Int8Linear), and torchao's int8 dynamic-activation / int8-weight linear where torchao is installed
     (it is not a dependency: `pip install torchao`, or PYTHONPATH to a copy)."""
-    from vlora_va.precision import Int8Linear
+    from vlora_va.engine.precision import Int8Linear
 
     try:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from soak import percentile, pipeline  # noqa: E402
 
-from vlora_va.precision import AVX2_ENV  # noqa: E402
+from vlora_va.engine.precision import AVX2_ENV  # noqa: E402
 
 READY = "daemon ready on"
 

@@ -121,22 +121,9 @@ class Tracer:
 
 
 def tiny_setup(tmp: Path):
-    import torch
-    from transformers import Dinov2Config, Dinov2Model
+    from vlora_va.testing.tiny import make_adapters, make_backbone
 
-    try:
-        from vlora_va.testing import make_adapter
-    except ImportError:  # the layout before issue 28
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tests.vlora_va.conftest import make_adapter  # noqa: F401  (the old layout had no shared helper)
-    torch.manual_seed(0)
-    model = Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=4,
-                                     patch_size=14, image_size=TINY_IMAGE))
-    model.save_pretrained(tmp / "backbone", safe_serialization=True)
-    adapters = {"detect": make_adapter(tmp / "detect", "detection", ["person", "car"], seed=1),
-                "actions": make_adapter(tmp / "actions", "action", ["standing", "walking"],
-                                        targets=("attention.q_proj", "mlp.fc1", "mlp.fc2"), rank=8, seed=2)}
-    return tmp / "backbone", adapters
+    return make_backbone(tmp / "backbone"), make_adapters(tmp)
 
 
 def main(argv=None) -> int:
@@ -151,20 +138,14 @@ def main(argv=None) -> int:
     import numpy as np
     import zmq
 
-    try:
-        from vlora_va.contracts.config import parse_config
-        from vlora_va.contracts.geometry import Letterbox
-        from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk
-        from vlora_va.serving.daemon import Daemon
-    except ImportError:  # the layout before issue 28
-        from contracts.config import parse_config
-        from contracts.geometry import Letterbox
-        from contracts.wire import ChunkHeader, TaskRequest, encode_chunk
-        from vlora_va.daemon import Daemon
+    from vlora_va.contracts.config import parse_config
+    from vlora_va.contracts.geometry import Letterbox
+    from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk
+    from vlora_va.outputs.attach import run_with_outputs
+    from vlora_va.serving.daemon import Daemon
     import vlora_va
 
-    PROJECT_DIRS = tuple({str(Path(vlora_va.__file__).parent), str(ROOT / "contracts"), str(ROOT / "streams"),
-                          str(ROOT / "kernels")})
+    PROJECT_DIRS = tuple({str(Path(vlora_va.__file__).parent), str(ROOT / "streams"), str(ROOT / "kernels")})
 
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)

@@ -5,7 +5,7 @@
     python bench/fuzz.py --seconds 600            # stop after 10 minutes (or the message count, if first)
     python bench/fuzz.py --fresh-stream-rate 0    # valid messages only on a fixed pool of stream ids
 
-The messages come from tests/fuzz_messages.py (the generator tests/vlora_va/test_fuzz.py sends 10^4 of in CI):
+The messages come from vlora_va/testing/messages.py (the generator tests/serving/test_fuzz.py sends 10^4 of in CI):
 random bytes, truncated and extended headers, wrong types, huge and non-finite numbers in every field, deep
 nesting, huge strings and arrays, missing and unknown fields, duplicated tasks, bad frame indices, extra,
 missing and wrong-sized parts, too many parts, headers over the limit, parts over ZeroMQ's size limit (sent on
@@ -48,9 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 import zmq  # noqa: E402
 
-from tests.fuzz_messages import (ERROR_ROWS, KINDS, MALFORMED, OK, MessageGen, RowTail, Sender,  # noqa: E402
-                                 make_seeing_detector, payload_difference, reference_payloads)
-from vlora_va.logs import THROTTLE_PERIOD_S  # noqa: E402
+from vlora_va.testing.messages import (ERROR_ROWS, KINDS, MALFORMED, OK, MessageGen, RowTail, Sender,  # noqa: E402
+                                       make_seeing_detector, payload_difference, reference_payloads)
+from vlora_va.common.logs import THROTTLE_PERIOD_S  # noqa: E402
 
 LIVE_TASKS = (("det", "seeing"), ("act", "actions"))
 STALL_S = 60.0  # a send blocked this long, or a live chunk unanswered this long: the daemon stalled
@@ -58,20 +58,12 @@ STALL_S = 60.0  # a send blocked this long, or a live chunk unanswered this long
 
 # ---------------------------------------------------------------- the daemon process
 def build_fixture(root: Path) -> tuple[Path, dict[str, Path]]:
-    """The tiny backbone and adapters of tests/vlora_va/conftest.py, plus a detector whose rows carry detections."""
-    import torch
-    from transformers import Dinov2Config, Dinov2Model
+    """The tiny backbone and adapters of vlora_va.testing.tiny, plus a detector whose rows carry detections."""
+    from vlora_va.testing.tiny import make_adapters, make_backbone
 
-    from tests.vlora_va.conftest import TINY_IMAGE, make_adapter
-
-    torch.manual_seed(0)
-    cfg = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=4, patch_size=14,
-                       image_size=TINY_IMAGE)
-    Dinov2Model(cfg).save_pretrained(root / "backbone", safe_serialization=True)
+    make_backbone(root / "backbone")
     adapters = {
-        "detect": make_adapter(root / "detect", "detection", ["person", "car"], seed=1),
-        "actions": make_adapter(root / "actions", "action", ["standing", "walking"],
-                                targets=("attention.q_proj", "mlp.fc1", "mlp.fc2"), rank=8, seed=2),
+        **make_adapters(root),
         "seeing": make_seeing_detector(root / "seeing"),
     }
     return root / "backbone", adapters
@@ -248,7 +240,7 @@ def run(args) -> dict:
         counted = int(metrics.get("vlora_messages_malformed_total", -1))
         if counted != sent[MALFORMED]:
             problems.append(f"daemon counted {counted} malformed messages, {sent[MALFORMED]} were sent")
-        # Logged, throttled (vlora_va.logs.Throttle): a few lines per period and a count of the rest; the last
+        # Logged, throttled (vlora_va.common.logs.Throttle): a few lines per period and a count of the rest; the last
         # period's count is said only when another malformed message comes, so it may be missing here.
         said = dlog.malformed + dlog.summarised
         unsaid_bound = 2 * THROTTLE_PERIOD_S * sent[MALFORMED] / max(elapsed, 1e-9) + 1  # two periods' worth

@@ -66,10 +66,9 @@ def cuda_time(fn, repeats: int = 20, graph: bool = False) -> float:
 
 # ---------------------------------------------------------------- correctness
 def correctness_kernels(log) -> dict:
-    sys.path.insert(0, str(ROOT / "tests" / "kernels"))
-    from atmm_cases import CASES, make  # the same cases the CPU tests use
+    from vlora_va.testing.atmm_cases import CASES, make  # the same cases the CPU tests use
 
-    from kernels import atmm, atmm_images, atmm_reference
+    from vlora_va.kernels import atmm, atmm_images, atmm_reference
     out = {"cases": 0, "failed": []}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         tol = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 6e-2}[dtype]
@@ -108,14 +107,14 @@ def correctness_engine(log) -> dict:
         import av  # noqa: F401
     except ImportError:
         return {"skipped": "PyAV not installed: no held-out frames"}
-    from contracts.requests import Request
-    from streams.chunker import letterbox
-    from vlora_va.adapters import load_adapter_dir
-    from vlora_va.engine import Engine
-    from vlora_va.heads import box_iou
-    from vlora_va.lora import LoRAMode
-    from vlora_va.models import load_backbone
-    from vlora_va.plan import make_plan
+    from vlora_va.contracts.requests import Request
+    from vlora_va.ingest.chunker import letterbox
+    from vlora_va.engine.adapters import load_adapter_dir
+    from vlora_va.engine.executor import Engine
+    from vlora_va.engine.heads import box_iou
+    from vlora_va.engine.lora import LoRAMode
+    from vlora_va.engine.backbones import load_backbone
+    from vlora_va.engine.plan import make_plan
 
     frames, ts = [], []
     with av.open(str(ROOT / "sample_videos" / "pedestrians.mp4")) as c:
@@ -172,8 +171,8 @@ def correctness_engine(log) -> dict:
 # ---------------------------------------------------------------- speed
 def ops(log) -> list[dict]:
     import atmm as A  # bench/atmm.py: baselines and the problem grid
-    import kernels
-    from kernels import tuning
+    from vlora_va import kernels
+    from vlora_va.kernels import tuning
 
     rows = []
     for n_in, n_out in ((384, 384), (384, 1536), (1536, 384), (4096, 4096)):
@@ -205,9 +204,9 @@ def ops(log) -> list[dict]:
 
 def backbone(log) -> list[dict]:
     import atmm as A
-    from vlora_va import lora
-    from vlora_va.lora import LoRAMode
-    from vlora_va.vit import lower, upper
+    from vlora_va.engine import lora
+    from vlora_va.engine.lora import LoRAMode
+    from vlora_va.engine.vit import lower, upper
 
     base = A.vit_s().cuda().to(torch.bfloat16)
     rows = []

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from vlora_va.heads import ActionHead, DetectionHead, Features
+from vlora_va.engine.heads import ActionHead, DetectionHead, Features
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN, GRID, SIDE = 384, 24, 336

@@ -32,13 +32,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.chunker import letterbox  # noqa: E402
-from vlora_va import precision as P  # noqa: E402
-from vlora_va.adapters import load_adapter_dir  # noqa: E402
-from vlora_va.engine import Engine  # noqa: E402
-from vlora_va.heads import Features  # noqa: E402
-from vlora_va.lora import PREMERGED, LoRAMode  # noqa: E402
-from vlora_va.models import load_backbone  # noqa: E402
+from vlora_va.ingest.chunker import letterbox  # noqa: E402
+from vlora_va.engine import precision as P  # noqa: E402
+from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
+from vlora_va.engine.executor import Engine  # noqa: E402
+from vlora_va.engine.heads import Features  # noqa: E402
+from vlora_va.engine.lora import PREMERGED, LoRAMode  # noqa: E402
+from vlora_va.engine.backbones import load_backbone  # noqa: E402
 from vlora_va.training import paired  # noqa: E402
 from vlora_va.training.data import activity_clips, detection_labels, merge_labels  # noqa: E402
 from vlora_va.training.evaluate import (HUMAN_SET, human_clip_frames, human_frames, load_human_set,  # noqa: E402

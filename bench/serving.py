@@ -44,8 +44,8 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from contracts.geometry import Letterbox  # noqa: E402
-from contracts.wire import ChunkHeader, TaskRequest, encode_chunk  # noqa: E402
+from vlora_va.contracts.geometry import Letterbox  # noqa: E402
+from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk  # noqa: E402
 
 POLICIES = ["vlora", "edf", "merge-only", "unmerge-only", "dlora"]
 BASELINES = [p for p in POLICIES if p != "vlora"]
@@ -86,7 +86,7 @@ class Workload:
 # ---------------------------------------------------------------- set-up: backbones, adapters, configs
 def build_backbone(b: Backbone, work: Path) -> str:
     if b.name == "vit-s":
-        from vlora_va.models import DEFAULT_BACKBONE, cache_dir, fetched_ok
+        from vlora_va.engine.backbones import DEFAULT_BACKBONE, cache_dir, fetched_ok
         if not fetched_ok(cache_dir() / DEFAULT_BACKBONE):
             raise SystemExit("the default backbone is not fetched: run `vlora-va models fetch`")
         return DEFAULT_BACKBONE
@@ -106,8 +106,8 @@ def build_adapters(b: Backbone, backbone_id: str, n: int, work: Path) -> dict[st
     """n adapters with random LoRA (rank RANKS[i % 4]) on every linear layer, untrained detection heads."""
     import torch
 
-    from vlora_va.adapters import fit_target_modules, init_untrained, load_adapter_dir, save_adapter_dir
-    from vlora_va.models import linear_names, load_backbone
+    from vlora_va.engine.adapters import fit_target_modules, init_untrained, load_adapter_dir, save_adapter_dir
+    from vlora_va.engine.backbones import linear_names, load_backbone
 
     model = load_backbone(backbone_id)
     here = fit_target_modules(TARGETS, linear_names(model))  # the installed transformers' layer names
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     import torch
-    from vlora_va.costs import device_name
+    from vlora_va.serving.costs import device_name
 
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": device_name(torch.device("cpu")),
             "platform": platform.platform(), "torch": torch.__version__, "threads": a.threads, "rounds": rounds,

@@ -39,7 +39,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from contracts.results import JsonlFollower  # noqa: E402
+from vlora_va.contracts.results import JsonlFollower  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

@@ -6,11 +6,11 @@
 The Triton module is imported lazily (only on CUDA tensors), so ``TRITON_INTERPRET`` can still be set first.
 """
 
-from .images import atmm_images
-from .ops import atmm, delta_weights
-from .reference import atmm_reference, delta_weights_reference
-from .segments import NO_ADAPTER, Segments
-from .tuned import device_kind
+from vlora_va.kernels.images import atmm_images
+from vlora_va.kernels.ops import atmm, delta_weights
+from vlora_va.kernels.reference import atmm_reference, delta_weights_reference
+from vlora_va.kernels.segments import NO_ADAPTER, Segments
+from vlora_va.kernels.tuned import device_kind
 
 __all__ = ["atmm", "atmm_images", "delta_weights", "atmm_reference", "delta_weights_reference", "Segments", "NO_ADAPTER",
            "device_kind"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .segments import Segments
+from vlora_va.kernels.segments import Segments
 
 
 def atmm_runs(y, x, A, B, seg: Segments, scale: list[float], ranks: list[int]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .segments import Segments
+from vlora_va.kernels.segments import Segments
 
 
 def _onehot(seg: Segments, used: list[int], scale: list[float], dtype, device) -> torch.Tensor:

@@ -28,7 +28,7 @@ def atmm_images(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
     n = slot.shape[0]
     impl = impl or ("triton" if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" else "torch")
     if impl == "triton":
-        from .triton_atmm import launch
+        from vlora_va.kernels.triton_atmm import launch
 
         if start is None:
             start = torch.arange(n, dtype=torch.int32, device=x.device) * tokens

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu, tuned
-from .einsum import atmm_einsum
-from .reference import as_float_list, atmm_reference
-from .segments import Segments
+from vlora_va.kernels import cpu, tuned
+from vlora_va.kernels.einsum import atmm_einsum
+from vlora_va.kernels.reference import as_float_list, atmm_reference
+from vlora_va.kernels.segments import Segments
 
 
 def atmm(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, idx, scale, ranks=None,
@@ -55,7 +55,7 @@ def atmm(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, idx
             cpu.atmm_cpu(y, x, A, B, s, sc, ranks_l, choice)
         return y
     if impl == "triton":
-        from .triton_atmm import atmm_triton  # imported lazily: TRITON_INTERPRET must be set before import
+        from vlora_va.kernels.triton_atmm import atmm_triton  # imported lazily: TRITON_INTERPRET must be set before import
         if device_params is None:
             device_params = (torch.tensor(scale_l, dtype=torch.float32, device=x.device),
                              torch.tensor(ranks_l, dtype=torch.int32, device=x.device))

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .segments import Segments
+from vlora_va.kernels.segments import Segments
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from . import cpu
-from .segments import Segments
+from vlora_va.kernels import cpu
+from vlora_va.kernels.segments import Segments
 
 TABLE_DIR = Path(__file__).parent / "tables"  # shipped tables
 _TABLES: dict[str, dict] = {}
@@ -115,7 +115,7 @@ def lookup_cpu(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
 
 
 def lookup_triton(n_in: int, n_out: int, seg: Segments, ranks: list[int], device):
-    from .triton_atmm import DEFAULT_CONFIG, TritonConfig
+    from vlora_va.kernels.triton_atmm import DEFAULT_CONFIG, TritonConfig
     choice = _lookup(device_kind(device), n_in, n_out, seg, ranks)
     if choice is None:
         return DEFAULT_CONFIG

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from . import cpu
-from .segments import Segments
-from .tuned import _TABLES, bucket_key, device_kind, user_table_dir
+from vlora_va.kernels import cpu
+from vlora_va.kernels.segments import Segments
+from vlora_va.kernels.tuned import _TABLES, bucket_key, device_kind, user_table_dir
 
 
 # ---- the tuner ------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def cpu_candidates(seg: Segments) -> list[str]:
 
 
 def triton_candidates() -> list:
-    from .triton_atmm import TileConfig, TritonConfig
+    from vlora_va.kernels.triton_atmm import TileConfig, TritonConfig
     shrink = [TileConfig(m, n, k, w, st) for m in (16, 32, 64) for n in (16, 32) for k in (32, 64, 128)
               for w, st in ((4, 2), (4, 3))]
     expand = [TileConfig(m, n, k, w, st) for m in (16, 32, 64) for n in (32, 64, 128) for k in (16, 32)
@@ -118,7 +118,7 @@ def _pick(times: dict, default, margin: float = 0.05):
 def tune(shapes: list[tuple[int, int]], grid, device: str = "cpu", repeats: int = 5, tokens: int = 257,
          dtype=torch.float32, log=print) -> dict:
     """Time every candidate on every (shape, composition); return the table (kind, entries)."""
-    from .ops import atmm
+    from vlora_va.kernels.ops import atmm
     device = torch.device(device)
     kind = device_kind(device)
     cuda = device.type == "cuda"

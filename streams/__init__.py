@@ -7,6 +7,6 @@
 This package never imports torch: an ingest process leaves the cores to decoding and inference.
 """
 
-from .worker import plan_workers, run_ingest
+from vlora_va.ingest.worker import plan_workers, run_ingest
 
 __all__ = ["plan_workers", "run_ingest"]

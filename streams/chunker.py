@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from contracts.config import StreamConfig, TaskConfig
-from contracts.geometry import Letterbox, letterbox_geometry
-from contracts.wire import ChunkHeader, TaskRequest
+from vlora_va.contracts.config import StreamConfig, TaskConfig
+from vlora_va.contracts.geometry import Letterbox, letterbox_geometry
+from vlora_va.contracts.wire import ChunkHeader, TaskRequest
 
-from .source import Frame
+from vlora_va.ingest.source import Frame
 
 log = logging.getLogger(__name__)
 

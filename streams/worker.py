@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Union
 import cv2
 import zmq
 
-from contracts.config import PipelineConfig, StreamConfig
-from contracts.security import curve_client
-from contracts.wire import encode_chunk
+from vlora_va.contracts.config import PipelineConfig, StreamConfig
+from vlora_va.contracts.security import curve_client
+from vlora_va.contracts.wire import encode_chunk
 
-from .chunker import Chunker, ReadyChunk, plan_chunk
-from .source import FrameSource, SourceError
+from vlora_va.ingest.chunker import Chunker, ReadyChunk, plan_chunk
+from vlora_va.ingest.source import FrameSource, SourceError
 
 if TYPE_CHECKING:
     import multiprocessing.synchronize

@@ -1,4 +1,4 @@
-"""Shared test fixtures: the sample videos and a real RTSP server on loopback."""
+"""Shared test fixtures: the sample videos, a real RTSP server on loopback, a tiny backbone and its adapters."""
 
 from __future__ import annotations
 
@@ -131,3 +131,19 @@ def rtsp_server_for():
 def rtsp_server(rtsp_server_for):
     """A started RTSP server streaming pedestrians.mp4 (768x576, 10 fps) on a free loopback port."""
     return rtsp_server_for(PEDESTRIANS)
+
+
+@pytest.fixture(scope="session")
+def tiny_backbone_dir(tmp_path_factory):
+    """A tiny random-weight DINOv2 (vlora_va.testing.tiny), saved once per session."""
+    from vlora_va.testing.tiny import make_backbone
+
+    return make_backbone(tmp_path_factory.mktemp("tiny-dinov2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_adapters(tmp_path_factory):
+    """detect and actions adapters for the tiny backbone."""
+    from vlora_va.testing.tiny import make_adapters
+
+    return make_adapters(tmp_path_factory.mktemp("adapters"))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vlora_va.models import DEFAULT_BACKBONE, cache_dir, fetched_ok
+from vlora_va.engine.backbones import DEFAULT_BACKBONE, cache_dir, fetched_ok
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "vlora_va.cli"]
@@ -106,15 +106,15 @@ def reference_rows(path: Path) -> dict[tuple[str, int, str], dict]:
 
     import zmq
 
-    from contracts.config import load_config
-    from contracts.requests import requests_from_chunk
-    from streams.worker import run_ingest
-    from tests.streams.ingest_helpers import Receiver
-    from vlora_va.adapters import load_adapter_dir
-    from vlora_va.engine import Engine
-    from vlora_va.lora import UNMERGED, LoRAMode
-    from vlora_va.models import load_backbone
-    from vlora_va.plan import make_plan
+    from vlora_va.contracts.config import load_config
+    from vlora_va.contracts.requests import requests_from_chunk
+    from vlora_va.ingest.worker import run_ingest
+    from tests.ingest.ingest_helpers import Receiver
+    from vlora_va.engine.adapters import load_adapter_dir
+    from vlora_va.engine.executor import Engine
+    from vlora_va.engine.lora import UNMERGED, LoRAMode
+    from vlora_va.engine.backbones import load_backbone
+    from vlora_va.engine.plan import make_plan
 
     cfg = load_config(path)
     ctx = zmq.Context()

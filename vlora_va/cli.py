@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from .logs import setup_logging
+from vlora_va.common.logs import setup_logging
 
 log = logging.getLogger("vlora_va")
 
@@ -26,7 +26,7 @@ def input_warnings(cfg) -> list[str]:
     import json
     from pathlib import Path
 
-    from contracts.security import bind_warning, is_local_host
+    from vlora_va.contracts.security import bind_warning, is_local_host
 
     problems = [f"streams[{i}].source: no such file {s.source}" for i, s in enumerate(cfg.streams)
                 if not s.is_rtsp and not Path(s.source).is_file()]
@@ -57,7 +57,7 @@ def input_warnings(cfg) -> list[str]:
 
 
 def cmd_validate(args) -> int:
-    from contracts.config import ConfigError, load_config
+    from vlora_va.contracts.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config)
@@ -77,9 +77,9 @@ def cmd_validate(args) -> int:
 def _print_capacity(cfg, remeasure: bool = False) -> int:
     """Build the daemon's engine, measure (or load the cached) cost profile, and say what the configured load
     needs on this machine."""
-    from .admission import estimate
-    from .daemon import build_engine, cost_model
-    from .models import ModelError
+    from vlora_va.serving.capacity import estimate
+    from vlora_va.serving.daemon import build_engine, cost_model
+    from vlora_va.engine.backbones import ModelError
 
     try:
         engine, failed = build_engine(cfg)
@@ -99,7 +99,7 @@ def _load(path: str, endpoint: str | None = None, roles: tuple[str, ...] = ()):
     sockets) and/or "client" (it connects to them): with security.curve set, the keys each needs must be there."""
     import dataclasses
 
-    from contracts.config import ConfigError, load_config
+    from vlora_va.contracts.config import ConfigError, load_config
 
     try:
         cfg = load_config(path)
@@ -120,7 +120,7 @@ def _load(path: str, endpoint: str | None = None, roles: tuple[str, ...] = ()):
 
 
 def cmd_run(args) -> int:
-    from .runner import run_pipeline
+    from vlora_va.supervisor import run_pipeline
 
     cfg = _load(args.config, roles=("server", "client"))  # fail fast, before any process starts
     for problem in input_warnings(cfg):
@@ -129,7 +129,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_daemon(args) -> int:
-    from .daemon import Daemon
+    from vlora_va.serving.daemon import Daemon
 
     cfg = _load(args.config, args.endpoint, roles=("server",))
     stop = _stop_on_signals()
@@ -138,7 +138,7 @@ def cmd_daemon(args) -> int:
 
 
 def cmd_ingest(args) -> int:
-    from streams.worker import run_ingest
+    from vlora_va.ingest.worker import run_ingest
 
     cfg = _load(args.config, args.endpoint, roles=("client",))
     ids = args.streams.split(",") if args.streams else None
@@ -153,7 +153,7 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_models_fetch(args) -> int:
-    from .models import ModelError, fetch
+    from vlora_va.engine.backbones import ModelError, fetch
 
     try:
         path = fetch(args.name, force=args.force)
@@ -166,8 +166,8 @@ def cmd_models_fetch(args) -> int:
 
 def cmd_adapters_init(args) -> int:
     """Create an untrained adapter (B = 0 LoRA + random head): for trying a pipeline before training."""
-    from .adapters import AdapterError, fit_target_modules, init_untrained
-    from .models import linear_names, load_backbone
+    from vlora_va.engine.adapters import AdapterError, fit_target_modules, init_untrained
+    from vlora_va.engine.backbones import linear_names, load_backbone
 
     backbone = load_backbone(args.backbone)
     targets = args.targets.split(",")
@@ -191,7 +191,7 @@ def cmd_adapters_control(args) -> int:
     import json
     from pathlib import Path
 
-    from .control import control_endpoint, request
+    from vlora_va.serving.control import control_endpoint, request
 
     endpoint, curve = args.control, None
     if not endpoint or Path(args.config).is_file():  # the file also holds the CURVE keys, if any
@@ -216,7 +216,7 @@ def cmd_keys(args) -> int:
     """`vlora-va keys DIR`: the CURVE key pairs a pipeline needs, and the pipelines.yaml lines that use them."""
     import os
 
-    from contracts.security import create_keys
+    from vlora_va.contracts.security import create_keys
 
     try:
         keys = create_keys(args.dir)
@@ -236,7 +236,7 @@ def cmd_keys(args) -> int:
 
 
 def cmd_draw(args) -> int:
-    from .draw import draw
+    from vlora_va.outputs.draw import draw
 
     try:
         t, n = draw(args.results, args.video, args.stream, args.ts, args.out)
@@ -249,7 +249,7 @@ def cmd_draw(args) -> int:
 
 # Subcommands whose own argparse parses everything after the command name.
 DELEGATED = {
-    "tune": ("kernels.tuning", "main", "profile ATMM strategies/tiles on this device and write the table"),
+    "tune": ("vlora_va.kernels.tuning", "main", "profile ATMM strategies/tiles on this device and write the table"),
     "train": ("vlora_va.training.cli", "main_train", "train adapters from a spec (knowledge fusion)"),
     "eval": ("vlora_va.training.cli", "main_eval", "evaluate an adapter on videos"),
 }

@@ -1,12 +1,12 @@
-"""contracts.config: the typed schema of pipelines.yaml; every error names the key path and the line."""
+"""vlora_va.contracts.config: the typed schema of pipelines.yaml; every error names the key path and the line."""
 
 import textwrap
 
 import pytest
 
-from contracts.config import (DEGRADE_OPTIONS, POLICIES, ConfigError, DaemonConfig, TaskConfig, load_config,
+from vlora_va.contracts.config import (DEGRADE_OPTIONS, POLICIES, ConfigError, DaemonConfig, TaskConfig, load_config,
                               parse_config)
-from contracts.wire import MAX_FRAMES, MAX_TASKS
+from vlora_va.contracts.wire import MAX_FRAMES, MAX_TASKS
 
 GOOD = textwrap.dedent("""\
     version: 1

@@ -1,9 +1,9 @@
-"""contracts.geometry: the letterbox mapping model = orig * scale + pad, and back (the pixels themselves:
+"""vlora_va.contracts.geometry: the letterbox mapping model = orig * scale + pad, and back (the pixels themselves:
 tests/streams/test_chunker.py)."""
 
 import pytest
 
-from contracts.geometry import Letterbox, letterbox_geometry
+from vlora_va.contracts.geometry import Letterbox, letterbox_geometry
 
 
 @pytest.mark.parametrize("w, h, size, new_wh, scale, pad", [

@@ -1,12 +1,12 @@
-"""contracts.requests: one Request per task of a received chunk, its times in the daemon's clock."""
+"""vlora_va.contracts.requests: one Request per task of a received chunk, its times in the daemon's clock."""
 
 import numpy as np
 import pytest
 
-from contracts.requests import requests_from_chunk
-from contracts.wire import TaskRequest, decode_chunk, encode_chunk
+from vlora_va.contracts.requests import requests_from_chunk
+from vlora_va.contracts.wire import TaskRequest, decode_chunk, encode_chunk
 
-from .test_wire import frames, make_header
+from tests.contracts.test_wire import frames, make_header
 
 
 def test_requests_from_chunk_cut_frames_and_move_times_to_the_daemon_clock():

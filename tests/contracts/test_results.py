@@ -1,13 +1,13 @@
-"""contracts.results: the one row every request gets (ok / shed / error), its JSON, and the rows built from a
+"""vlora_va.contracts.results: the one row every request gets (ok / shed / error), its JSON, and the rows built from a
 Request. Times below are binary-exact so every expected number is computed by hand."""
 
 import json
 
 import pytest
 
-from contracts.geometry import Letterbox
-from contracts.requests import Request
-from contracts.results import (RESULT_VERSION, iso_utc, STATUSES, ActivityResult, Detection, DetectionResult, FrameDetections,
+from vlora_va.contracts.geometry import Letterbox
+from vlora_va.contracts.requests import Request
+from vlora_va.contracts.results import (RESULT_VERSION, iso_utc, STATUSES, ActivityResult, Detection, DetectionResult, FrameDetections,
                                JsonlFollower, Latency, PersonActivity, ResultRecord, not_served, served)
 
 

@@ -1,4 +1,4 @@
-"""contracts.wire: the v2 chunk message. Round trips, and a table of every way a header can break the schema:
+"""vlora_va.contracts.wire: the v2 chunk message. Round trips, and a table of every way a header can break the schema:
 each must be a WireError whose message names the field (never an OverflowError, KeyError or TypeError)."""
 
 import json
@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from contracts.geometry import Letterbox
-from contracts.wire import (MAX_FRAMES, MAX_HEADER_BYTES, MAX_TASKS, PROTOCOL_VERSION, ChunkHeader, TaskRequest,
+from vlora_va.contracts.geometry import Letterbox
+from vlora_va.contracts.wire import (MAX_FRAMES, MAX_HEADER_BYTES, MAX_TASKS, PROTOCOL_VERSION, ChunkHeader, TaskRequest,
                             WireError, decode_chunk, encode_chunk, largest_part_bytes, parse_header)
 
 SIDE = 28

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from kernels import Segments, atmm, atmm_reference
-from kernels.cpu import STRATEGIES
+from vlora_va.kernels import Segments, atmm, atmm_reference
+from vlora_va.kernels.cpu import STRATEGIES
 
-from .atmm_cases import CASES, empty_run_segments, make, tol
+from vlora_va.testing.atmm_cases import CASES, empty_run_segments, make, tol
 
 DTYPES = [torch.float32, torch.float16]
 CONFIGS = [None, *STRATEGIES]  # None: looked up in the table

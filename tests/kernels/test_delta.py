@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import delta_weights, delta_weights_reference
+from vlora_va.kernels import delta_weights, delta_weights_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)

@@ -1,12 +1,12 @@
-"""kernels.einsum: the dLoRA-style one-hot baseline against the reference loop, directly and through atmm()."""
+"""vlora_va.kernels.einsum: the dLoRA-style one-hot baseline against the reference loop, directly and through atmm()."""
 
 import pytest
 import torch
 
-from kernels import Segments, atmm, atmm_reference
-from kernels.einsum import atmm_einsum
+from vlora_va.kernels import Segments, atmm, atmm_reference
+from vlora_va.kernels.einsum import atmm_einsum
 
-from .atmm_cases import CASES, empty_run_segments, make, tol
+from vlora_va.testing.atmm_cases import CASES, empty_run_segments, make, tol
 
 DTYPES = [torch.float32, torch.float16]
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from kernels import atmm_reference, delta_weights_reference
+from vlora_va.kernels import atmm_reference, delta_weights_reference
 
 
 def test_reference_matches_hand_written_formula():

@@ -1,6 +1,6 @@
 """Segments: the batch layout shared by every layer of a forward."""
 
-from kernels.segments import Segments
+from vlora_va.kernels.segments import Segments
 
 
 def test_runs_merge_adjacent_elements_of_one_slot_and_skip_rows_without_adapter():

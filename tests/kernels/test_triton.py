@@ -15,8 +15,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from .atmm_cases import CASES, empty_run_segments, make, tol  # noqa: E402
-from kernels import atmm_reference  # noqa: E402
+from vlora_va.testing.atmm_cases import CASES, empty_run_segments, make, tol  # noqa: E402
+from vlora_va.kernels import atmm_reference  # noqa: E402
 
 # triton.language itself is decorated when triton is first imported, so the interpreter can only be switched
 # on in a fresh process: the outer run re-runs this file in a subprocess with TRITON_INTERPRET=1.
@@ -37,13 +37,13 @@ def test_triton_kernels_in_interpreter_subprocess():
 
 @pytest.fixture(scope="module")
 def tri():
-    import kernels.triton_atmm as mod
+    import vlora_va.kernels.triton_atmm as mod
     return mod
 
 
 def run(tri, y, x, A, B, seg_or_idx, scale, ranks, delora=None, config=None):
     """Through the public operator, forcing the Triton path on CPU tensors."""
-    from kernels import ops
+    from vlora_va.kernels import ops
     cfg = config or tri.DEFAULT_CONFIG
     return ops.atmm(y, x, A, B, seg_or_idx, scale, ranks, delora, impl="triton", config=cfg)
 
@@ -102,7 +102,7 @@ def images_case(n_images=5, tokens=7, slots=(2, 0, -1, 2, 1), sit_out=(False, Fa
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_atmm_images_torch_matches_the_loop(sign):
-    from kernels import atmm_images
+    from vlora_va.kernels import atmm_images
     x, y, A, B, scale, ranks, slot, length, idx, T = images_case()
     want = y.clone()
     delta = atmm_reference(torch.zeros_like(y), x, A, B, idx, scale, ranks)
@@ -116,7 +116,7 @@ def test_atmm_images_torch_matches_the_loop(sign):
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_atmm_images_triton_matches_the_loop(tri, sign):
     """The fixed-grid launch a CUDA graph replays: one run per image, zero-length runs exit at once."""
-    from kernels import atmm_images
+    from vlora_va.kernels import atmm_images
     x, y, A, B, scale, ranks, slot, length, idx, T = images_case()
     want = y.clone() + sign * atmm_reference(torch.zeros_like(y), x, A, B, idx, scale, ranks)
     got = y.clone()

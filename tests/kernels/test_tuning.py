@@ -6,7 +6,7 @@ import pytest
 
 import torch
 
-from kernels import Segments, cpu, tuned, tuning
+from vlora_va.kernels import Segments, cpu, tuned, tuning
 
 
 def test_bucket_key_rounds_rows_runs_and_rank():
@@ -105,7 +105,7 @@ def test_shipped_table_hits_return_the_measured_choice_not_the_rule():
 
 
 def test_triton_table_hits_parse_the_tile_config(fresh_tables):
-    from kernels.triton_atmm import TileConfig, TritonConfig
+    from vlora_va.kernels.triton_atmm import TileConfig, TritonConfig
     seg = Segments.from_elements([0, 0, 1, 1], 64)
     kind = tuned.device_kind("cpu")
     cfg = TritonConfig(TileConfig(64, 16, 32, 4, 3), TileConfig(16, 128, 16, 8, 2))
@@ -113,5 +113,5 @@ def test_triton_table_hits_parse_the_tile_config(fresh_tables):
     (fresh_tables / f"{kind}.json").write_text(json.dumps({"entries": {key: {"choice": cfg.to_json()}}}))
     assert tuned.lookup_triton(384, 1536, seg, [16, 16], "cpu") == cfg
     other = Segments.from_elements([0, 1], 64)
-    from kernels.triton_atmm import DEFAULT_CONFIG
+    from vlora_va.kernels.triton_atmm import DEFAULT_CONFIG
     assert tuned.lookup_triton(384, 1536, other, [16, 16], "cpu") == DEFAULT_CONFIG

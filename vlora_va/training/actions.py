@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from contracts.geometry import pair_iou
+from vlora_va.contracts.geometry import pair_iou
 
-from .. import motion
+from vlora_va.engine import motion
 
 ACTION_LABELS = ["no_person", "standing", "walking_left", "walking_right", "walking_toward", "walking_away", "cycling"]
 PERSON_ACTIVITIES = ACTION_LABELS[1:]  # what one person can be doing

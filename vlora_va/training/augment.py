@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 
-from .frames import Frame
+from vlora_va.training.frames import Frame
 
 
 def zoom_views(frames: list[Frame], per_frame: int, scale: tuple[float, float] = (0.4, 0.7),

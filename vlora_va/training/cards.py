@@ -7,11 +7,11 @@ import os
 import platform
 from pathlib import Path
 
-from .. import jsonfmt
-from ..motion import TRACK_SHARE
-from .corrections import load_corrections
-from .metrics import fmt_ratio
-from .spec import Spec
+from vlora_va.common import jsonfmt
+from vlora_va.engine.motion import TRACK_SHARE
+from vlora_va.training.corrections import load_corrections
+from vlora_va.training.metrics import fmt_ratio
+from vlora_va.training.spec import Spec
 
 
 def _ranges(ranges) -> str:
@@ -187,7 +187,7 @@ def _chosen_why(row: dict) -> str:
 def _det_human_section(row: dict, rows: list[dict]) -> str:
     if not any(r.get("human") for r in rows):
         return ""
-    from .evaluate import HUMAN_SET_SHA256
+    from vlora_va.training.evaluate import HUMAN_SET_SHA256
 
     seeds = _det_seed_table(rows, _main_range(row))
     seeded = sum(bool(r.get("runs")) for r in rows)
@@ -305,7 +305,7 @@ def _action_human_section(rows: list[dict]) -> str:
     found = _human_person_rows(rows)
     if not found:
         return ""
-    from .evaluate import HUMAN_SET_SHA256
+    from vlora_va.training.evaluate import HUMAN_SET_SHA256
 
     lines = ["| model | held-out clips | top-1 | top-1 over left / right / standing | right of those found | found | "
              "precision | walking_toward | walking_away | standing |", "|---" * 10 + "|"]

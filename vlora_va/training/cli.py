@@ -11,9 +11,9 @@ import re
 import sys
 from pathlib import Path
 
-from .. import jsonfmt
-from .metrics import fmt_ratio
-from .spec import Range, SpecError, load_spec
+from vlora_va.common import jsonfmt
+from vlora_va.training.metrics import fmt_ratio
+from vlora_va.training.spec import Range, SpecError, load_spec
 
 _RANGE = re.compile(r"^(?P<video>.+?)(?::(?P<start>[\d.]+)?-(?P<end>[\d.]+)?)?(?:@(?P<step>[\d.]+))?$")
 
@@ -30,8 +30,8 @@ def parse_range(text: str, default_step: float | None) -> Range:
 def _cards_only(spec) -> int:
     import json
 
-    from .cards import write_report
-    from .runner import write_cards
+    from vlora_va.training.cards import write_report
+    from vlora_va.training.runner import write_cards
 
     stem = spec.output.parent / f"REPORT-{spec.name}"
     if not stem.with_suffix(".json").is_file():
@@ -83,7 +83,7 @@ def main_train(argv: list[str] | None = None) -> int:
         spec.output = args.out.resolve() / spec.output.name
     if args.cards_only:
         return _cards_only(spec)
-    from .runner import train_spec
+    from vlora_va.training.runner import train_spec
 
     report = train_spec(spec)
     print(f"wrote {', '.join(report['adapters'])} and {spec.output.parent / ('REPORT-' + spec.name)}.md "
@@ -111,7 +111,7 @@ def main_eval(argv: list[str] | None = None) -> int:
         ranges = [parse_range(t, args.step) for t in args.on]
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
-    from .evaluate import HUMAN_SET, evaluate_adapter, evaluate_teacher_on_human, load_human_set
+    from vlora_va.training.evaluate import HUMAN_SET, evaluate_adapter, evaluate_teacher_on_human, load_human_set
 
     human = None if args.no_human else args.human or (HUMAN_SET if HUMAN_SET.is_file() else None)
     if human is not None and not Path(human).is_file():

@@ -24,10 +24,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.geometry import pair_iou
+from vlora_va.contracts.geometry import pair_iou
 
-from .augment import crop_window
-from .frames import Frame
+from vlora_va.training.augment import crop_window
+from vlora_va.training.frames import Frame
 
 REMOVE_IOU = 0.9  # a "remove" entry names one teacher box of the whole frame, copied from the teacher's output
 CROP_MATCH_IOU = 0.4  # on a crop the teacher sees people larger: its box for a fixed person is only near ours

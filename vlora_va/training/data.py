@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from streams.chunker import spread
+from vlora_va.ingest.chunker import spread
 
-from .actions import main_subject, person_activities
-from .corrections import apply_fix, load_corrections
-from .frames import Frame, iter_frames, read_frames
-from .spec import Range, Source, Spec
-from .teachers import (CenterNetTeacher, HaarTeacher, HogPeopleTeacher, Teacher, default_cache_dir,
+from vlora_va.training.actions import main_subject, person_activities
+from vlora_va.training.corrections import apply_fix, load_corrections
+from vlora_va.training.frames import Frame, iter_frames, read_frames
+from vlora_va.training.spec import Range, Source, Spec
+from vlora_va.training.teachers import (CenterNetTeacher, HaarTeacher, HogPeopleTeacher, Teacher, default_cache_dir,
                        load_clip_manifest, load_coco_json)
 
 

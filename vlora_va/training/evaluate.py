@@ -23,17 +23,17 @@ from pathlib import Path
 
 import torch
 
-from ..adapters import Adapter, fit_module_names, load_adapter_dir
-from ..heads import Features
-from ..models import linear_names, load_backbone, patch_size
-from .data import (activity_clips, detection_labels, frame_lookup, label_cache_dir, merge_labels, people_there,
+from vlora_va.engine.adapters import Adapter, fit_module_names, load_adapter_dir
+from vlora_va.engine.heads import Features
+from vlora_va.engine.backbones import linear_names, load_backbone, patch_size
+from vlora_va.training.data import (activity_clips, detection_labels, frame_lookup, label_cache_dir, merge_labels, people_there,
                    pick)
-from .features import full_hidden
-from .frames import Frame, iter_frames, model_input
-from .metrics import (action_report, detection_report, human_detection_report, person_activity_iou_report,
+from vlora_va.training.features import full_hidden
+from vlora_va.training.frames import Frame, iter_frames, model_input
+from vlora_va.training.metrics import (action_report, detection_report, human_detection_report, person_activity_iou_report,
                       person_activity_report)
-from .spec import Range, Source, Spec
-from .teachers import frame_key
+from vlora_va.training.spec import Range, Source, Spec
+from vlora_va.training.teachers import frame_key
 
 HUMAN_SET = Path(__file__).resolve().parents[2] / "adapters" / "eval" / "human-v1.json"
 HUMAN_SET_SHA256 = "c929600b84f2835f28d328e0b97aed801e17a64577118976cc9d72759cc215e5"  # frozen 2026-11-23
@@ -97,7 +97,7 @@ def evaluate_detection_adapter(adapter: Adapter, backbone: str, frames: list[Fra
     pred_map = detection_predictions(adapter, model, frames)
     preds = [pred_map[f.key] for f in frames]
     if draw is not None and frames:  # the middle frame, predictions at the adapter's threshold over grey teacher boxes
-        from .draw import annotate, save_png
+        from vlora_va.training.draw import annotate, save_png
 
         mid = len(frames) // 2
         shown = [p for p in preds[mid] if p["score"] >= thr]
@@ -146,7 +146,7 @@ def evaluate_adapter(path: str | Path, ranges: list[Range], backbone: str = "din
         t0 = time.monotonic()
         where = range_name(r)
         if adapter.task == "detection":
-            from .frames import read_frames
+            from vlora_va.training.frames import read_frames
 
             draw = None if draw_dir is None else Path(draw_dir) / f"{r.video.stem}-{r.start:g}.png"
             reports[where] = evaluate_detection_adapter(adapter, backbone, read_frames(r.video, r.start, r.end, r.step),
@@ -277,7 +277,7 @@ def evaluate_teacher_on_human(hs: HumanSet, ranges: list[Range], teachers_dir: P
     ranks every box it gives, score >= 0.1); and, where the set has activity clips, the activity labels the
     teacher's tracking rule (actions.py, the `activity` source of the action specs) gives each person, matched
     to the human persons like an adapter's ("human_persons"): how right the action adapters' training labels are."""
-    from .teachers import CenterNetTeacher
+    from vlora_va.training.teachers import CenterNetTeacher
 
     path = Path(teachers_dir) / "centernet.onnx" if teachers_dir else None
     teacher = CenterNetTeacher(path, classes=HUMAN_CLASSES, score_threshold=0.1, tiles=tiles)
@@ -306,7 +306,7 @@ def evaluate_teacher_on_human(hs: HumanSet, ranges: list[Range], teachers_dir: P
 def _teacher_rule_persons(clips: list[dict], r: Range, spec: Spec) -> dict:
     """The tracking rule's persons (every person tracked through the 1-s window, its mean box and activity) on
     the set's clips, scored like an adapter's persons (they all have score 1)."""
-    from .actions import PERSON_ACTIVITIES
+    from vlora_va.training.actions import PERSON_ACTIVITIES
 
     source = Source(name="activity", kind="activity", score_threshold=TEACHER_LABEL_THRESHOLD)
     starts = sorted({c["start"] for c in clips})

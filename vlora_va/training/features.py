@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .. import vit
-from .frames import Frame, model_input
+from vlora_va.engine import vit
+from vlora_va.training.frames import Frame, model_input
 
 
 @torch.no_grad()

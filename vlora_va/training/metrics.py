@@ -25,7 +25,7 @@ import math
 import numpy as np
 import torch
 
-from ..heads import box_iou
+from vlora_va.engine.heads import box_iou
 
 
 def match_image(preds: list[dict], refs: list[dict], iou: float = 0.5) -> tuple[list[tuple[float, int]], int]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .metrics import average_precision, match_image, person_activity_iou_report, person_activity_report
+from vlora_va.training.metrics import average_precision, match_image, person_activity_iou_report, person_activity_report
 
 BOOTSTRAP = 2000
 SEED = 0

@@ -13,21 +13,21 @@ from pathlib import Path
 
 import torch
 
-from ..adapters import save_adapter_dir
-from ..heads import DECODE_ONLY
-from ..models import resolve
-from ..vit import num_blocks
-from contracts.geometry import Letterbox
-from . import train as T
-from .actions import MIRRORED, REVERSED
-from .augment import zoom_views
-from .data import (activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels,
+from vlora_va.engine.adapters import save_adapter_dir
+from vlora_va.engine.heads import DECODE_ONLY
+from vlora_va.engine.backbones import resolve
+from vlora_va.engine.vit import num_blocks
+from vlora_va.contracts.geometry import Letterbox
+from vlora_va.training import train as T
+from vlora_va.training.actions import MIRRORED, REVERSED
+from vlora_va.training.augment import zoom_views
+from vlora_va.training.data import (activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels,
                    people_there)
-from .features import FeatureCache, frozen_layers
-from .frames import Frame, letterbox_params, letterboxed
-from .metrics import action_report, best_f1_threshold, detection_report, mean_f1, person_activity_report
-from .spec import LoraSpec, Source, Spec, target_names
-from .targets import build_targets, middle_frame_targets, person_targets
+from vlora_va.training.features import FeatureCache, frozen_layers
+from vlora_va.training.frames import Frame, letterbox_params, letterboxed
+from vlora_va.training.metrics import action_report, best_f1_threshold, detection_report, mean_f1, person_activity_report
+from vlora_va.training.spec import LoraSpec, Source, Spec, target_names
+from vlora_va.training.targets import build_targets, middle_frame_targets, person_targets
 
 
 def cache_root(spec: Spec) -> Path:
@@ -317,7 +317,7 @@ def learnt_head_params(params: dict) -> dict:
 def start_box_head(box_head, path: Path, hidden: int) -> None:
     """Start a person box head from the detection adapter at `path`: every weight, and of its class output the
     person row (load_spec checked the shapes)."""
-    from ..adapters import load_adapter_dir
+    from vlora_va.engine.adapters import load_adapter_dir
 
     source = load_adapter_dir(path.name, path, hidden).head
     person = source.classes.index("person")

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from .. import jsonfmt
-from . import pipeline as P
-from .actions import MIRRORED, REVERSED
-from .cards import action_card, detection_card, lora_summary, write_report
-from .fusion import fuse
-from .metrics import best_person_threshold, detection_report, human_detection_report, mean_f1
-from .spec import LoraSpec, Spec, target_names
-from .teachers import HogPeopleTeacher
+from vlora_va.common import jsonfmt
+from vlora_va.training import pipeline as P
+from vlora_va.training.actions import MIRRORED, REVERSED
+from vlora_va.training.cards import action_card, detection_card, lora_summary, write_report
+from vlora_va.training.fusion import fuse
+from vlora_va.training.metrics import best_person_threshold, detection_report, human_detection_report, mean_f1
+from vlora_va.training.spec import LoraSpec, Spec, target_names
+from vlora_va.training.teachers import HogPeopleTeacher
 
 
 def _range_name(r) -> str:
@@ -63,7 +63,7 @@ def _det_row(spec, name, result, lora, sources, val, tests, seconds, human=None)
 
 def _human_report(human, split: P.Split, preds: list[list[dict]], classes: list[str], threshold: float) -> dict | None:
     """The predictions on the split's frames that the human-checked set labels, scored against its boxes."""
-    from .evaluate import HUMAN_CLASSES
+    from vlora_va.training.evaluate import HUMAN_CLASSES
 
     if human is None:
         return None
@@ -179,7 +179,7 @@ def _prepare(spec: Spec, layer: int):
 
 def _human_set():
     """The human-checked evaluation set, or None where it is not there (a spec outside this repository)."""
-    from .evaluate import HUMAN_SET, load_human_set
+    from vlora_va.training.evaluate import HUMAN_SET, load_human_set
 
     return load_human_set() if Path(HUMAN_SET).is_file() else None
 
@@ -265,7 +265,7 @@ def _teacher_rows(spec: Spec, human) -> list[dict]:
     tracking rule gives, which are the training labels): what the student's teacher gets right."""
     if human is None or spec.teachers_dir is None or not (spec.teachers_dir / "centernet.onnx").is_file():
         return []
-    from .evaluate import evaluate_teacher_on_human
+    from vlora_va.training.evaluate import evaluate_teacher_on_human
 
     if spec.task == "action":
         ranges = [r for r in spec.test if human.clips_in(r)]
@@ -348,7 +348,7 @@ def _action_run(spec: Spec, res, lora: LoraSpec, val: P.ClipSet | None, tests: d
 
 def _human_persons(human, cs: P.ClipSet, preds: list[dict], head) -> dict | None:
     """Predicted persons of the clips the human-checked set labels, scored against its persons (IoU >= 0.5)."""
-    from .evaluate import human_persons_report
+    from vlora_va.training.evaluate import human_persons_report
 
     if human is None:
         return None
@@ -432,8 +432,8 @@ def _person_counts(cs: P.ClipSet) -> dict[str, int]:
 
 
 def _save_action(spec: Spec, res, labels: list[str], row: dict) -> str:
-    from ..adapters import save_adapter_dir
-    from . import train as T
+    from vlora_va.engine.adapters import save_adapter_dir
+    from vlora_va.training import train as T
 
     params = dict(spec.head)
     if res.head.persons:

@@ -250,7 +250,7 @@ def _check_corrections(spec: Spec, source: Source, i: int) -> None:
     """A source's hand corrections (training/corrections.py) fix a teacher's boxes of one of its classes, on
     frames the spec trains or validates on: a corrected test frame would be tuning on held-out data. The file's
     digest joins the source's options, so a run on other corrections is another run (checkpoints, cards)."""
-    from .corrections import CorrectionsError, load_corrections
+    from vlora_va.training.corrections import CorrectionsError, load_corrections
 
     where = f"sources[{i}].corrections"
     if spec.task != "detection" or source.kind != "centernet":
@@ -306,7 +306,7 @@ def _check_box_head_from(spec: Spec) -> None:
 
 def _check_init_from(lora: LoraSpec) -> None:
     """The starting adapter must have exactly this spec's LoRA shape: otherwise its weights mean something else."""
-    from ..adapters import AdapterError, canonical_module_names, read_lora
+    from vlora_va.engine.adapters import AdapterError, canonical_module_names, read_lora
 
     if not lora.layers:
         raise SpecError("lora.init_from: needs lora.layers (a head-only model has no LoRA to start from)")

@@ -27,9 +27,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..heads import PERSON_FIELDS, middle_frames
-from contracts.geometry import Letterbox
-from .actions import MIRRORED
+from vlora_va.engine.heads import PERSON_FIELDS, middle_frames
+from vlora_va.contracts.geometry import Letterbox
+from vlora_va.training.actions import MIRRORED
 
 
 def to_model_boxes(labels: list[dict], lb: Letterbox, side: int, flip: bool) -> list[tuple[list[float], str]]:

@@ -24,9 +24,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from contracts.geometry import pair_iou
+from vlora_va.contracts.geometry import pair_iou
 
-from .frames import Frame
+from vlora_va.training.frames import Frame
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def default_cache_dir() -> Path:
 
 def nms(labels: list[dict], iou: float) -> list[dict]:
     """Class-wise greedy NMS over label dicts, best first."""
-    from ..heads import batched_nms
+    from vlora_va.engine.heads import batched_nms
     import torch
 
     if not labels:

@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from ..adapters import canonical_module_names, fit_target_modules
-from ..heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, ActionHead, DetectionHead, Features, build_head
-from ..models import canonical_name, linear_names, load_backbone, normalise, patch_size, renamed_for
-from .features import upper_hidden
-from .spec import LoraSpec, TrainSpec, target_names
+from vlora_va.engine.adapters import canonical_module_names, fit_target_modules
+from vlora_va.engine.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, ActionHead, DetectionHead, Features, build_head
+from vlora_va.engine.backbones import canonical_name, linear_names, load_backbone, normalise, patch_size, renamed_for
+from vlora_va.training.features import upper_hidden
+from vlora_va.training.spec import LoraSpec, TrainSpec, target_names
 
 
 def installed_module(model: nn.Module, name: str) -> nn.Module:
@@ -61,7 +61,7 @@ def build_model(backbone: str | nn.Module, lora: LoraSpec, seed: int = 0) -> nn.
 
 def _start_from(model: nn.Module, lora: LoraSpec) -> None:
     """Load lora.init_from's A and B into the fresh LoRA (load_spec checked that the shapes match)."""
-    from ..adapters import read_lora
+    from vlora_va.engine.adapters import read_lora
 
     _, _, _, weights = read_lora(Path(lora.init_from))
     weights = canonical_module_names(weights)  # a file under legacy names starts a run too
@@ -271,7 +271,7 @@ def detection_loss_fn(lower: torch.Tensor, targets: list[tuple], split: int, ima
                       images: torch.Tensor | None = None):
     """lower: [N, tokens, D] cached features; targets[i] = (heat, box, weight, count) for sample i; images: the
     samples' letterboxed frames when the head reads them."""
-    from .targets import detection_loss
+    from vlora_va.training.targets import detection_loss
 
     def loss_fn(model, head, idx):
         feats = features_from(model, lower, split, image_size, patch, images, idx)
@@ -291,7 +291,7 @@ def action_loss_fn(lower: torch.Tensor, clips: list[list[int]], labels: torch.Te
     DetectionHead's targets on its two middle frames (targets.middle_frame_targets) when the head has `boxes`
     that anything upstream of their loss trains (None: no box loss); images: the letterboxed frames, indexed like
     `lower`, for a person head with a detail branch."""
-    from .targets import detection_loss, person_loss
+    from vlora_va.training.targets import detection_loss, person_loss
 
     def loss_fn(model, head, idx):
         frames = torch.tensor([j for i in idx.tolist() for j in clips[i]])

@@ -1,0 +1,106 @@
+"""Overload control at admission: nothing below capacity, lowest priority first above it, each degrade
+option doing what it says, and full service again when the load drops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vlora_va.serving.scheduling.overload import TARGET_UTILISATION, OverloadControl
+
+from tests.serving.scheduling.conftest import request
+
+T0 = 5000.0
+
+
+def offer(ctl, seconds, per_s, cost_s, min_frames=1, start=T0, **kw):
+    """Arrivals at per_s requests/s, each costing cost_s of engine time; returns (request, admission)."""
+    out = []
+    for i in range(int(seconds * per_s)):
+        now = start + i / per_s
+        r = request(kw.get("adapter", "a"), now, seq=i, **{k: v for k, v in kw.items() if k != "adapter"})
+        out.append((r, ctl.admit(r, cost_s, now, min_frames)))
+    return out
+
+
+def test_nothing_is_touched_below_capacity():
+    ctl = OverloadControl("shed")
+    results = offer(ctl, 20, 10, 0.08)  # 0.8 s of compute per second
+    assert all(a.request is r and a.reason is None for r, a in results)
+    assert ctl.fractions == {0: 1.0}
+
+
+def test_nothing_is_shed_from_the_first_chunks_of_streams_below_capacity():
+    """Two cameras start together, one 1-s chunk a second each, 0.85 s of compute a second in all: the second
+    chunk of each, a second after the first, must not read as twice the load."""
+    ctl = OverloadControl("shed")
+    for i in range(10):
+        for stream, cost in (("a", 0.55), ("b", 0.3)):
+            now = T0 + i + (0.01 if stream == "b" else 0.0)
+            r = request("a", now, seq=i, stream=stream)
+            assert ctl.admit(r, cost, now, 1).request is r, (i, stream, ctl.load(now))
+
+
+def test_shed_admits_what_fits_and_spreads_it_evenly():
+    ctl = OverloadControl("shed")
+    results = offer(ctl, 30, 10, 0.3)  # 3 s of compute per second: about a third fits
+    steady = results[100:]
+    admitted = [r for r, a in steady if a.request is not None]
+    assert len(admitted) / len(steady) == pytest.approx(TARGET_UTILISATION / 3, abs=0.03)
+    gaps = {b.seq - a.seq for a, b in zip(admitted, admitted[1:])}
+    assert gaps <= {3, 4}  # every 3rd or 4th request, not bursts
+    reasons = {a.reason for _, a in steady if a.request is None}
+    assert len(reasons) <= 2 and all(x.startswith("overload: priority 0 work shed") for x in reasons)
+
+
+def test_lower_priority_gives_way_first():
+    ctl = OverloadControl("shed")
+    high = low = None
+    for i in range(300):  # both tiers at 0.6 s/s: together 1.2, the high tier alone fits
+        now = T0 + i * 0.05
+        high = ctl.admit(request("a", now, priority=5, stream="hi", seq=i), 0.03, now, 1)
+        low = ctl.admit(request("a", now, priority=0, stream="lo", seq=i), 0.03, now, 1)
+        if i > 120:
+            assert high.request is not None
+    assert ctl.fractions[5] == 1.0
+    assert ctl.fractions[0] == pytest.approx((TARGET_UTILISATION - 0.6) / 0.6, abs=0.05)
+    assert low is not None
+
+
+def test_stride_serves_every_kth_chunk():
+    ctl = OverloadControl("stride")
+    results = offer(ctl, 30, 10, 0.3)
+    admitted = [r.seq for r, a in results[100:] if a.request is not None]
+    k = admitted[1] - admitted[0]
+    assert k == 4 and all(s % k == 0 for s in admitted)
+    assert all("every 4th chunk" in a.reason for r, a in results[100:] if a.request is None)
+
+
+def test_frames_thins_clips_down_to_what_the_head_accepts_then_strides():
+    ctl = OverloadControl("frames")
+    results = offer(ctl, 30, 10, 0.15, images=8, min_frames=3)  # 1.5 s/s: keep ~63% of 8 frames
+    r, a = results[-1]
+    keep = math.ceil(8 * ctl.fractions[0])
+    assert keep in (5, 6) and a.request.num_images == keep and a.thinned_from == 8
+    spread = {5: (0, 2, 4, 5, 7), 6: (0, 2, 3, 4, 6, 7)}[keep]  # the middle of each of `keep` equal parts
+    assert a.request.frame_ts == [r.frame_ts[i] for i in spread]
+    assert a.reason == f"overload: {keep} of 8 frames"
+    ctl = OverloadControl("frames")
+    results = offer(ctl, 30, 10, 0.5, images=8, min_frames=8)  # cannot thin: stride instead
+    tail = results[100:]
+    assert any(a.request is None for _, a in tail) and all(a.thinned_from == 0 for _, a in tail)
+
+
+def test_full_service_resumes_when_the_load_drops():
+    ctl = OverloadControl("shed")
+    offer(ctl, 20, 10, 0.3)
+    assert ctl.fractions[0] < 0.5
+    later = offer(ctl, 20, 10, 0.05, start=T0 + 20)
+    assert all(a.request is not None for _, a in later[60:])  # the 5-s window has forgotten the overload
+    assert ctl.fractions[0] == 1.0
+
+
+def test_unknown_degrade_option_is_refused():
+    with pytest.raises(ValueError, match="shed, stride or frames"):
+        OverloadControl("drop")

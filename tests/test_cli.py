@@ -1,0 +1,114 @@
+import subprocess
+import sys
+
+CLI = [sys.executable, "-m", "vlora_va.cli"]
+
+
+def run(*args, cwd=None):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_validate_accepts_the_default_pipeline():
+    proc = run("validate", "pipelines.yaml")
+    assert proc.returncode == 0 and "OK (2 streams, 3 tasks, 2 adapters" in proc.stdout
+
+
+def test_validate_names_the_bad_key_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open("pipelines.yaml").read().replace("adapter: actions", "adapter: actoins"))
+    proc = run("validate", str(bad))
+    assert proc.returncode == 2
+    assert "streams[0].tasks[1].adapter: unknown adapter 'actoins' (known: detect, actions)" in proc.stderr
+    assert f"{bad}:" in proc.stderr
+
+
+def test_run_refuses_an_invalid_pipeline_before_starting_anything(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("daemon: [\n")
+    proc = run("run", str(bad))
+    assert proc.returncode == 2 and "invalid YAML" in proc.stderr
+
+
+def test_ingest_rejects_unknown_stream_ids():
+    proc = run("ingest", "pipelines.yaml", "--streams", "nosuch")
+    assert proc.returncode == 2 and "unknown stream id(s) nosuch" in proc.stderr
+
+
+def test_delegated_subcommands_get_their_own_help():
+    for command in ("tune", "train", "eval"):
+        proc = run(command, "--help")
+        assert proc.returncode == 0 and f"vlora-va {command}" in proc.stdout, (command, proc.stderr[-500:])
+
+
+def test_validate_warns_about_missing_videos_and_adapters(tmp_path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(open("pipelines.yaml").read().replace("sample_videos/bikes.mp4", "/nowhere/bikes.mp4")
+                   .replace("adapters/actions", "/nowhere/actions"))
+    proc = run("validate", str(cfg))
+    assert proc.returncode == 0
+    assert "warning: streams[1].source: no such file /nowhere/bikes.mp4" in proc.stderr
+    assert "warning: adapters.actions: no adapter_config.json in /nowhere/actions" in proc.stderr
+    assert "warning" not in run("validate", "pipelines.yaml").stderr
+
+
+def test_validate_warns_when_a_task_sends_clips_of_another_length_than_its_adapter_learnt(tmp_path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(open("pipelines.yaml").read().replace("frames_per_chunk: 8", "frames_per_chunk: 4")
+                   .replace("adapters/", f"{__import__('os').getcwd()}/adapters/"))
+    proc = run("validate", str(cfg))
+    assert proc.returncode == 0
+    assert ("warning: streams[0].tasks[1].frames_per_chunk: 4, but adapter 'actions' learnt 8-frame clips"
+            in proc.stderr)
+
+
+def test_ingest_endpoint_override_is_used(tmp_path):
+    # Nothing listens there: the worker reports the endpoint it connects to, then its chunks cannot leave.
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(open("pipelines.yaml").read().replace("realtime: true", "realtime: false\n    max_chunks: 1")
+                   .replace("sample_videos/", f"{__import__('os').getcwd()}/sample_videos/"))
+    proc = subprocess.run([*CLI, "ingest", str(cfg), "--streams", "pedestrians", "--endpoint", "tcp://127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=120)
+    assert "-> tcp://127.0.0.1:1" in proc.stderr
+
+
+def test_daemon_binds_the_endpoint_override_and_drains_on_sigterm(tmp_path, tiny_backbone_dir):
+    """`vlora-va daemon FILE --endpoint E`: it serves on E (not daemon.endpoint), correctly, and SIGTERM ends it
+    with exit code 0 after answering what it received."""
+    import re
+    import signal
+
+    from vlora_va.testing.messages import make_seeing_detector
+
+    from tests.pipeline_helpers import Run, probe, stopped_counts, tiny_pipeline, write
+
+    seeing = make_seeing_detector(tmp_path / "seeing")
+    cfg = tiny_pipeline(tmp_path, tiny_backbone_dir, {"seeing": seeing}, [{"id": "a"}])
+    other = f"ipc://{tmp_path}/other.sock"
+    run = Run(write(tmp_path / "pipeline.yaml", cfg), "--endpoint", other, command="daemon")
+    try:
+        run.wait_log(rf"daemon ready on {re.escape(other)} ")
+        probe(dict(cfg, daemon=dict(cfg["daemon"], endpoint=other)), tiny_backbone_dir, {"seeing": seeing}, 0,
+              [("det", "seeing")], run)
+        assert run.finish(signal.SIGTERM, group=False) == 0
+    finally:
+        run.close()
+    counts = stopped_counts(run.log())
+    assert counts["chunks"] == 1 and counts["requests"] == counts["ok"] == 1
+
+
+def test_draw_command_writes_the_frame_and_says_what_it_drew(tmp_path):
+    import json
+    import os
+
+    import cv2
+
+    results = tmp_path / "r.jsonl"
+    results.write_text(json.dumps({"stream": "bikes", "chunk": 1, "task": "detect", "frames": [
+        {"ts": 1.5, "detections": [{"box": [100, 50, 200, 150], "class": "person", "score": 0.9}]}]}) + "\n")
+    out = tmp_path / "f.jpg"
+    video = os.path.join(os.getcwd(), "sample_videos", "bikes.mp4")
+    proc = run("draw", str(results), "--video", video, "--stream", "bikes", "--ts", "1.4", "--out", str(out))
+    assert proc.returncode == 0 and proc.stdout.strip() == f"{out}: 1 detection(s) at t=1.50 s", proc.stderr
+    assert cv2.imread(str(out)).shape == (272, 640, 3)
+    proc = run("draw", str(results), "--video", str(tmp_path / "nosuch.mp4"), "--stream", "bikes", "--out", str(out))
+    assert proc.returncode == 1 and "nosuch.mp4" in proc.stderr

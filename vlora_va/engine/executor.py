@@ -1,0 +1,327 @@
+"""The inference engine: executes batch plans. One backbone, adapters in LoRA slots, their task heads.
+
+`Engine.execute(plan)` makes the base weights hold what the plan's LoRA mode needs (a one-shot switch of all
+layers), runs ONE backbone forward per image size over all the plan's frames (each frame through its own
+adapter, as the mode says), then each adapter's head on its requests' features, and returns each request's
+typed result. It decides nothing: the scheduler chose the requests, the mode and the grouping.
+
+Frames arrive letterboxed to the daemon's `image_size`; an adapter trained at a smaller size (its
+head_config `image_size`) gets them resized to that size, so tasks that need detail (small objects) and
+tasks that do not share one daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vlora_va.contracts.requests import Request
+from vlora_va.contracts.results import DetectionResult, FrameDetections, Payload
+
+from vlora_va.engine.adapters import Adapter, AdapterError, fit_module_names
+from vlora_va.engine.heads import ActionHead, DetectionHead, Features
+from vlora_va.engine.lora import (MIXTURE, PREMERGED, UNMERGED, DeviceLayout, LoRALinear, LoRAMode, clear_slot, enable_premerge, inject_lora,
+                   load_adapter, premerge_bytes, switch_weights)
+from vlora_va.engine import precision as precision_mod
+from vlora_va.engine.backbones import normalise, patch_size, tensor_digest
+from vlora_va.engine.cuda_graphs import Graphs
+from vlora_va.engine.plan import AdapterInfo, BatchPlan, Catalog, SizeGroup, bucket, frame_key
+from vlora_va.engine.vit import block_of, fold_layer_scale, lower, num_blocks, upper
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, backbone: torch.nn.Module, adapters: dict[str, Adapter], image_size: int,
+                 max_slots: int = 8, max_rank: int = 64, device: str | torch.device = "cpu",
+                 premerge_max_mb: int = 0, max_batch_images: int = 16, dtype: torch.dtype = torch.float32,
+                 fixed_layout: bool | None = None, precision: str | None = None):
+        if len(adapters) > max_slots:
+            raise ValueError(f"{len(adapters)} adapters configured but daemon.max_slots is {max_slots}")
+        self.device = torch.device(device)
+        # fp32 / bf16 / int8 (vlora_va/precision.py); None: what the dtype says. bf16 is the dtype; int8 swaps the GEMMs
+        self.precision, dtype = precision_mod.resolve(precision, dtype, self.device)
+        self.dtype = dtype  # the backbone's (and its LoRA's); heads run in float32
+        # LoRA layouts in fixed-size device tensors, batches padded to a power of two (what CUDA graphs replay;
+        # on by default on a GPU, where per-layer host work costs more than the LoRA math).
+        self.fixed_layout = self.device.type == "cuda" if fixed_layout is None else fixed_layout
+        self._layouts: dict[tuple[int, int], DeviceLayout] = {}
+        self.graphs = Graphs(self, enabled=self.fixed_layout, cuda_graphs=self.device.type == "cuda",
+                             max_bucket=max_batch_images)
+        self.backbone_digest = tensor_digest(backbone.state_dict())  # the weights rows say they came from
+        self.backbone = backbone.to(self.device, dtype).eval()
+        self.image_size = image_size
+        self.max_batch_images = max_batch_images
+        self.patch = patch_size(backbone)
+        # Tokens before the patch grid: CLS plus any register tokens.
+        self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)
+        self.max_slots, self.max_rank = max_slots, max_rank
+        self.adapters: dict[str, Adapter] = {}
+        self.slots: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+        self.lora_ctx = None
+        self.premerged = False
+        # Every linear layer of the blocks takes LoRA, with max_slots slots: an adapter loaded at run time
+        # (any targets, any free slot) needs no new wrapping, so captured forwards stay valid.
+        targets = [n for n, m in self.backbone.named_modules() if isinstance(m, torch.nn.Linear) and block_of(n) is not None]
+        targets = targets or sorted({m for a in adapters.values() for m in a.lora})
+        folded = fold_layer_scale(self.backbone)  # exact, and two fewer elementwise passes per block
+        if targets:
+            self.lora_ctx = inject_lora(self.backbone, targets, num_slots=max_slots, max_rank=max_rank,
+                                        out_scales=folded)
+        # An adapter that does not fit this backbone is rejected alone: the others still serve.
+        self.rejected: dict[str, str] = {}
+        for name, a in adapters.items():
+            try:
+                self.load(name, a)
+            except AdapterError as e:
+                self.rejected[name] = str(e)
+                log.error("adapter %s rejected: %s", name, e)
+        if self.lora_ctx is not None:
+            self._maybe_premerge(premerge_max_mb)
+        precision_mod.apply(self.backbone, self.precision)
+
+    def _maybe_premerge(self, max_mb: int) -> None:
+        # Per-slot merged weights replace the LoRA GEMMs with one GEMM per run of rows (bench/atmm.py): the
+        # cost model then decides when that mode serves a batch best.
+        mb = premerge_bytes(self.backbone) / 2**20
+        if 0 < mb <= max_mb:
+            enable_premerge(self.backbone)
+            self.premerged = True
+            log.info("LoRA: premerged weights for %d slot(s), %.0f MB", len(self.slots), mb)
+        else:
+            log.info("LoRA: no premerged weights (they would take %.0f MB, daemon.premerge_max_mb %d)", mb, max_mb)
+
+    # ------------------------------------------------------------------ adapters in slots
+    def free_slots(self) -> list[int]:
+        used = set(self.slots.values())
+        return [s for s in range(self.max_slots) if s not in used]
+
+    def load(self, name: str, adapter: Adapter) -> int:
+        """Put an adapter in a slot: its own slot when the name is loaded already (a reload replaces weights
+        and head entirely), else the first free one. Raises AdapterError (it does not fit this backbone, or
+        no slot is free) and then changes nothing. The base weights must not hold that slot."""
+        problem = self._misfit(adapter, self.max_rank)
+        if problem:
+            raise AdapterError(problem)
+        slot = self.slots.get(name)
+        if slot is None:
+            free = self.free_slots()
+            if not free:
+                raise AdapterError(f"no free slot for {name!r}: all {self.max_slots} (daemon.max_slots) are in use")
+            slot = free[0]
+        if self.lora_ctx is not None:
+            if self.lora_ctx.weights_slot == slot:
+                raise AdapterError(f"slot {slot} of {name!r} is merged into the base weights: switch first")
+            if adapter.lora:
+                load_adapter(self.backbone, slot, adapter.lora, adapter.scale)  # premerged weights refreshed too
+            else:
+                clear_slot(self.backbone, slot)
+        adapter.head.to(self.device).eval()
+        self.adapters[name], self.slots[name] = adapter, slot
+        self.sizes[name] = int(adapter.head_config.get("image_size", self.image_size))
+        if self.sizes[name] > self.image_size:
+            log.warning("adapter %s was trained at %d px but frames arrive at %d px (daemon.image_size): "
+                        "it will see upscaled frames", name, self.sizes[name], self.image_size)
+        return slot
+
+    def unload(self, name: str) -> int:
+        """Free an adapter's slot for real (its stacks zeroed, its premerged weights back to the base)."""
+        slot = self.slots.pop(name)
+        del self.adapters[name], self.sizes[name]
+        if self.lora_ctx is not None:
+            clear_slot(self.backbone, slot)
+        return slot
+
+    def _misfit(self, a: Adapter, max_rank: int) -> str | None:
+        """Why this adapter cannot run on this backbone, or None."""
+        linear = {n: m for n, m in self.backbone.named_modules()
+                  if isinstance(m, (torch.nn.Linear, LoRALinear)) and not n.endswith(".base")}
+        try:  # adapters name layers as transformers >= 5.18 does; an older one names them otherwise
+            a.lora = fit_module_names(a.lora, linear)
+        except AdapterError as e:
+            return str(e)
+        for module, (A, B) in a.lora.items():
+            layer = linear.get(module)
+            if layer is None:
+                return f"LoRA targets {module!r}, which is not a linear layer of this backbone (another backbone?)"
+            if A.shape[1] != layer.in_features or B.shape[0] != layer.out_features:
+                return (f"{module}: LoRA A {tuple(A.shape)} / B {tuple(B.shape)} do not fit the layer "
+                        f"({layer.in_features} -> {layer.out_features})")
+        if a.lora and a.rank > max_rank:
+            return f"rank {a.rank} > daemon.max_rank {max_rank}"
+        size = a.head_config.get("image_size", self.image_size)
+        if not isinstance(size, int) or size <= 0 or size % self.patch:
+            return f"head_config image_size {size!r} is not a positive multiple of the patch size {self.patch}"
+        return None
+
+    def catalog(self) -> Catalog:
+        infos = {}
+        blocks = num_blocks(self.backbone)
+        for name, a in self.adapters.items():
+            action = isinstance(a.head, ActionHead)
+            min_frames = int(a.head_config.get("min_clip_len", a.clip_len)) if action else 1
+            touched = [b for m in a.lora if (b := block_of(m)) is not None]
+            # LoRA outside the blocks (none in our adapters) would change the embeddings: no prefix to share
+            first = min(touched) if len(touched) == len(a.lora) and touched else (0 if a.lora else blocks)
+            infos[name] = AdapterInfo(name, self.slots[name], self.sizes[name], "action" if action else "detection",
+                                      min_frames, a.trained, bool(a.lora), first)
+        has_lora = self.lora_ctx is not None and any(a.lora for a in self.adapters.values())
+        return Catalog(infos, self.premerged, has_lora, self.image_size, self.max_batch_images, blocks)
+
+    # ------------------------------------------------------------------ modes
+    @property
+    def weights_slot(self) -> int | None:
+        return self.lora_ctx.weights_slot if self.lora_ctx is not None else None
+
+    def switch(self, mode: LoRAMode) -> float:
+        """Make the base weights hold what `mode` needs; seconds spent (0 when nothing changed)."""
+        if self.lora_ctx is None or self.lora_ctx.weights_slot == mode.weights_slot:
+            return 0.0
+        t0 = time.perf_counter()
+        switch_weights(self.backbone, mode.weights_slot)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ execution
+    def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
+        """uint8 [H, W, 3] frames → normalised float [N, 3, size, size]."""
+        # np.stack copies: the received buffers stay untouched
+        x = normalise(torch.from_numpy(np.stack(frames)).to(self.device))
+        if size is not None and size != x.shape[-1]:  # resizing is linear: same before or after normalising
+            x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        return x.to(self.dtype)
+
+    @torch.inference_mode()
+    def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode | None = None,
+                 size: int | None = None, prefix: int = 0, keep_pixels: bool = False) -> Features:
+        """Backbone features of the frames at size px, frame i through adapter slot slots[i] (-1 = none),
+        the LoRA computed as `mode` says (default: the cheapest mode that needs no weight switch). Blocks
+        [0, prefix) run once per distinct frame (they must be LoRA-free for every slot involved). keep_pixels:
+        the features also carry each frame's model input (for a detection head's detail branch)."""
+        size = size or frames[0].shape[0]
+        # Group frames by slot so each adapter's rows are contiguous for ATMM, then restore the order.
+        order = sorted(range(len(frames)), key=lambda i: slots[i])
+        distinct: dict[tuple, int] = {}
+        source = [distinct.setdefault(frame_key(frames[i]), len(distinct)) for i in order]
+        unique = list({frame_key(frames[i]): frames[i] for i in order}.values())
+        mode = mode or self.default_mode()
+        n = len(order)
+        pixels = self.pixels(unique, size)
+        key = self.graphs.key(size, n, mode, prefix, forked=len(unique) != n)
+        if key is not None:  # a captured forward (CUDA graph) for this shape and mode
+            tokens = self.prefix_tokens + (size // self.patch) ** 2
+            hidden = self.graphs.get(key, mode, tokens).run(pixels, [slots[i] for i in order], mode)
+            return self._features(hidden, order, size, pixels if keep_pixels else None, source)
+        hidden = lower(self.backbone, pixels, prefix)  # no LoRA below the prefix
+        if len(unique) != n:
+            hidden = hidden[torch.tensor(source, device=hidden.device)]  # fork: one copy per request
+        layout = self._layout(n, hidden.shape[1]) if self.lora_ctx is not None and self._layout_serves(mode) else None
+        if layout is not None and layout.images > n:  # pad to the bucket: padding rows sit out of every LoRA
+            hidden = torch.cat([hidden, hidden.new_zeros(layout.images - n, *hidden.shape[1:])])
+        if self.lora_ctx is not None:
+            self.lora_ctx.begin(mode, [slots[i] for i in order], layout)
+        try:
+            hidden = upper(self.backbone, hidden, prefix)[:n]
+        finally:
+            if self.lora_ctx is not None:
+                self.lora_ctx.clear()
+        return self._features(hidden, order, size, pixels if keep_pixels else None, source)
+
+    def _features(self, hidden: torch.Tensor, order: list[int], size: int, pixels: torch.Tensor | None,
+                  source: list[int]) -> Features:
+        """Back to the callers' frame order, in float32 (what heads read). pixels[source[k]] is the input of
+        the k-th frame in `order`; None: the features carry no pixels (no head of the batch reads them)."""
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        hidden = hidden[inverse.to(hidden.device)].float()
+        feats = Features.from_hidden(hidden, size, self.patch, self.prefix_tokens)
+        if pixels is not None:
+            feats.pixels = pixels[torch.tensor(source)[inverse].to(pixels.device)]
+        return feats
+
+    def _layout_serves(self, mode: LoRAMode) -> bool:
+        return self.fixed_layout and mode.impl == "atmm"
+
+    def _layout(self, images: int, tokens: int) -> DeviceLayout:
+        """The fixed-size layout for a batch of `images` (rounded up to its bucket), made once per shape."""
+        key = (bucket(images), tokens)
+        if key not in self._layouts:
+            with torch.inference_mode(False):  # ordinary tensors: every batch rewrites them in place
+                self._layouts[key] = DeviceLayout(key[0], tokens, self.lora_ctx.num_slots, self.lora_ctx.max_rank,
+                                                  self.device)
+        return self._layouts[key]
+
+    def default_mode(self) -> LoRAMode:
+        """Without a plan (tools, tests): premerged when resident, else unmerged through ATMM (mixture while
+        the base weights hold a slot)."""
+        if self.lora_ctx is not None and self.lora_ctx.weights_slot is not None:
+            return LoRAMode(MIXTURE, self.lora_ctx.weights_slot)
+        return LoRAMode(PREMERGED if self.premerged else UNMERGED)
+
+    @torch.inference_mode()
+    def execute(self, plan: BatchPlan) -> list[Payload]:
+        """Run a plan: each request's typed result, in the plan's order."""
+        self.switch(plan.mode)
+        results: list[Payload | None] = [None] * len(plan.requests)
+        for group in plan.groups:
+            self._run_size(plan, group, results)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return results
+
+    def _run_size(self, plan: BatchPlan, group: SizeGroup, results: list) -> None:
+        """One backbone forward for the group's requests (all at its image size), then their heads."""
+        batch = plan.requests
+        frames, slots, spans = [], [], {}
+        for i in group.members:
+            r = batch[i]
+            spans[i] = (len(frames), len(frames) + r.num_images)
+            frames.extend(r.frames)
+            slots.extend([self.slots[r.adapter]] * r.num_images)
+        # the model input rides along only for heads that read it (one copy per frame otherwise wasted)
+        keep_pixels = any(self.adapters[batch[i].adapter].head.detail for i in group.members)
+        feats = self.features(frames, slots, plan.mode, group.size, group.prefix, keep_pixels)
+        by_adapter: dict[str, list[int]] = {}
+        for i in group.members:
+            by_adapter.setdefault(batch[i].adapter, []).append(i)
+        for name, idxs in by_adapter.items():
+            head = self.adapters[name].head
+            if isinstance(head, DetectionHead):
+                self._detect(head, batch, idxs, spans, feats, results, group.size)
+            else:
+                self._classify(head, batch, idxs, spans, feats, results, group.size)
+
+    def _detect(self, head: DetectionHead, batch: list[Request], idxs, spans, feats: Features, results,
+                size: int) -> None:
+        rows = torch.tensor([j for i in idxs for j in range(*spans[i])], device=self.device)
+        lbs = [batch[i].letterbox.resized(size / batch[i].frames[0].shape[0])
+               for i in idxs for _ in range(batch[i].num_images)]
+        sizes = [batch[i].orig_size for i in idxs for _ in range(batch[i].num_images)]
+        dets = head.decode(head(feats.select(rows)), lbs, sizes)
+        k = 0
+        for i in idxs:
+            r = batch[i]
+            results[i] = DetectionResult(tuple(FrameDetections(ts, tuple(d))
+                                               for ts, d in zip(r.frame_ts, dets[k:k + r.num_images])))
+            k += r.num_images
+
+    def _classify(self, head: ActionHead, batch: list[Request], idxs, spans, feats: Features, results,
+                  size: int) -> None:
+        # Clips of equal length go through the head together.
+        by_len: dict[int, list[int]] = {}
+        for i in idxs:
+            by_len.setdefault(batch[i].num_images, []).append(i)
+        for clip_len, group in by_len.items():
+            rows = torch.tensor([j for i in group for j in range(*spans[i])], device=self.device)
+            # A clip's frames share one letterbox: persons are placed through it, as detections are.
+            lbs = [batch[i].letterbox.resized(size / batch[i].frames[0].shape[0]) for i in group]
+            sizes = [batch[i].orig_size for i in group]
+            times = [list(batch[i].frame_ts) for i in group]  # a head naming activities by track needs them
+            for i, res in zip(group, head.decode(head(feats.select(rows), clip_len), lbs, sizes, times)):
+                results[i] = res

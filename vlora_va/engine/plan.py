@@ -1,0 +1,114 @@
+"""Batch plans: what the scheduler decides and the engine executes.
+
+A `BatchPlan` is a batch of requests plus everything the engine needs to run it without deciding anything:
+the LoRA mode (and so which slot the base weights must hold), one backbone forward per image size, and the
+cost the scheduler expected. `Catalog` is what the scheduler knows about the engine's adapters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vlora_va.contracts.requests import Request
+
+from vlora_va.engine.lora import LoRAMode
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    slot: int
+    size: int  # the image size the adapter runs at
+    task: str  # "detection" | "action"
+    min_frames: int  # fewest frames per request its head accepts (overload may thin clips down to this)
+    trained: bool
+    has_lora: bool
+    first_block: int = 0  # the first backbone block its LoRA touches (blocks before it are the plain backbone)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The engine's adapters and what it can do, as the scheduler sees them."""
+
+    adapters: dict[str, AdapterInfo]
+    can_premerge: bool  # per-slot premerged weights are resident
+    has_lora: bool  # any LoRA at all (head-only adapters need no mode)
+    image_size: int  # the side of the frames ingest sends
+    max_batch_images: int
+    blocks: int = 12  # transformer blocks of the backbone
+
+    @property
+    def sizes(self) -> list[int]:
+        return sorted({a.size for a in self.adapters.values()})
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """What makes two batches run the same code: warm-up runs every key once before the daemon is ready
+    (and a GPU engine would capture one graph per key). bucket: the images of one forward rounded up to a
+    power of two where the batch size changes the code that runs (GPU); 0 on a CPU, where it does not."""
+
+    size: int
+    mode: str  # LoRAMode.kind
+    bucket: int
+
+
+def bucket(images: int) -> int:
+    return 1 << max(0, (images - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class SizeGroup:
+    size: int
+    members: tuple[int, ...]  # indices into BatchPlan.requests
+    prefix: int = 0  # blocks [0, prefix) run once per distinct frame, for all its requests (shared prefix)
+
+
+@dataclass
+class BatchPlan:
+    requests: list[Request]
+    mode: LoRAMode
+    groups: tuple[SizeGroup, ...]
+    est_s: float = 0.0  # the cost model's prediction, weight switch included
+    raw_s: float = 0.0  # the same before the online correction (what the correction learns from)
+    switch_s: float = 0.0  # the part of est_s spent switching the base weights
+    notes: dict = field(default_factory=dict)  # why this plan (for logs and tests), e.g. {"starving": 2}
+
+    @property
+    def images(self) -> int:
+        return sum(r.num_images for r in self.requests)
+
+    def keys(self, bucketed: bool = False) -> list[PlanKey]:
+        return [PlanKey(g.size, self.mode.kind,
+                        bucket(sum(self.requests[i].num_images for i in g.members)) if bucketed else 0)
+                for g in self.groups]
+
+
+def frame_key(frame) -> tuple:
+    """The identity of a frame buffer: requests of one chunk that look at the same frame share its buffer."""
+    return frame.__array_interface__["data"][0], frame.shape
+
+
+def shared_prefix(requests: list[Request], mode: LoRAMode, catalog: Catalog) -> tuple[int, int]:
+    """(blocks that can run once per distinct frame, distinct frames) for requests at one image size. The
+    prefix ends at the first block any of their adapters touches (and the merged adapter's, whose ΔW is in
+    the weights); it is 0 when no frame is looked at twice (nothing to share)."""
+    frames = [f for r in requests for f in r.frames]
+    distinct = len({frame_key(f) for f in frames})
+    if distinct == len(frames):
+        return 0, distinct
+    first = [catalog.adapters[r.adapter].first_block for r in requests]
+    if mode.slot is not None:
+        first += [a.first_block for a in catalog.adapters.values() if a.slot == mode.slot]
+    return min(first), distinct
+
+
+def make_plan(requests: list[Request], mode: LoRAMode, catalog: Catalog, **kw) -> BatchPlan:
+    """Group the requests by the image size their adapters run at (one backbone forward per size), each
+    group with its shared prefix."""
+    by_size: dict[int, list[int]] = {}
+    for i, r in enumerate(requests):
+        by_size.setdefault(catalog.adapters[r.adapter].size, []).append(i)
+    groups = tuple(SizeGroup(size, tuple(m), shared_prefix([requests[i] for i in m], mode, catalog)[0])
+                   for size, m in sorted(by_size.items()))
+    return BatchPlan(list(requests), mode, groups, **kw)

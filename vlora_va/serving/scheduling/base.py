@@ -1,0 +1,240 @@
+"""What every scheduling policy shares: the queue, deadline-aware batch filling, credits, shedding.
+
+A policy (policies.py) only answers "which LoRA modes may serve the next batch, and which of their batches
+is best". Everything else is here and the same for all policies, so the baselines run through the same
+daemon as the V-LoRA policy and differ only in that choice:
+- a request that can no longer meet its deadline under the cost model is shed before compute (predictions
+  are stretched by the cost model's margin: the 95th percentile of how late recent batches ran);
+- a batch never includes a request it would make late, and never runs longer than a share of the shortest
+  deadline budget waiting (so whatever arrives meanwhile can still be served in time);
+- a request's credit is its waiting time + its predicted execution time in a mode + the weight switch that
+  mode needs; a request whose credit passes the starvation threshold goes first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlora_va.contracts.requests import Request
+
+from vlora_va.serving.costs import CostModel
+from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.engine.plan import BatchPlan, Catalog, make_plan, shared_prefix
+
+
+@dataclass(frozen=True)
+class Shed:
+    request: Request
+    reason: str
+    cause: str  # "deadline" | "overload" | "queue_full": the metric label
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_batch_images: int
+    max_wait_s: float  # how long a partial batch waits for more requests
+    starvation_s: float  # credit above this: the request is starving
+    batch_share: float = 0.5  # a batch takes at most this share of the shortest deadline budget queued
+
+
+@dataclass
+class Option:
+    """A candidate next batch: its mode, its requests and what it costs (corrected, raw, switch)."""
+
+    mode: LoRAMode
+    requests: list[Request]
+    est_s: float
+    raw_s: float
+    switch_s: float
+    follow_s: float = 0.0  # predicted time to serve what it leaves queued
+
+    @property
+    def images(self) -> int:
+        return sum(r.num_images for r in self.requests)
+
+
+class Scheduler:
+    """Queue + the shared rules above. Subclasses implement `options`."""
+
+    name = "base"
+
+    def __init__(self, catalog: Catalog, costs: CostModel, settings: Settings, weights_slot: int | None = None):
+        self.catalog, self.costs, self.settings = catalog, costs, settings
+        self.queue: list[Request] = []
+        self.weights_slot = weights_slot  # what the engine's base weights hold after the last plan
+
+    # ------------------------------------------------------------------ the queue
+    def add(self, request: Request) -> None:
+        self.queue.append(request)
+
+    @property
+    def queued_images(self) -> int:
+        return sum(r.num_images for r in self.queue)
+
+    def ready(self, now: float, stopping: bool = False) -> bool:
+        """Run a batch now? When one is full, when the oldest request has waited max_wait, or when stopping."""
+        if not self.queue:
+            return False
+        if stopping or self.queued_images >= self.settings.max_batch_images:
+            return True
+        return now - min(r.received for r in self.queue) >= self.settings.max_wait_s
+
+    def next_plan(self, now: float) -> tuple[BatchPlan | None, list[Shed]]:
+        """Shed what can no longer make it, then the policy's best batch (None: nothing left to run)."""
+        shed = self.shed_hopeless(now)
+        if not self.queue:
+            return None, shed
+        options = [o for o in self.options(now) if o.requests]
+        if not options:  # every request is feasible alone (not hopeless) yet no batch fits: run the most urgent
+            r = edf(self.queue)[0]
+            options = [self.option(self.fallback_mode(r), [r])]
+        best = self.pick(options)
+        taken = {id(r) for r in best.requests}
+        self.queue = [r for r in self.queue if id(r) not in taken]
+        self.weights_slot = best.mode.weights_slot
+        plan = make_plan(best.requests, best.mode, self.catalog, est_s=best.est_s, raw_s=best.raw_s,
+                         switch_s=best.switch_s)
+        plan.notes = {"policy": self.name, "options": len(options), "follow_s": round(best.follow_s, 4)}
+        return plan, shed
+
+    def drop_all(self, reason: str) -> list[Shed]:
+        shed = [Shed(r, reason, "queue_full") for r in self.queue]
+        self.queue = []
+        return shed
+
+    # ------------------------------------------------------------------ for policies
+    def options(self, now: float) -> list[Option]:
+        raise NotImplementedError
+
+    def modes(self, slot: int) -> list[LoRAMode]:
+        """The modes this policy could serve a request of adapter slot `slot` in (the hopeless test)."""
+        raise NotImplementedError
+
+    def modes_for(self, request: Request) -> list[LoRAMode]:
+        return self.modes(self.slot(request))
+
+    def warmup_modes(self, slot: int) -> list[LoRAMode]:
+        """Every mode this policy may run a batch of slot `slot` in (warm-up runs each once)."""
+        return self.modes(slot)
+
+    def fallback_mode(self, request: Request) -> LoRAMode:
+        return min(self.modes_for(request), key=lambda m: self.option(m, [request]).est_s)
+
+    def pick(self, options: list[Option]) -> Option:
+        """Least time to serve the queue (this batch + what it leaves), then most images now."""
+        return min(options, key=lambda o: (o.est_s + o.follow_s, -o.images))
+
+    def slot(self, request: Request) -> int:
+        return self.catalog.adapters[request.adapter].slot
+
+    def needs_switch(self, mode: LoRAMode) -> bool:
+        return self.catalog.has_lora and mode.weights_slot != self.weights_slot
+
+    def option(self, mode: LoRAMode, requests: list[Request], after: int | None = ...) -> Option:
+        """Cost `requests` as one batch in `mode`, the weights holding `after` before it (default: now)."""
+        before = self.weights_slot if after is ... else after
+        by_size: dict[int, list[Request]] = {}
+        for r in requests:
+            by_size.setdefault(self.catalog.adapters[r.adapter].size, []).append(r)
+        shape = {}
+        for size, group in by_size.items():
+            prefix, distinct = shared_prefix(group, mode, self.catalog)
+            shape[size] = (sum(r.num_images for r in group), len({r.adapter for r in group}), prefix, distinct,
+                           self.catalog.blocks)
+        switching = self.catalog.has_lora and mode.weights_slot != before
+        est = self.costs.plan_s(shape, mode, switching)
+        corr = self.costs.correction
+        switch = self.costs.profile.switch_s * corr if switching else 0.0
+        return Option(mode, list(requests), est, est / corr, switch)
+
+    def credit(self, request: Request, mode: LoRAMode, now: float) -> float:
+        """Waiting time + predicted execution time in `mode` + the switch that mode needs."""
+        return now - request.received + self.option(mode, [request]).est_s
+
+    def starving(self, request: Request, mode: LoRAMode, now: float) -> bool:
+        return self.credit(request, mode, now) > self.settings.starvation_s
+
+    def order(self, requests: list[Request], now: float, mode: LoRAMode) -> list[Request]:
+        """Live before best-effort; starving first; then earliest deadline first."""
+        return sorted(requests, key=lambda r: (r.best_effort, not self.starving(r, mode, now), r.deadline,
+                                               r.received, r.stream, r.seq))
+
+    def batch_limit_s(self) -> float:
+        live = [r.deadline - r.ready for r in self.queue if not r.best_effort]
+        return self.settings.batch_share * min(live) if live else float("inf")
+
+    def fill(self, candidates: list[Request], mode: LoRAMode, now: float) -> Option:
+        """Take candidates in order while the batch fits max_batch_images, every member still meets its
+        deadline (with the cost model's margin), and the batch stays within the time limit."""
+        s = self.settings
+        limit = self.batch_limit_s()
+        chosen: list[Request] = []
+        best = self.option(mode, [])
+        images, earliest = 0, float("inf")
+        for r in candidates:
+            if images + r.num_images > s.max_batch_images and (chosen or r.num_images <= s.max_batch_images):
+                continue  # a request larger than a whole batch still runs, alone
+            trial = self.option(mode, chosen + [r])
+            finish = now + trial.est_s * self.costs.margin
+            if finish > min(earliest, due(r)) or (chosen and trial.est_s > limit):
+                continue
+            chosen.append(r)
+            best, images, earliest = trial, images + r.num_images, min(earliest, due(r))
+        return best
+
+    def follow(self, option: Option, modes: list[LoRAMode]) -> float:
+        """Predicted time to serve what `option` leaves queued, in the cheapest of `modes`, starting from
+        the weights `option` leaves (a lookahead of one step: a batch that is cheap now but leaves an
+        expensive rest is not a good batch)."""
+        taken = {id(r) for r in option.requests}
+        rest = [r for r in self.queue if id(r) not in taken]
+        if not rest:
+            return 0.0
+        after = option.mode.weights_slot
+        costs = []
+        for m in modes:
+            if m.kind == MERGED and any(self.slot(r) != m.slot for r in rest):
+                continue
+            costs.append(self.option(m, rest, after=after).est_s)
+        return min(costs) if costs else float("inf")
+
+    def shed_hopeless(self, now: float) -> list[Shed]:
+        """Requests that cannot meet their deadline even alone, in the cheapest mode this policy has."""
+        shed, keep = [], []
+        for r in self.queue:
+            if r.best_effort:
+                keep.append(r)
+                continue
+            need = min(self.option(m, [r]).est_s for m in self.modes_for(r)) * self.costs.margin
+            if now + need > r.deadline:
+                left = (r.deadline - now) * 1000
+                shed.append(Shed(r, f"cannot meet its deadline: needs ~{need * 1000:.0f} ms, "
+                                    f"{max(0.0, left):.0f} ms left", "deadline"))
+            else:
+                keep.append(r)
+        self.queue = keep
+        return shed
+
+
+def edf(requests: list[Request]) -> list[Request]:
+    """Earliest deadline first, live work before best-effort work."""
+    return sorted(requests, key=lambda r: (r.best_effort, r.deadline, r.received, r.stream, r.seq))
+
+
+def due(request: Request) -> float:
+    """The time a request must be finished by: its deadline, or never for best-effort work."""
+    return float("inf") if request.best_effort else request.deadline
+
+
+def dominant_adapter(requests: list[Request]) -> str:
+    """The adapter with the most queued images (ties: the earliest deadline)."""
+    images: dict[str, int] = {}
+    first: dict[str, float] = {}
+    for r in requests:
+        images[r.adapter] = images.get(r.adapter, 0) + r.num_images
+        first[r.adapter] = min(first.get(r.adapter, r.deadline), r.deadline)
+    return min(images, key=lambda a: (-images[a], first[a]))
+
+
+__all__ = ["Scheduler", "Settings", "Shed", "Option", "dominant_adapter", "edf", "due", "MERGED", "MIXTURE", "PREMERGED",
+           "UNMERGED", "LoRAMode"]

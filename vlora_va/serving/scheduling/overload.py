@@ -1,0 +1,127 @@
+"""Overload control at admission: when the offered work exceeds what this machine can do, the lowest
+priorities give way first, in the way the operator chose (`daemon.degrade`), and the daemon says so.
+
+Every arriving request's predicted compute (cost model, corrected online) is added to its priority tier's
+load over a sliding window. Tiers are served from the highest down: each gets the share of capacity the
+tiers above it left, `fraction = min(1, left / load)`. A tier at fraction < 1 is degraded:
+    shed     admit that fraction of its requests, evenly spread per stream and task; shed the rest
+    stride   serve every k-th chunk of its streams (k = ceil(1 / fraction)); shed the others
+    frames   send fewer frames of each clip (evenly spaced, never below what the head accepts); where that
+             is not enough, stride
+Below capacity every fraction is 1 and nothing is touched. Requests the scheduler still cannot fit are shed
+as hopeless there: this only keeps the admitted load near what the machine can do.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from dataclasses import dataclass, replace
+
+from vlora_va.contracts.requests import Request
+
+log = logging.getLogger(__name__)
+
+WINDOW_S = 5.0  # the load is measured over this long: overload must last about this long to act
+MIN_SPAN_S = 1.0
+TARGET_UTILISATION = 0.95  # of the engine's time: some is lost to batching and switches
+REPORT_EVERY_S = 10.0  # a degraded tier's state is logged at most this often
+MAX_CREDITS = 4096  # (stream, task) pairs whose admitted share is spread (the least recent are forgotten)
+
+
+@dataclass(frozen=True)
+class Admission:
+    request: Request | None  # what to queue (possibly thinned), or None: shed
+    reason: str | None = None  # why it was shed or thinned
+    thinned_from: int = 0  # frames the request had before thinning (0: untouched)
+
+
+class OverloadControl:
+    def __init__(self, degrade: str = "shed", window_s: float = WINDOW_S, target: float = TARGET_UTILISATION):
+        if degrade not in ("shed", "stride", "frames"):
+            raise ValueError(f"degrade must be shed, stride or frames, got {degrade!r}")
+        self.degrade, self.window_s, self.target = degrade, window_s, target
+        self._arrivals: collections.deque[tuple[float, int, float]] = collections.deque()  # (time, tier, seconds)
+        self._load: dict[int, float] = {}
+        self._first: float | None = None
+        self._credit: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
+        self.fractions: dict[int, float] = {}
+        self._reported: dict[int, tuple[float, float]] = {}  # tier -> (fraction, when) last logged
+
+    def load(self, now: float) -> float:
+        """Offered compute, in seconds of engine time per second, over the window."""
+        self._expire(now)
+        return sum(self._load.values()) / self._span(now)
+
+    def _span(self, now: float) -> float:
+        return max(MIN_SPAN_S, min(self.window_s, now - (self._first if self._first is not None else now)))
+
+    def _expire(self, now: float) -> None:
+        # (now - window, now]: measured at an arrival, a periodic stream counts window / period arrivals, not one more
+        while self._arrivals and self._arrivals[0][0] <= now - self.window_s:
+            _, tier, cost = self._arrivals.popleft()
+            self._load[tier] -= cost
+
+    def _update(self, now: float) -> None:
+        span = self._span(now)
+        left = self.target
+        fractions = {}
+        for tier in sorted(self._load, reverse=True):
+            load = max(0.0, self._load[tier]) / span
+            fractions[tier] = 1.0 if load <= left else max(0.0, left / load)
+            left = max(0.0, left - load * fractions[tier])
+        self.fractions = fractions
+
+    def admit(self, request: Request, cost_s: float, now: float, min_frames: int) -> Admission:
+        """Record the request's predicted cost and decide what happens to it."""
+        if self._first is None:  # the first request stands for the chunk of media before it (~1 s), or a
+            self._first = now - MIN_SPAN_S  # second chunk a moment later would read as twice the load
+        tier = request.priority
+        self._arrivals.append((now, tier, cost_s))
+        self._load[tier] = self._load.get(tier, 0.0) + cost_s
+        self._expire(now)
+        self._update(now)
+        fraction = self.fractions.get(tier, 1.0)
+        self._report(tier, now)
+        if fraction >= 1.0:
+            return Admission(request)
+        if self.degrade == "frames":
+            keep = max(min_frames, math.ceil(request.num_images * fraction))
+            if keep < request.num_images:
+                return Admission(thin(request, keep), f"overload: {keep} of {request.num_images} frames",
+                                 request.num_images)
+        if self.degrade in ("stride", "frames"):
+            k = math.ceil(1.0 / max(fraction, 1e-3))
+            if request.seq % k == 0:
+                return Admission(request)
+            return Admission(None, f"overload: priority {tier} serves every {k}th chunk")
+        key = (request.stream, request.task)  # shed: an even spread of the admitted share per stream and task
+        credit = self._credit.pop(key, 0.0) + fraction
+        if len(self._credit) >= MAX_CREDITS:  # bounded whatever stream ids senders invent
+            self._credit.popitem(last=False)
+        if credit >= 1.0:
+            self._credit[key] = credit - 1.0
+            return Admission(request)
+        self._credit[key] = credit
+        return Admission(None, f"overload: priority {tier} work shed to fit this machine "
+                               f"(about {round(fraction * 10) * 10}% admitted)")
+
+    def _report(self, tier: int, now: float) -> None:
+        """Log when a tier becomes degraded or recovers, and while degraded at most every REPORT_EVERY_S."""
+        f = self.fractions.get(tier, 1.0)
+        was, when = self._reported.get(tier, (1.0, -1e18))
+        if (f < 1.0) != (was < 1.0) or (f < 1.0 and now - when >= REPORT_EVERY_S):
+            if f < 1.0:
+                log.warning("overload: %.2f s of compute offered per second; priority %d work degraded (%s) to "
+                            "about %.0f%%", self.load(now), tier, self.degrade, f * 100)
+            else:
+                log.info("overload over: priority %d work served in full again", tier)
+            self._reported[tier] = (f, now)
+
+
+def thin(request: Request, keep: int) -> Request:
+    """The request with `keep` of its frames, evenly spread (the middle of each of keep equal parts)."""
+    n = request.num_images
+    idx = [int((2 * i + 1) * n // (2 * keep)) for i in range(keep)]
+    return replace(request, frames=[request.frames[i] for i in idx], frame_ts=[request.frame_ts[i] for i in idx])
