@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlora_va import kernels  # noqa: E402
-from vlora_va.kernels import tuned, tuning  # noqa: E402
+from vlora_va.kernels import cpu, tuned, tuning  # noqa: E402
 from vlora_va.engine import lora  # noqa: E402
 
 TOKENS = 257  # 224 px, patch 14: 16x16 patches + CLS
@@ -133,7 +133,7 @@ def bench_ops(repeats: int, full: bool, log) -> list[dict]:
             x3 = x.view(len(slots), TOKENS, n_in)
             names = [f"s{s}" for s in slots]
             einsum = make_einsum(A, B, slots, scale, TOKENS, x.shape[0])
-            choice = tuned.lookup_cpu(n_in, n_out, seg, slot_ranks)
+            choice = cpu.lookup(n_in, n_out, seg, slot_ranks)
             with torch.no_grad():
                 fns = {
                     "atmm": lambda: kernels.atmm(y, x, A, B, seg, scale, slot_ranks),

@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     import torch
-    from vlora_va.serving.costs import device_name
+    from vlora_va.engine.precision import device_name
 
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": device_name(torch.device("cpu")),
             "platform": platform.platform(), "torch": torch.__version__, "threads": a.threads, "rounds": rounds,

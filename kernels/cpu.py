@@ -4,13 +4,16 @@
         y[rows] += scale[a] * (x[rows] @ A[a, :r].T) @ B[a, :, :r].T
 
 They differ only in how the work is cut into BLAS calls; the tuned table picks one per shape bucket.
-Exact ranks are used everywhere (no padding of small-rank adapters to the largest rank).
+Exact ranks are used everywhere (no padding of small-rank adapters to the largest rank). ``CpuBackend`` is the
+ATMM backend (``impl="cpu"``, the default for CPU tensors) that picks one and runs it.
 """
 
 from __future__ import annotations
 
 import torch
 
+from vlora_va.kernels.backend import AtmmBackend
+from vlora_va.kernels import tuned
 from vlora_va.kernels.segments import Segments
 
 
@@ -116,3 +119,20 @@ def default_strategy(seg: Segments) -> str:
 
 def atmm_cpu(y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], strategy: str) -> None:
     STRATEGIES[strategy](y, x, A, B, seg, scale, ranks)
+
+
+class CpuBackend(AtmmBackend):
+    """The strategy named by ``config``, else the tuned table's choice for this shape bucket (or the rule-based
+    default for a shape the table has not seen)."""
+
+    def apply(self, y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], sign: float = 1.0, *,
+              config=None, device_params=None) -> None:
+
+        strategy = config or lookup(x.shape[1], y.shape[1], seg, ranks)
+        atmm_cpu(y, x, A, B, seg, scale if sign == 1.0 else [sign * v for v in scale], ranks, strategy)
+
+
+def lookup(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
+    """The tuned table's strategy for this shape bucket on this CPU, or the rule-based default."""
+    choice = tuned.lookup(tuned.device_kind("cpu"), n_in, n_out, seg, ranks)
+    return choice if choice in STRATEGIES else default_strategy(seg)

@@ -9,13 +9,15 @@ same thing without the wasted work. As a plain loop (the same as ``kernels.refer
             y[i] += scale[a] * (x[i] @ A[a, :ranks[a]].T) @ B[a, :, :ranks[a]].T
 
 Computed as: h[u, i] = x[i] @ A[u].T for every used adapter u and every row i (padded to the largest rank),
-h *= onehot[u, i] * scale[u], y += sum over u of h[u] @ B[u].T.
+h *= onehot[u, i] * scale[u], y += sum over u of h[u] @ B[u].T. ``EinsumBackend`` is it as an ATMM backend
+(``impl="einsum"``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from vlora_va.kernels.backend import AtmmBackend
 from vlora_va.kernels.segments import Segments
 
 
@@ -45,3 +47,11 @@ def atmm_einsum(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
     b = B[:, :, :r].index_select(0, index)                      # [U, out, r]
     h = torch.einsum("ni,uri->unr", x, a) * _onehot(seg, used, scale, x.dtype, x.device)
     y += torch.einsum("unr,uor->no", h, b)
+
+
+class EinsumBackend(AtmmBackend):
+    """``atmm_einsum`` with the pass's sign folded into the scales (the one-hot mask carries them)."""
+
+    def apply(self, y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], sign: float = 1.0, *,
+              config=None, device_params=None) -> None:
+        atmm_einsum(y, x, A, B, seg, scale if sign == 1.0 else [sign * v for v in scale], ranks)

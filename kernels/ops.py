@@ -1,16 +1,20 @@
 """The ATMM operator and the one-shot ΔW computation: the entry points the engine calls.
 
-Implementation picked in one place: Triton kernels on CUDA tensors, the CPU strategies otherwise; the
-configuration (tile sizes / strategy) comes from the tuned table for this device kind, by shape bucket.
+The implementation is picked in one place, ``atmm``: the ``impl`` name (default: Triton kernels on CUDA tensors,
+the tuned CPU strategies otherwise) is looked up in the ATMM_BACKENDS registry (``vlora_va.contracts.plugins``)
+and the backend (a ``kernels.backend.AtmmBackend``) runs each pass; the configuration (tile sizes / strategy)
+comes from the tuned table for this device kind, by shape bucket, inside the backend.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from vlora_va.kernels import cpu, tuned
-from vlora_va.kernels.einsum import atmm_einsum
-from vlora_va.kernels.reference import as_float_list, atmm_reference
+from vlora_va.contracts.plugins import ATMM_BACKENDS
+from vlora_va.kernels.backend import AtmmBackend
+from vlora_va.kernels.reference import as_float_list
 from vlora_va.kernels.segments import Segments
 
 
@@ -28,49 +32,33 @@ def atmm(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, idx
 
     x [N, in]; A [S, R, in] and B [S, out, R]: slot stacks (PEFT orientation), zero beyond each slot's rank;
     idx: LongTensor [N] or a prebuilt ``Segments``; scale, ranks: per slot (list or tensor; ranks default R).
-    impl: "triton" | "cpu" | "einsum" | "reference" (default: triton on CUDA, cpu otherwise; "einsum" is the
-    dLoRA-style one-hot baseline, any device). config: a CPU strategy name
-    or a ``TritonConfig``; default from the tuned table. device_params: optional cached (scale float32 [S],
+    impl: a name in ATMM_BACKENDS: "triton" | "cpu" | "einsum" | "reference" or a registered plug-in (default:
+    triton on CUDA, cpu otherwise; "einsum" is the dLoRA-style one-hot baseline, any device); an unknown name
+    raises ``UnknownPlugin`` listing the known ones. config: the backend's choice (a CPU strategy name or a
+    ``TritonConfig``); default from the tuned table. device_params: optional cached (scale float32 [S],
     ranks int32 [S]) tensors on the device, for the Triton path.
     """
+    backend = _backend(ATMM_BACKENDS.load(impl or ("triton" if x.is_cuda else "cpu")))
     S, R = A.shape[0], A.shape[1]
     ranks_l = [R] * S if ranks is None else [int(r) for r in (ranks.tolist() if torch.is_tensor(ranks) else ranks)]
     scale_l = as_float_list(scale, S)
-    impl = impl or ("triton" if x.is_cuda else "cpu")
-    if impl == "reference":
-        idx_t = idx if torch.is_tensor(idx) else _segments_to_idx(idx, x.device)
-        return atmm_reference(y, x, A, B, idx_t, scale_l, ranks_l, delora_slot)
     seg = idx if isinstance(idx, Segments) else Segments.from_idx(idx)
+    # Mixture mode as two signed passes, the same for every backend: the other adapters' rows add their own
+    # LoRA, then every row not of the merged adapter subtracts the merged adapter's.
     passes = [(seg, 1.0)]
     if delora_slot is not None:
         passes = [(seg.without(delora_slot), 1.0), (seg.delora(delora_slot), -1.0)]
-    if impl == "einsum":
-        for s, sign in passes:
-            atmm_einsum(y, x, A, B, s, scale_l if sign > 0 else [-v for v in scale_l], ranks_l)
-        return y
-    if impl == "cpu":
-        for s, sign in passes:
-            sc = scale_l if sign > 0 else [-v for v in scale_l]
-            choice = config or tuned.lookup_cpu(x.shape[1], y.shape[1], s, ranks_l)
-            cpu.atmm_cpu(y, x, A, B, s, sc, ranks_l, choice)
-        return y
-    if impl == "triton":
-        from vlora_va.kernels.triton_atmm import atmm_triton  # imported lazily: TRITON_INTERPRET must be set before import
-        if device_params is None:
-            device_params = (torch.tensor(scale_l, dtype=torch.float32, device=x.device),
-                             torch.tensor(ranks_l, dtype=torch.int32, device=x.device))
-        for s, sign in passes:
-            choice = config or tuned.lookup_triton(x.shape[1], y.shape[1], s, ranks_l, x.device)
-            atmm_triton(y, x, A, B, s, device_params[0], device_params[1], choice, sign)
-        return y
-    raise ValueError(f"unknown ATMM impl {impl!r} (expected 'triton', 'cpu', 'einsum' or 'reference')")
+    for s, sign in passes:
+        backend.apply(y, x, A, B, s, scale_l, ranks_l, sign, config=config, device_params=device_params)
+    return y
 
 
-def _segments_to_idx(seg: Segments, device) -> torch.Tensor:
-    idx = torch.full((seg.n_rows,), -1, dtype=torch.long)
-    for s, a, b in zip(seg.slots, seg.starts, seg.ends):
-        idx[a:b] = s
-    return idx.to(device)
+@functools.lru_cache(maxsize=None)
+def _backend(cls) -> AtmmBackend:
+    """The one (stateless) instance of a registered backend class, checked once."""
+    if not (isinstance(cls, type) and issubclass(cls, AtmmBackend)):
+        raise TypeError(f"ATMM backend {cls!r} is not an AtmmBackend subclass (see vlora_va.kernels.backend)")
+    return cls()
 
 
 def delta_weights(A: torch.Tensor, B: torch.Tensor, scale, rank: int | None = None,

@@ -1,8 +1,14 @@
-"""Plain PyTorch loops: the oracle every ATMM implementation is tested against. Slow on purpose."""
+"""Plain PyTorch loops: the oracle every ATMM implementation is tested against. Slow on purpose.
+
+``ReferenceBackend`` is the loop as an ATMM backend (``impl="reference"``).
+"""
 
 from __future__ import annotations
 
 import torch
+
+from vlora_va.kernels.backend import AtmmBackend
+from vlora_va.kernels.segments import NO_ADAPTER, Segments
 
 
 def as_float_list(v, n: int) -> list[float]:
@@ -43,6 +49,22 @@ def atmm_reference(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.T
             delta -= scale[m] * (x[i].to(acc) @ A[m, :r].to(acc).T) @ B[m, :, :r].to(acc).T
         y[i] = (y[i].to(acc) + delta).to(y.dtype)
     return y
+
+
+class ReferenceBackend(AtmmBackend):
+    """The per-row loop of ``atmm_reference`` over the runs of a ``Segments``: the oracle, selectable by name."""
+
+    def apply(self, y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], sign: float = 1.0, *,
+              config=None, device_params=None) -> None:
+        atmm_reference(y, x, A, B, segments_to_idx(seg, x.device), [sign * v for v in scale], ranks)
+
+
+def segments_to_idx(seg: Segments, device) -> torch.Tensor:
+    """The per-row slot LongTensor [N] of a layout (-1 for rows in no run)."""
+    idx = torch.full((seg.n_rows,), NO_ADAPTER, dtype=torch.long)
+    for s, a, b in zip(seg.slots, seg.starts, seg.ends):
+        idx[a:b] = s
+    return idx.to(device)
 
 
 def delta_weights_reference(A: torch.Tensor, B: torch.Tensor, scale, ranks=None) -> torch.Tensor:

@@ -11,6 +11,8 @@ Tile configuration (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) is passed 
 so the same code compiles for tensor cores on a GPU.
 
 The interpreter computes bf16 ``tl.dot`` wrongly, so bf16 tiles are upcast to fp32 there (UPCAST flag).
+``TritonBackend`` is the ATMM backend (``impl="triton"``, the default for CUDA tensors); the registry imports
+this module on first use, so ``TRITON_INTERPRET`` can still be set before.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vlora_va.kernels import tuned
+from vlora_va.kernels.backend import AtmmBackend
 from vlora_va.kernels.segments import Segments
 
 
@@ -143,6 +147,19 @@ def atmm_triton(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
     launch(y, x, A, B, seg_start, seg_len, seg_slot, scale_t, ranks_t, seg.n_runs, seg.max_run(), config, sign)
 
 
+class TritonBackend(AtmmBackend):
+    """Both kernels over the runs, with ``config`` (a ``TritonConfig``) or the tuned table's choice for this
+    shape bucket; the sign goes to the expand kernel, so the cached device scales serve both mixture passes."""
+
+    def apply(self, y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], sign: float = 1.0, *,
+              config=None, device_params=None) -> None:
+        if device_params is None:
+            device_params = (torch.tensor(scale, dtype=torch.float32, device=x.device),
+                             torch.tensor(ranks, dtype=torch.int32, device=x.device))
+        choice = config or lookup(x.shape[1], y.shape[1], seg, ranks, x.device)
+        atmm_triton(y, x, A, B, seg, device_params[0], device_params[1], choice, sign)
+
+
 def launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, run_start: torch.Tensor,
            run_len: torch.Tensor, run_slot: torch.Tensor, scale_t: torch.Tensor, ranks_t: torch.Tensor, n_runs: int,
            max_len: int, config: TritonConfig = DEFAULT_CONFIG, sign: float = 1.0,
@@ -166,3 +183,13 @@ def launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, r
                          h.stride(0), h.stride(1), B.stride(0), B.stride(1), B.stride(2), y.stride(0), y.stride(1),
                          BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, UPCAST=upcast,
                          num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def lookup(n_in: int, n_out: int, seg: Segments, ranks: list[int], device) -> TritonConfig:
+    """The tuned table's tiles for this shape bucket on this GPU, or the default ones."""
+    choice = tuned.lookup(tuned.device_kind(device), n_in, n_out, seg, ranks)
+    if choice is None:
+        return DEFAULT_CONFIG
+    if isinstance(choice, dict):  # parse once, keep the parsed config in the memo
+        choice = TritonConfig.from_json(choice)
+    return choice

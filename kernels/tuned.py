@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from vlora_va.kernels import cpu
 from vlora_va.kernels.segments import Segments
 
 TABLE_DIR = Path(__file__).parent / "tables"  # shipped tables
@@ -99,28 +98,11 @@ def load_table(kind: str) -> dict:
     return _TABLES[kind]
 
 
-def _lookup(kind: str, n_in: int, n_out: int, seg: Segments, ranks: list[int]):
-    """Memoised on the Segments object (one per forward), so each layer shape is bucketed once."""
+def lookup(kind: str, n_in: int, n_out: int, seg: Segments, ranks: list[int]):
+    """The table's choice for this shape bucket on a device kind (None: the table has none). Memoised on the Segments object (one per forward), so each layer shape is bucketed once."""
     memo_key = ("choice", kind, n_in, n_out, tuple(ranks[s] for s in seg.used_slots))
     if memo_key in seg._cache:
         return seg._cache[memo_key]
     entry = load_table(kind)["entries"].get(bucket_key(n_in, n_out, seg, ranks))
     seg._cache[memo_key] = entry["choice"] if entry else None
     return seg._cache[memo_key]
-
-
-def lookup_cpu(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
-    choice = _lookup(device_kind("cpu"), n_in, n_out, seg, ranks)
-    return choice if choice in cpu.STRATEGIES else cpu.default_strategy(seg)
-
-
-def lookup_triton(n_in: int, n_out: int, seg: Segments, ranks: list[int], device):
-    from vlora_va.kernels.triton_atmm import DEFAULT_CONFIG, TritonConfig
-    choice = _lookup(device_kind(device), n_in, n_out, seg, ranks)
-    if choice is None:
-        return DEFAULT_CONFIG
-    if isinstance(choice, dict):  # parse once, keep the parsed config in the memo
-        choice = TritonConfig.from_json(choice)
-    return choice
-
-

@@ -20,6 +20,7 @@ import numpy as np
 
 from vlora_va.contracts.config import StreamConfig, TaskConfig
 from vlora_va.contracts.geometry import Letterbox, letterbox_geometry
+from vlora_va.contracts.plugins import SOURCES
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest
 
 from vlora_va.ingest.source import Frame
@@ -93,9 +94,9 @@ class Chunker:
         self._wanted = set(self.send_idx)
         self.seq = 0  # the next chunk's sequence number
         self._outage = 0.0  # media seconds missing before the chunk being built
-        # A file read as fast as possible is not live: its requests are never shed, the daemon's
+        # A source that is not live (a file) read as fast as possible: its requests are never shed, the daemon's
         # backpressure slows the reading instead.
-        self.best_effort = not stream.realtime and not stream.is_rtsp
+        self.best_effort = not stream.realtime and not SOURCES.load(stream.scheme).live
         self._reset()
 
     def _reset(self) -> None:

@@ -1,5 +1,8 @@
+import os
 import subprocess
 import sys
+
+import pytest
 
 CLI = [sys.executable, "-m", "vlora_va.cli"]
 
@@ -112,3 +115,58 @@ def test_draw_command_writes_the_frame_and_says_what_it_drew(tmp_path):
     assert cv2.imread(str(out)).shape == (272, 640, 3)
     proc = run("draw", str(results), "--video", str(tmp_path / "nosuch.mp4"), "--stream", "bikes", "--out", str(out))
     assert proc.returncode == 1 and "nosuch.mp4" in proc.stderr
+
+
+def test_validate_and_run_print_every_problem_of_the_file(tmp_path):
+    """Three independent mistakes: `validate` prints all three (one line each, in file order) and exits 2; `run`
+    (through the commands' shared loader) reports the same three before starting anything."""
+    bad = tmp_path / "bad.yaml"
+    text = open("pipelines.yaml").read()
+    for old, new in (("max_batch_images: 16", "max_batch_images: 0"), ("adapter: actions", "adapter: actoins"),
+                     ("type: jsonl", "type: kafka")):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    bad.write_text(text)
+    lines = text.splitlines()
+    at = [next(i + 1 for i, line in enumerate(lines) if key in line) for key in
+          ("max_batch_images: 0", "adapter: actoins", "type: kafka")]
+    expected = [f"{bad}:{at[0]}: daemon.max_batch_images: must be >= 1, got 0",
+                f"{bad}:{at[1]}: streams[0].tasks[1].adapter: unknown adapter 'actoins' (known: detect, actions)",
+                f"{bad}:{at[2]}: sinks[0].type: must be one of jsonl, stdout, webhook, got 'kafka'"]
+    proc = run("validate", str(bad))
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [f"invalid: {e}" for e in expected], proc.stderr
+    proc = run("run", str(bad))
+    assert proc.returncode == 2
+    assert [line.split("vlora_va: ", 1)[1] for line in proc.stderr.splitlines()] == expected, proc.stderr
+
+
+MISSING_INPUTS = {  # command line -> the missing thing its one-line message must name
+    "validate": (["validate", "missing.yaml"], "missing.yaml"),
+    "run": (["run", "missing.yaml"], "missing.yaml"),
+    "daemon": (["daemon", "missing.yaml"], "missing.yaml"),
+    "ingest": (["ingest", "missing.yaml"], "missing.yaml"),
+    "draw": (["draw", "missing.jsonl", "--video", "x.mp4", "--stream", "s", "--out", "o.png"], "missing.jsonl"),
+    "train": (["train", "missing.yaml"], "missing.yaml"),
+    "eval": (["eval", "missing_dir", "--on", "{root}/sample_videos/pedestrians.mp4"], "missing_dir"),
+    "adapters-init": (["adapters", "init", "a-file/adapter", "--task", "detection", "--names", "person",
+                       "--backbone", "{tiny_backbone}"], "a-file"),
+    # no daemon: nothing listens at its control socket (said at once, not after the request's timeout)
+    "adapters-load": (["adapters", "load", "n", "missing_dir", "--control", "ipc://{tmp}/control.sock"],
+                      "control.sock"),
+    "adapters-load-no-config": (["adapters", "load", "n", "missing_dir"], "pipelines.yaml"),
+    "models-fetch": (["models", "fetch", "nosuch-model"], "nosuch-model"),
+    "tune": (["tune", "--bogus"], "--bogus"),
+}
+
+
+@pytest.mark.parametrize("case", MISSING_INPUTS)
+def test_a_missing_input_is_one_clear_line_and_no_traceback(case, tmp_path, tiny_backbone_dir):
+    """Each command run as a new user would, in a fresh directory, on files / directories that are not there:
+    a non-zero exit and exactly one line naming the missing thing, never a traceback."""
+    (tmp_path / "a-file").write_text("a file, not a directory\n")
+    args, missing = MISSING_INPUTS[case]
+    args = [a.format(root=os.getcwd(), tmp=tmp_path, tiny_backbone=tiny_backbone_dir) for a in args]
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert len([line for line in out.splitlines() if missing in line]) == 1, out

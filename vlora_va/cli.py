@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 import threading
@@ -11,6 +12,11 @@ import threading
 from vlora_va.common.logs import setup_logging
 
 log = logging.getLogger("vlora_va")
+
+
+def _os_problem(e: OSError) -> str:
+    """An OSError as one line naming the file: `path: No such file or directory`."""
+    return f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -29,7 +35,7 @@ def input_warnings(cfg) -> list[str]:
     from vlora_va.contracts.security import bind_warning, is_local_host
 
     problems = [f"streams[{i}].source: no such file {s.source}" for i, s in enumerate(cfg.streams)
-                if not s.is_rtsp and not Path(s.source).is_file()]
+                if s.scheme == "file" and not Path(s.source).is_file()]
     d, curve = cfg.daemon, cfg.security.curve is not None
     binds = [(d.endpoint, "daemon.endpoint"), (d.control_endpoint, "daemon.control_endpoint"),  # derived: loopback
              (d.results_endpoint, "daemon.results_endpoint")]
@@ -62,7 +68,8 @@ def cmd_validate(args) -> int:
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
-        print(f"invalid: {e}", file=sys.stderr)
+        for problem in e.errors:  # every problem of the file, one line each
+            print(f"invalid: {problem}", file=sys.stderr)
         return 2
     for problem in input_warnings(cfg):
         print(f"warning: {problem}", file=sys.stderr)
@@ -78,7 +85,7 @@ def _print_capacity(cfg, remeasure: bool = False) -> int:
     """Build the daemon's engine, measure (or load the cached) cost profile, and say what the configured load
     needs on this machine."""
     from vlora_va.serving.capacity import estimate
-    from vlora_va.serving.daemon import build_engine, cost_model
+    from vlora_va.serving.startup import build_engine, cost_model
     from vlora_va.engine.backbones import ModelError
 
     try:
@@ -104,7 +111,8 @@ def _load(path: str, endpoint: str | None = None, roles: tuple[str, ...] = ()):
     try:
         cfg = load_config(path)
     except ConfigError as e:
-        log.error("%s", e)
+        for problem in e.errors:  # every problem of the file, one line each
+            log.error("%s", problem)
         raise SystemExit(2) from None
     curve = cfg.security.curve
     need = {"server": ("server_side", "server_secret and client_public (the daemon's key pair, the clients it accepts)"),
@@ -129,11 +137,12 @@ def cmd_run(args) -> int:
 
 
 def cmd_daemon(args) -> int:
+    from vlora_va.outputs.attach import run_with_outputs
     from vlora_va.serving.daemon import Daemon
 
     cfg = _load(args.config, args.endpoint, roles=("server",))
     stop = _stop_on_signals()
-    Daemon(cfg).run(stop)
+    run_with_outputs(Daemon(cfg), stop)
     return 0
 
 
@@ -167,9 +176,13 @@ def cmd_models_fetch(args) -> int:
 def cmd_adapters_init(args) -> int:
     """Create an untrained adapter (B = 0 LoRA + random head): for trying a pipeline before training."""
     from vlora_va.engine.adapters import AdapterError, fit_target_modules, init_untrained
-    from vlora_va.engine.backbones import linear_names, load_backbone
+    from vlora_va.engine.backbones import ModelError, linear_names, load_backbone
 
-    backbone = load_backbone(args.backbone)
+    try:
+        backbone = load_backbone(args.backbone)
+    except ModelError as e:
+        log.error("%s", e)
+        return 1
     targets = args.targets.split(",")
     try:  # `q_proj` is `query` under transformers < 5.18: select by the installed names, save the canonical ones
         here = fit_target_modules(targets, linear_names(backbone))
@@ -179,9 +192,13 @@ def cmd_adapters_init(args) -> int:
     shapes = {n: tuple(backbone.get_submodule(n).weight.shape) for n in linear_names(backbone)
               if any(n == t or n.endswith("." + t) for t in here)}
     names = args.names.split(",")
-    path = init_untrained(args.dir, task=args.task, names=names, base_model=args.backbone,
-                          hidden=backbone.config.hidden_size, target_modules=targets, module_shapes=shapes,
-                          rank=args.rank, alpha=2 * args.rank, image_size=args.image_size)
+    try:
+        path = init_untrained(args.dir, task=args.task, names=names, base_model=args.backbone,
+                              hidden=backbone.config.hidden_size, target_modules=targets, module_shapes=shapes,
+                              rank=args.rank, alpha=2 * args.rank, image_size=args.image_size)
+    except OSError as e:
+        log.error("cannot write the adapter to %s: %s", args.dir, _os_problem(e))
+        return 1
     print(f"{path}: untrained {args.task} adapter, rank {args.rank} on {len(shapes)} layers")
     return 0
 
@@ -198,6 +215,14 @@ def cmd_adapters_control(args) -> int:
         cfg = _load(args.config, roles=("client",))
         endpoint = endpoint or control_endpoint(cfg.daemon.control_endpoint, cfg.daemon.endpoint)
         curve = cfg.security.curve
+    if not re.fullmatch(r"tcp://(\[[0-9a-fA-F:.]+\]|[^:/\[\]]+):\d+|ipc://.+", endpoint or ""):
+        log.error("control endpoint %r: expected tcp://host:port or ipc:///path (daemon.control_endpoint in %s, "
+                  "or --control)", endpoint, args.config)
+        return 2
+    why = _unreachable(endpoint)
+    if why:
+        log.error("cannot reach the daemon's control socket %r: %s (is the daemon running?)", endpoint, why)
+        return 1
     message = {"op": args.what}
     if args.what != "list":
         message["name"] = args.name
@@ -212,6 +237,25 @@ def cmd_adapters_control(args) -> int:
     return 0 if reply.get("ok") else 1
 
 
+def _unreachable(endpoint: str) -> str | None:
+    """Why no daemon can answer at a tcp:// or ipc:// control endpoint, where that is known at once (a REQ socket
+    would wait out its whole timeout): an ipc socket file that is not there, a tcp port that refuses."""
+    import os
+    import socket
+
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        return None if path.startswith("@") or os.path.exists(path) else f"no socket file {path}"  # @: abstract
+    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except TimeoutError:
+        return None  # a slow or filtered network: the request's own timeout decides
+    except OSError as e:  # refused, unknown host, unreachable network
+        return e.strerror or str(e)
+    return None
+
+
 def cmd_keys(args) -> int:
     """`vlora-va keys DIR`: the CURVE key pairs a pipeline needs, and the pipelines.yaml lines that use them."""
     import os
@@ -220,8 +264,8 @@ def cmd_keys(args) -> int:
 
     try:
         keys = create_keys(args.dir)
-    except (FileExistsError, OSError) as e:
-        log.error("%s", e)
+    except OSError as e:  # FileExistsError included: its message names the keys already there
+        log.error("%s", _os_problem(e))
         return 1
     d = os.path.relpath(args.dir) if not os.path.isabs(args.dir) else args.dir
     for name, path in keys.items():
@@ -240,7 +284,10 @@ def cmd_draw(args) -> int:
 
     try:
         t, n = draw(args.results, args.video, args.stream, args.ts, args.out)
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        log.error("%s", _os_problem(e))
+        return 1
+    except ValueError as e:
         log.error("%s", e)
         return 1
     print(f"{args.out}: {n} detection(s) at t={t:.2f} s")

@@ -86,9 +86,10 @@ def signals_ignored_for_children():
 def daemon_process(config: PipelineConfig, stop, ready, drained, log_level: str, parent_pid: int) -> None:
     setup_logging(log_level, "daemon")
     _as_child(parent_pid, stop.set)
+    from vlora_va.outputs.attach import run_with_outputs
     from vlora_va.serving.daemon import Daemon
 
-    Daemon(config).run(stop, ready, drained)
+    run_with_outputs(Daemon(config), stop, ready, drained)
 
 
 def ingest_process(config: PipelineConfig, stream_ids: list[str], stop, flushed, release, log_level: str,

@@ -4,8 +4,9 @@ import textwrap
 
 import pytest
 
-from vlora_va.contracts.config import (DEGRADE_OPTIONS, POLICIES, ConfigError, DaemonConfig, TaskConfig, load_config,
-                              parse_config)
+from vlora_va.contracts.config import (DEGRADE_OPTIONS, ConfigError, DaemonConfig, TaskConfig, load_config,
+                                       parse_config)
+from vlora_va.contracts.plugins import POLICIES
 from vlora_va.contracts.wire import MAX_FRAMES, MAX_TASKS
 
 GOOD = textwrap.dedent("""\
@@ -39,8 +40,8 @@ def test_good_config_parses_with_defaults_and_resolved_paths(tmp_path):
     cfg = parse_config(GOOD, "p.yaml", base_dir=tmp_path)
     assert [s.id for s in cfg.streams] == ["cam1", "cam2"]
     cam1, cam2 = cfg.streams
-    assert cam1.source == str(tmp_path / "videos/a.mp4") and not cam1.is_rtsp
-    assert cam2.source == "rtsp://127.0.0.1:8554/cam" and cam2.is_rtsp
+    assert cam1.source == str(tmp_path / "videos/a.mp4") and cam1.scheme == "file"
+    assert cam2.source == "rtsp://127.0.0.1:8554/cam" and cam2.scheme == "rtsp"
     assert cam1.frames_per_chunk == 10 and cam2.frames_per_chunk == 30
     assert cam1.tasks[0].name == "detect" and cam1.tasks[0].deadline_ms == 1500.0
     assert cam2.tasks[0].name == "act" and cam2.tasks[0].deadline_ms == 1000.0
@@ -106,7 +107,7 @@ def _error(text: str) -> ConfigError:
 def test_scheduling_keys_default_and_parse():
     d = parse_config(GOOD, "p.yaml").daemon
     assert (d.policy, d.starvation_ms, d.degrade, d.profile_cache) == ("vlora", 500.0, "shed", "")
-    assert POLICIES == ("vlora", "edf", "merge-only", "unmerge-only", "dlora")
+    assert POLICIES.names() == ("vlora", "edf", "merge-only", "unmerge-only", "dlora")
     assert DEGRADE_OPTIONS == ("shed", "frames", "stride")
     text = GOOD.replace("  image_size: 224\n", "  image_size: 224\n  policy: merge-only\n  starvation_ms: 250\n"
                                                "  degrade: stride\n  profile_cache: /tmp/profiles\n")
@@ -116,7 +117,7 @@ def test_scheduling_keys_default_and_parse():
     assert type(d.starvation_ms) is float
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICIES.names())
 def test_every_policy_is_accepted(policy):
     cfg = parse_config(GOOD.replace("  image_size: 224\n", f"  image_size: 224\n  policy: {policy}\n"), "p.yaml")
     assert cfg.daemon.policy == policy
@@ -287,3 +288,73 @@ def test_numbers_must_be_finite(old, new, path):
     parse_config(NUMBERS, "p.yaml")  # the file itself is fine
     err = _error(NUMBERS.replace(old, new, 1))
     assert err.key_path == path, str(err)
+
+
+# ---------------------------------------------------------------- every problem, not only the first
+
+
+def test_every_independent_problem_is_reported_in_file_order():
+    """Three unrelated mistakes in three sections: one ConfigError naming all three, each with its key path and
+    line, in the order of the file (the daemon's is found last but is first in the file)."""
+    text = (GOOD.replace("image_size: 224", "image_size: 225").replace("adapter: actions", "adapter: detekt")
+            .replace("type: jsonl", "type: kafka"))
+    err = _error(text)
+    assert [(e.key_path, e.line) for e in err.errors] == [
+        ("daemon.image_size", 3), ("streams[1].tasks[0].adapter", 19), ("sinks[0].type", 22)]
+    assert str(err).splitlines() == [
+        "p.yaml:3: daemon.image_size: must be a multiple of the patch size 14, got 225",
+        "p.yaml:19: streams[1].tasks[0].adapter: unknown adapter 'detekt' (known: detect, actions)",
+        "p.yaml:22: sinks[0].type: must be one of jsonl, stdout, webhook, got 'kafka'",
+    ]
+    assert (err.key_path, err.line, err.file) == ("daemon.image_size", 3, "p.yaml")  # the first problem's
+
+
+def test_one_problem_reads_as_before():
+    err = _error(GOOD.replace("adapter: actions", "adapter: detekt"))
+    assert err.errors == [err]
+    assert str(err) == "p.yaml:19: streams[1].tasks[0].adapter: unknown adapter 'detekt' (known: detect, actions)"
+
+
+@pytest.mark.parametrize("old, new, path", [
+    # adapters: broken as a whole: the tasks' adapters are not each reported unknown
+    ("  detect: adapters/detect\n  actions: adapters/actions\n", "  - detect\n", "adapters"),
+    # a bad fps: the chunk's size is unknown, so the task asking 31 frames is not reported (the default fps 30
+    # would make a 30-frame chunk)
+    ("fps: 10\n    tasks:\n      - adapter: detect\n        frames_per_chunk: 2\n",
+     "fps: -1\n    tasks:\n      - adapter: detect\n        frames_per_chunk: 31\n", "streams[0].fps"),
+    # an out-of-range stream priority is not inherited by (and reported again for) its tasks
+    ("fps: 10\n", "fps: 10\n    priority: 5000\n", "streams[0].priority"),
+    # a sink of an unknown type: its keys are not each reported as not its options
+    ("type: jsonl", "type: kafka", "sinks[0].type"),
+    # a bad http_port is not also reported as clashing with metrics_port
+    ("image_size: 224", "image_size: 224\n  http_port: 70000\n  metrics_port: 9000", "daemon.http_port"),
+    # a task's bad name does not read as its adapter's name, reported again as a duplicate of the next task's
+    ("  - name: act\n        adapter: actions\n        frames_per_chunk: 8\n",
+     "  - name: 5\n        adapter: actions\n        frames_per_chunk: 8\n      - {name: actions, adapter: actions}\n",
+     "streams[1].tasks[0].name"),
+], ids=["adapters-broken", "bad-fps", "stream-priority", "sink-type", "http-port", "bad-task-name"])
+def test_a_problem_is_not_reported_again_through_what_depends_on_it(old, new, path):
+    assert old in GOOD
+    err = _error(GOOD.replace(old, new, 1))
+    assert [e.key_path for e in err.errors] == [path], str(err)
+
+
+def test_checking_goes_on_past_a_broken_list_item_and_a_broken_section():
+    text = textwrap.dedent("""\
+        daemon: 5
+        adapters: {d: a}
+        streams:
+          - 7
+          - id: b
+            source: b.mp4
+            tasks: [3, {adapter: d, name: 4}]
+        """)
+    err = _error(text)
+    assert [(e.key_path, e.line) for e in err.errors] == [
+        ("daemon", 1), ("streams[0]", 4), ("streams[1].tasks[0]", 7), ("streams[1].tasks[1].name", 7)], str(err)
+
+
+def test_missing_top_level_keys_are_reported_without_a_line():
+    err = _error("daemon: {}\n")
+    assert str(err).splitlines() == ["p.yaml: adapters: required key is missing (map adapter name -> directory)",
+                                     "p.yaml: streams: expected a non-empty list of streams"]

@@ -7,8 +7,8 @@ import pytest
 
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
-from vlora_va.contracts.results import (RESULT_VERSION, iso_utc, STATUSES, ActivityResult, Detection, DetectionResult, FrameDetections,
-                               JsonlFollower, Latency, PersonActivity, ResultRecord, not_served, served)
+from vlora_va.contracts.results import (RESULT_VERSION, STATUSES, ActivityResult, Detection, DetectionResult,
+                                        FrameDetections, JsonlFollower, Latency, PersonActivity, ResultRecord, iso_utc)
 
 
 def record(**kw) -> ResultRecord:
@@ -120,7 +120,7 @@ def test_shed_row_json_says_why_and_has_no_result():
 
 def test_served_computes_latency_and_deadline_from_the_request():
     # ready 100.0, received 100.25, batch 100.5 -> 101.25, deadline 102.0 (2000 ms)
-    rec = served(request(), DETECTIONS, compute_start=100.5, compute_end=101.25, batch_images=6, mode="unmerged")
+    rec = ResultRecord.served(request(), DETECTIONS, compute_start=100.5, compute_end=101.25, batch_images=6, mode="unmerged")
     assert rec.status == "ok" and rec.reason is None and rec.result is DETECTIONS
     assert (rec.stream, rec.chunk, rec.task, rec.adapter) == ("cam", 3, "det", "detect")
     assert rec.frame_ts == (0.5, 0.75)
@@ -140,14 +140,14 @@ def test_served_computes_latency_and_deadline_from_the_request():
     (110.0, False, 10000.0),
 ])
 def test_served_deadline_met_compares_the_end_with_the_deadline(compute_end, met, total_ms):
-    rec = served(request(), DETECTIONS, compute_start=101.5, compute_end=compute_end, batch_images=1, mode="merged")
+    rec = ResultRecord.served(request(), DETECTIONS, compute_start=101.5, compute_end=compute_end, batch_images=1, mode="merged")
     assert rec.deadline_met is met
     assert rec.to_json()["latency_ms"]["total"] == total_ms
 
 
 def test_served_marks_untrained_adapters_degraded_requests_and_extras():
     req = request(degraded="overload: 4 of 8 frames")
-    rec = served(req, DETECTIONS, compute_start=100.5, compute_end=101.0, batch_images=2, mode="mixture",
+    rec = ResultRecord.served(req, DETECTIONS, compute_start=100.5, compute_end=101.0, batch_images=2, mode="mixture",
                  trained=False, extra={"frames_used": 4})
     row = rec.to_json()
     assert row["untrained"] is True
@@ -158,7 +158,7 @@ def test_served_marks_untrained_adapters_degraded_requests_and_extras():
 
 def test_not_served_rows_say_why_and_never_meet_the_deadline():
     req = request()
-    shed = not_served(req, "shed", "cannot meet its deadline: needs ~820 ms, 310 ms left", now=101.5)
+    shed = ResultRecord.not_served(req, "shed", "cannot meet its deadline: needs ~820 ms, 310 ms left", now=101.5)
     assert shed.deadline_met is False  # 101.5 is before the deadline: shedding still is not meeting it
     assert shed.latency == Latency(0.0, 0.0, 1.5)
     assert shed.to_json() == {
@@ -168,15 +168,15 @@ def test_not_served_rows_say_why_and_never_meet_the_deadline():
         "latency_ms": {"queue": 0.0, "compute": 0.0, "total": 1500.0}, "deadline_ms": 2000.0, "deadline_met": False,
         "dropped_before": 1,
     }
-    err = not_served(req, "error", "unknown adapter 'detect'", now=103.0)
+    err = ResultRecord.not_served(req, "error", "unknown adapter 'detect'", now=103.0)
     assert (err.status, err.deadline_met, err.result, err.batch_images, err.mode) == ("error", False, None, None, None)
     assert err.to_json()["latency_ms"]["total"] == 3000.0
     with pytest.raises(ValueError, match="needs a reason"):
-        not_served(req, "error", "", now=101.0)
+        ResultRecord.not_served(req, "error", "", now=101.0)
     with pytest.raises(ValueError, match="not_served rows are shed or error"):
-        not_served(req, "timeout", "late", now=101.0)
+        ResultRecord.not_served(req, "timeout", "late", now=101.0)
     with pytest.raises(ValueError, match="not_served rows are shed or error"):
-        not_served(req, "ok", "fine", now=101.0)
+        ResultRecord.not_served(req, "ok", "fine", now=101.0)
 
 
 def test_rows_carry_capture_time_in_utc_and_their_provenance():
@@ -185,11 +185,11 @@ def test_rows_carry_capture_time_in_utc_and_their_provenance():
     prov = {"adapter_sha256": "0123456789abcdef", "backbone": "dinov2-small@21ae54b83eb8", "config_sha256": "feedc0de"}
     req = request()
     req.ready = 1795430130.1234
-    row = served(req, DETECTIONS, compute_start=1795430130.5, compute_end=1795430131.0, batch_images=1,
+    row = ResultRecord.served(req, DETECTIONS, compute_start=1795430130.5, compute_end=1795430131.0, batch_images=1,
                  mode="premerged", provenance=prov).to_json()
     assert row["captured_at"] == "2026-11-23T10:35:30.123Z"
     assert row["provenance"] == prov
-    assert not_served(req, "shed", "late", now=1795430131.0, provenance=prov).to_json()["provenance"] == prov
+    assert ResultRecord.not_served(req, "shed", "late", now=1795430131.0, provenance=prov).to_json()["provenance"] == prov
     assert iso_utc(0.0) == "1970-01-01T00:00:00.000Z"
 
 

@@ -35,7 +35,7 @@ def engines(tiny_backbone_dir, tiny_adapters):
 
 def test_keys_say_what_replays_a_capture_and_what_runs_eagerly(engines):
     _, e = engines
-    g = e.graphs
+    g = e.backend.graphs
     assert g.key(56, 3, LoRAMode(PREMERGED), 0, False) == PlanKey(56, "premerged", 4)
     assert g.key(56, 8, LoRAMode(MIXTURE, 1), 0, False) == PlanKey(56, "mixture", 8)
     assert g.key(56, 3, LoRAMode(PREMERGED), 1, False) is None  # a shared prefix forks by the data
@@ -43,7 +43,7 @@ def test_keys_say_what_replays_a_capture_and_what_runs_eagerly(engines):
     assert g.key(56, 3, LoRAMode(UNMERGED, impl="einsum"), 0, False) is None
     assert g.key(56, 9, LoRAMode(PREMERGED), 0, False) is None  # above the largest bucket (8)
     plain, _ = engines
-    assert plain.graphs.key(56, 3, LoRAMode(PREMERGED), 0, False) is None  # no fixed layouts: never
+    assert plain.backend.graphs.key(56, 3, LoRAMode(PREMERGED), 0, False) is None  # no fixed layouts: never
 
 
 def test_one_capture_per_key_serves_every_batch_of_its_bucket(engines):
@@ -63,7 +63,7 @@ def test_one_capture_per_key_serves_every_batch_of_its_bucket(engines):
             x.switch(mode)
         want, got = plain.features(fs, [slot] * 4, mode), e.features(fs, [slot] * 4, mode)
         assert torch.allclose(got.cls, want.cls, atol=1e-4)
-    assert set(e.graphs.captured) == {PlanKey(56, k, 4) for k in ("premerged", "unmerged", "mixture", "merged")}
+    assert set(e.backend.graphs.captured) == {PlanKey(56, k, 4) for k in ("premerged", "unmerged", "mixture", "merged")}
 
 
 def test_static_output_is_copied_out_before_the_next_replay(engines):
@@ -77,17 +77,17 @@ def test_static_output_is_copied_out_before_the_next_replay(engines):
 
 def test_an_engine_plan_replays_captures_warmed_by_the_daemon_warm_up(engines, tmp_path):
     """The daemon's warm-up runs every key once: afterwards serving captures nothing new."""
-    from vlora_va.serving import costs as C
+    from vlora_va.serving import profiling as P
 
     _, e = engines
     catalog = e.catalog()
     modes = [LoRAMode(PREMERGED), LoRAMode(UNMERGED), LoRAMode(MERGED, 0), LoRAMode(MIXTURE, 0)]
-    C.warm_up(e, catalog, {TINY_IMAGE: modes}, [1, 2, 4, 8], bucketed=True)
-    warmed = set(e.graphs.captured)
+    P.warm_up(e, catalog, {TINY_IMAGE: modes}, [1, 2, 4, 8], bucketed=True)
+    warmed = set(e.backend.graphs.captured)
     assert warmed == {PlanKey(56, m.kind, b) for m in modes for b in (1, 2, 4, 8)}
     now = time.time()
     reqs = [Request("c", i, "t", "detect" if i % 2 else "actions", frames(1, i), [0.0], Letterbox(1, 0, 0), (56, 56),
                     now, now, now + 9) for i in range(5)]
     e.switch(LoRAMode(PREMERGED))
     e.execute(make_plan(reqs, LoRAMode(PREMERGED), catalog))
-    assert set(e.graphs.captured) == warmed
+    assert set(e.backend.graphs.captured) == warmed

@@ -315,8 +315,8 @@ def test_fixed_device_layouts_compute_what_the_segments_path_computes(tiny_backb
         want, got = ref.features(fs, slots, mode), fixed.features(fs, slots, mode)
         assert got.cls.shape == want.cls.shape == (5, 32)
         assert (got.cls - want.cls).abs().max() <= tol * max(1.0, want.cls.abs().max()), mode
-    assert set(fixed._layouts) == {(8, 17)}  # one layout, reused by every mode: (bucket, tokens)
-    layout = fixed._layouts[(8, 17)]
+    assert set(fixed.backend._layouts) == {(8, 17)}  # one layout, reused by every mode: (bucket, tokens)
+    layout = fixed.backend._layouts[(8, 17)]
     fixed.switch(LoRAMode(MIXTURE, 0))
     fixed.lora_ctx.begin(LoRAMode(MIXTURE, 0), [0, 0, 1, 1, 1], layout)
     T = 17

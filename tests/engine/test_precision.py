@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from vlora_va.contracts.config import PRECISIONS, ConfigError, parse_config
-from vlora_va.serving import costs as C
+from vlora_va.serving import profiling as P
 from vlora_va.engine import precision as P
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.executor import Engine
@@ -125,7 +125,7 @@ def test_the_profile_key_names_the_precision(parts):
     keys = {}
     for p in ["fp32", "bf16"] + (["int8"] if INT8 else []):
         e = engine_for(parts, p)
-        keys[p] = C.profile_key(e.device, "tiny", e.backbone, e.catalog(), {"detect": 4}, ["premerged"])
+        keys[p] = P.profile_key(e.device, "tiny", e.backbone, e.catalog(), {"detect": 4}, ["premerged"])
     assert keys["fp32"]["precision"] == "fp32" and keys["bf16"]["precision"] == "bf16"
     if INT8:
         assert keys["int8"]["precision"] == P.gate_key("int8") and keys["int8"] != keys["fp32"]

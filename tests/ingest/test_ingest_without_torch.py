@@ -61,6 +61,7 @@ def test_the_ingest_venv_has_no_torch(ingest_venv):
 
 
 INGEST_MODULES = ("vlora_va.ingest.worker", "vlora_va.ingest.chunker", "vlora_va.ingest.source",
+                  "vlora_va.ingest.av_source", "vlora_va.ingest.file_source", "vlora_va.ingest.rtsp_source",
                   "vlora_va.contracts.config", "vlora_va.contracts.wire")
 # What an ingest host must never load: the torch side of the package and the libraries it needs.
 FORBIDDEN = ("torch", "transformers", "peft", "triton", "vlora_va.kernels", "vlora_va.engine", "vlora_va.serving",

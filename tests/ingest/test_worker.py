@@ -12,7 +12,7 @@ import pytest
 import vlora_va.ingest.worker as worker_mod
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import requests_from_chunk
-from vlora_va.contracts.results import DetectionResult, not_served, served
+from vlora_va.contracts.results import DetectionResult, ResultRecord
 from vlora_va.contracts.wire import ChunkHeader
 from vlora_va.ingest.chunker import ReadyChunk
 from vlora_va.ingest.worker import ChunkQueue, StreamStats, plan_workers, run_ingest
@@ -281,9 +281,9 @@ def test_a_stalled_source_reports_its_outage_in_the_chunk_the_log_and_the_result
     for c in chunks:
         req = requests_from_chunk(c, received=time.time())[0]
         assert req.outage_before_s == c.header.outage_s
-        ok = served(req, DetectionResult(()), compute_start=req.received, compute_end=req.received + 0.1,
+        ok = ResultRecord.served(req, DetectionResult(()), compute_start=req.received, compute_end=req.received + 0.1,
                     batch_images=1, mode="premerged").to_json()
-        shed = not_served(req, "shed", "overload", now=req.received).to_json()
+        shed = ResultRecord.not_served(req, "shed", "overload", now=req.received).to_json()
         for row in (ok, shed):
             assert row.get("outage_before_s") == (c.header.outage_s or None)
 

@@ -58,9 +58,3 @@ def test_segments_layout():
     assert (d.starts, d.ends, d.slots) == ((6, 15), (12, 18), (2, 2))
     w = seg.without(2)
     assert (w.starts, w.ends, w.slots) == ((9,), (12,), (0,))
-
-
-def test_unknown_impl_is_a_clear_error():
-    x, y, A, B, scale, ranks, idx = make(CASES[0])
-    with pytest.raises(ValueError, match="unknown ATMM impl"):
-        atmm(y, x, A, B, idx, scale, ranks, impl="gpu")

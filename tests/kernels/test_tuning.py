@@ -18,7 +18,7 @@ def test_bucket_key_rounds_rows_runs_and_rank():
 
 def test_unseen_shape_gets_rule_default_and_is_memoised():
     seg = Segments.from_elements([0, 1, 0, 1], 257)
-    assert tuned.lookup_cpu(7, 9, seg, [16, 16]) == cpu.default_strategy(seg) == "runs"
+    assert cpu.lookup(7, 9, seg, [16, 16]) == cpu.default_strategy(seg) == "runs"
     tiny = Segments.from_row_slots([0, 1, 2] * 20)  # one row per run: two GEMMs over all rows win
     assert cpu.default_strategy(tiny) == "fused"
     assert any(k[0] == "choice" for k in seg._cache)  # second layer of the same shape: one dict hit
@@ -99,19 +99,20 @@ def test_shipped_table_hits_return_the_measured_choice_not_the_rule():
         ranks = [rank] * n_ad
         if tuned.bucket_key(n_in, n_out, seg, ranks) != key or entry["choice"] == cpu.default_strategy(seg):
             continue
-        assert tuned._lookup("cpu-x86_64-avx512", n_in, n_out, seg, ranks) == entry["choice"]
+        assert tuned.lookup("cpu-x86_64-avx512", n_in, n_out, seg, ranks) == entry["choice"]
         return
     pytest.fail("no table entry whose choice differs from the rule could be rebuilt")
 
 
 def test_triton_table_hits_parse_the_tile_config(fresh_tables):
+    from vlora_va.kernels import triton_atmm
     from vlora_va.kernels.triton_atmm import TileConfig, TritonConfig
     seg = Segments.from_elements([0, 0, 1, 1], 64)
     kind = tuned.device_kind("cpu")
     cfg = TritonConfig(TileConfig(64, 16, 32, 4, 3), TileConfig(16, 128, 16, 8, 2))
     key = tuned.bucket_key(384, 1536, seg, [16, 16])
     (fresh_tables / f"{kind}.json").write_text(json.dumps({"entries": {key: {"choice": cfg.to_json()}}}))
-    assert tuned.lookup_triton(384, 1536, seg, [16, 16], "cpu") == cfg
+    assert triton_atmm.lookup(384, 1536, seg, [16, 16], "cpu") == cfg
     other = Segments.from_elements([0, 1], 64)
     from vlora_va.kernels.triton_atmm import DEFAULT_CONFIG
-    assert tuned.lookup_triton(384, 1536, other, [16, 16], "cpu") == DEFAULT_CONFIG
+    assert triton_atmm.lookup(384, 1536, other, [16, 16], "cpu") == DEFAULT_CONFIG

@@ -30,6 +30,7 @@ import zmq
 
 from vlora_va.contracts.config import ConfigError, parse_config
 from vlora_va.contracts.security import is_local_host
+from vlora_va.outputs.attach import run_with_outputs
 from vlora_va.serving.daemon import Daemon
 from vlora_va.contracts.results import PersonActivity
 from vlora_va.outputs.dashboard import url_for
@@ -98,7 +99,7 @@ def test_health_readiness_metrics_and_events(tmp_path, tiny_backbone_dir, tiny_a
     server = HttpServer(daemon, "127.0.0.1", 0).start()  # port 0: any free one
     port, base = server.port, server.url
     stop, ready, drained = threading.Event(), threading.Event(), threading.Event()
-    thread = threading.Thread(target=daemon.run, args=(stop, ready, drained), daemon=True)
+    thread = threading.Thread(target=run_with_outputs, args=(daemon, stop, ready, drained), daemon=True)
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     try:
@@ -155,7 +156,7 @@ def test_health_readiness_metrics_and_events(tmp_path, tiny_backbone_dir, tiny_a
         thread.join(60)
         server.close()
     assert refused(port)
-    assert not daemon.taps and not daemon.row_taps  # the server took its observers away
+    assert not daemon.rows.observers  # the server took its observers away
 
 
 def test_server_from_config_on_loopback_via_metrics_port_alias(tmp_path, tiny_backbone_dir, tiny_adapters):
@@ -165,7 +166,7 @@ def test_server_from_config_on_loopback_via_metrics_port_alias(tmp_path, tiny_ba
     assert (cfg.daemon.http_port, cfg.daemon.http_host) == (port, "127.0.0.1")
     daemon = Daemon(cfg)
     stop, ready = threading.Event(), threading.Event()
-    thread = threading.Thread(target=daemon.run, args=(stop, ready), daemon=True)
+    thread = threading.Thread(target=run_with_outputs, args=(daemon, stop, ready), daemon=True)
     thread.start()
     try:
         assert ready.wait(60)
@@ -205,7 +206,7 @@ def test_a_taken_port_is_logged_and_the_daemon_serves_without_http(tmp_path, tin
         with caplog.at_level(logging.ERROR, logger="vlora_va.outputs.dashboard.server"):
             assert start_http(daemon) is None
     assert f"cannot bind 127.0.0.1:{port}" in caplog.text
-    assert not daemon.taps
+    assert not daemon.rows.observers
 
 
 def test_a_persons_label_shows_the_score_behind_its_activity():

@@ -1,6 +1,7 @@
 """Result sinks with real files, threads, sockets and a local HTTP server: every sink writes the one row
 schema; JSONL rotation keeps every line exactly once; a failing, hung or full sink never stalls `write`,
-loses nothing up to its queue bound, and counts what it drops."""
+loses nothing up to its queue bound, and counts what it drops; a sink type registered in contracts.plugins.SINKS
+is configured, built and fed exactly like a built-in one."""
 
 import dataclasses
 import json
@@ -18,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from vlora_va.contracts.config import ConfigError, SinkConfig, parse_config
+from vlora_va.contracts.plugins import SINKS
 from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections, Latency, ResultRecord
 from vlora_va.serving.prometheus import DaemonMetrics
-from vlora_va.outputs.sinks import JsonlSink, WebhookSink, ZmqPubSink, make_sink
+from vlora_va.outputs.sinks import JsonlSink, QueuedSink, Sink, WebhookSink, ZmqPubSink, make_sink
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -493,6 +495,91 @@ def test_sink_config_errors_name_key_path_and_line(old, new, line, message):
     assert message in str(err.value) and err.value.line == line, str(err.value)
 
 
+# ---------------------------------------------------------------- plug-in sinks
+class MemorySink(QueuedSink):
+    """A plug-in sink as a user would write one: it keeps the rows delivered to it, under its `label`."""
+
+    def __init__(self, label: str, *, queue_max: int, close_timeout_s: float):
+        super().__init__(f"memory:{label}", queue_max=queue_max, batch_max=16, close_timeout_s=close_timeout_s)
+        self.rows: list[dict] = []
+
+    @classmethod
+    def from_config(cls, cfg: SinkConfig) -> "MemorySink":
+        return cls(cfg.options["label"], queue_max=cfg.queue_max, close_timeout_s=cfg.close_timeout_s)
+
+    def _deliver(self, rows):
+        self.rows += [r.to_json() for r in rows]
+
+
+@pytest.fixture
+def memory_sink_type():
+    SINKS.register("memory", MemorySink, options=("label",))
+    try:
+        yield
+    finally:
+        SINKS.unregister("memory")
+
+
+PLUGIN_CONFIG = CONFIG.split("sinks:")[0] + """\
+sinks:
+  - type: memory
+    label: lab
+    queue_max: 40
+"""
+
+
+def test_a_registered_plugin_sink_is_configured_built_and_fed_like_a_built_in_one(tmp_path, memory_sink_type):
+    (entry,) = parse_config(PLUGIN_CONFIG, "p.yaml", tmp_path).sinks
+    assert entry == SinkConfig(type="memory", queue_max=40, options={"label": "lab"})
+    sink = make_sink(entry)
+    assert type(sink) is MemorySink and sink.name == "memory:lab"
+    with sink:
+        sink.write(records(0, 50))  # one write of 50 into a queue of 40: 10 dropped, whatever the thread does
+        assert sink.flush(10)
+        sink.write(records(50, 5))
+    assert sink.rows == [r.to_json() for r in records(0, 40) + records(50, 5)]
+    assert sink.stats() == {"written": 45, "dropped": 10, "errors": 0, "queue": 0}
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("label: lab", "path: x.jsonl",
+     "sinks[0].path: not an option of a memory sink (allowed: close_timeout_s, label, queue_max, type)"),
+    ("label: lab", "colour: red", "sinks[0].colour: unknown key (allowed: "),
+    ("type: memory", "type: kafka", "sinks[0].type: must be one of jsonl, stdout, webhook, memory, got 'kafka'"),
+])
+def test_plugin_sink_config_errors_name_the_allowed_keys_and_known_types(memory_sink_type, old, new, message):
+    assert old in PLUGIN_CONFIG
+    with pytest.raises(ConfigError) as err:
+        parse_config(PLUGIN_CONFIG.replace(old, new, 1), "p.yaml")
+    assert message in str(err.value), str(err.value)
+    if "colour" in new:
+        assert "label" in str(err.value)  # the plug-in's key is among the allowed ones
+
+
+def test_every_registered_sink_type_is_a_sink_that_builds_itself_from_its_config():
+    assert {"jsonl", "stdout", "webhook"} <= set(SINKS.names())
+    for name in SINKS.names():
+        cls = SINKS.load(name)
+        assert isinstance(cls, type) and issubclass(cls, Sink), name
+        assert cls.from_config.__func__ is not Sink.from_config.__func__, f"{name}: {cls.__name__} has no from_config"
+    assert issubclass(ZmqPubSink, Sink)  # not a sinks[] type, but the daemon treats it as one
+
+
+def test_a_registration_that_cannot_build_a_sink_is_refused_by_name():
+    class NoConfig(MemorySink):
+        from_config = Sink.__dict__["from_config"]  # as if it never defined one
+
+    for target, error, text in [(dict, TypeError, "sink type 'bad' is registered as <class 'dict'>, which is not"),
+                                (NoConfig, NotImplementedError, "NoConfig cannot be built from a sinks[] entry")]:
+        SINKS.register("bad", target)
+        try:
+            with pytest.raises(error) as err:
+                make_sink(SinkConfig(type="bad"))
+            assert text in str(err.value), str(err.value)
+        finally:
+            SINKS.unregister("bad")
+
+
 def test_sink_stats_become_prometheus_series():
     m = DaemonMetrics()
     m.sink_stats("jsonl:/r.jsonl", {"written": 10, "dropped": 0, "errors": 0, "queue": 3})
@@ -527,7 +614,7 @@ def test_daemon_with_an_unwritable_sink_serves_everything_to_the_working_one(tmp
     assert len(rows) == 24 and all(r["status"] == "ok" for r in rows)
     assert sorted((r["stream"], r["task"], r["chunk"]) for r in rows) == sorted(
         (s, t, q) for s in ("a", "b") for t in ("det", "act") for q in range(6))
-    good, failing = d.daemon.sinks
+    good, failing = d.daemon.rows.sinks
     assert good.stats() == {"written": 24, "dropped": 0, "errors": 0, "queue": 0}
     assert failing.stats()["written"] == 0 and failing.stats()["dropped"] == 24 and failing.stats()["errors"] >= 1
     assert d.daemon.metrics.sinks[f"jsonl:{bad}"]["written"] == 0

@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from vlora_va.serving import costs as C
+from vlora_va.serving import profiling as P
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.executor import Engine
 from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.plan import BatchPlan, SizeGroup
+from vlora_va.engine.precision import device_name
 
 from vlora_va.testing.tiny import TINY_IMAGE
 from tests.serving.scheduling.conftest import profile as hand_profile
@@ -28,13 +30,13 @@ def engine(tiny_backbone_dir, tiny_adapters):
 
 
 def key_for(engine, modes=("premerged", "unmerged", "mixture")):
-    return C.profile_key(engine.device, "tiny", engine.backbone, engine.catalog(), {"detect": 4, "actions": 8},
+    return P.profile_key(engine.device, "tiny", engine.backbone, engine.catalog(), {"detect": 4, "actions": 8},
                          list(modes))
 
 
 def test_profile_measures_every_size_mode_and_the_switch(engine):
     catalog = engine.catalog()
-    p = C.measure_profile(engine, catalog, key_for(engine), ["premerged", "unmerged", "mixture"])
+    p = P.measure_profile(engine, catalog, key_for(engine), ["premerged", "unmerged", "mixture"])
     assert set(p.base) == {TINY_IMAGE} and [n for n, _ in p.base[TINY_IMAGE]] == [1, 4]
     assert all(t > 0 for _, t in p.base[TINY_IMAGE])
     assert set(p.factors) == {"premerged", "unmerged", "mixture", "merged"}
@@ -47,15 +49,15 @@ def test_profile_measures_every_size_mode_and_the_switch(engine):
 def test_the_profile_is_cached_by_machine_and_set_up(engine, tmp_path):
     catalog = engine.catalog()
     key = key_for(engine)
-    first = C.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
-    assert C.profile_path(tmp_path, key).is_file()
+    first = P.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
+    assert P.profile_path(tmp_path, key).is_file()
     t0 = time.perf_counter()
-    again = C.load_or_measure(engine, catalog, key, tmp_path)
+    again = P.load_or_measure(engine, catalog, key, tmp_path)
     assert time.perf_counter() - t0 < 0.5 and again.to_json() == first.to_json()
     other = dict(key, threads=key["threads"] + 1)  # another thread count is another machine set-up
-    assert C.load_cached(tmp_path, other) is None
-    C.profile_path(tmp_path, key).write_text("{not json")  # a damaged cache is measured again, not fatal
-    assert C.load_cached(tmp_path, key) is None
+    assert P.load_cached(tmp_path, other) is None
+    P.profile_path(tmp_path, key).write_text("{not json")  # a damaged cache is measured again, not fatal
+    assert P.load_cached(tmp_path, key) is None
 
 
 def test_a_cached_profile_far_from_this_machine_now_is_measured_again(engine, tmp_path, caplog):
@@ -63,22 +65,22 @@ def test_a_cached_profile_far_from_this_machine_now_is_measured_again(engine, tm
     shed work it can serve until the online correction caught up."""
     catalog = engine.catalog()
     key = key_for(engine)
-    first = C.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
+    first = P.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
     slow = C.CostProfile.from_json(first.to_json())
     slow.base = {size: [(n, t + 1.0) for n, t in points] for size, points in slow.base.items()}
-    C.save(tmp_path, slow)
-    assert C.stale_ratio(engine, catalog, slow) > C.STALE_RATIO
-    again = C.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
+    P.save(tmp_path, slow)
+    assert P.stale_ratio(engine, catalog, slow) > P.STALE_RATIO
+    again = P.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
     assert "measuring again" in caplog.text
     assert all(t < 1.0 for points in again.base.values() for _, t in points)
-    assert C.load_cached(tmp_path, key).to_json() == again.to_json()  # the cache holds the new one
-    assert C.stale_ratio(engine, catalog, again) is None
+    assert P.load_cached(tmp_path, key).to_json() == again.to_json()  # the cache holds the new one
+    assert P.stale_ratio(engine, catalog, again) is None
     assert engine.weights_slot is None  # checking leaves the weights pristine
 
 
 def test_key_names_the_processor_threads_backbone_and_adapters(engine):
     key = key_for(engine)
-    assert key["device"] == C.device_name(torch.device("cpu")) and key["threads"] == torch.get_num_threads()
+    assert key["device"] == device_name(torch.device("cpu")) and key["threads"] == torch.get_num_threads()
     assert key["backbone"] == "tiny" and [a[0] for a in key["adapters"]] == ["actions", "detect"]
     assert key_for(engine, ["unmerged"]) != key
 
@@ -113,9 +115,9 @@ def first_and_steady(engine) -> dict:
     catalog = engine.catalog()
     slot = catalog.adapters["detect"].slot
     modes = [LoRAMode(PREMERGED), LoRAMode(UNMERGED), LoRAMode(MERGED, slot), LoRAMode(MIXTURE, slot)]
-    keys = C.warm_up(engine, catalog, {TINY_IMAGE: modes}, C.batch_sizes(engine.device, 8))
+    keys = P.warm_up(engine, catalog, {TINY_IMAGE: modes}, P.batch_sizes(engine.device, 8))
     assert {(k.size, k.mode) for k in keys} == {(TINY_IMAGE, m.kind) for m in modes}
-    reqs = [C.synthetic_requests(catalog, a, 1, seed=i)[0] for i, a in enumerate(["detect", "actions"] * 2)]
+    reqs = [P.synthetic_requests(catalog, a, 1, seed=i)[0] for i, a in enumerate(["detect", "actions"] * 2)]
     out = {}
     for mode in (LoRAMode(PREMERGED), LoRAMode(UNMERGED), LoRAMode(MIXTURE, slot)):
         engine.switch(mode)

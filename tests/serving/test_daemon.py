@@ -19,6 +19,7 @@ from vlora_va.contracts.config import parse_config
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk
 from vlora_va.engine.adapters import load_adapter_dir
+from vlora_va.outputs.attach import run_with_outputs
 from vlora_va.serving.daemon import Daemon
 from vlora_va.engine.executor import Engine
 from vlora_va.engine.lora import UNMERGED, LoRAMode
@@ -72,7 +73,7 @@ class RunningDaemon:
         self.cfg = cfg
         self.daemon = Daemon(cfg)
         self.stop, self.ready, self.drained = threading.Event(), threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self.daemon.run, args=(self.stop, self.ready, self.drained),
+        self.thread = threading.Thread(target=run_with_outputs, args=(self.daemon, self.stop, self.ready, self.drained),
                                        daemon=True)
         self.thread.start()
         assert self.ready.wait(60), "daemon did not start"
@@ -260,7 +261,7 @@ def test_ready_only_after_every_plan_key_is_warm(tmp_path, tiny_backbone_dir, ti
     daemon = Daemon(cfg)
     assert not daemon.warmed
     stop, ready = threading.Event(), threading.Event()
-    t = threading.Thread(target=daemon.run, args=(stop, ready), daemon=True)
+    t = threading.Thread(target=run_with_outputs, args=(daemon, stop, ready), daemon=True)
     t.start()
     assert ready.wait(60)
     kinds = {(k.size, k.mode) for k in daemon.warmed}
@@ -274,7 +275,7 @@ def test_log_and_gauges_keep_moving_under_sustained_load(tmp_path, tiny_backbone
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = config(tmp_path, tiny_backbone_dir, tiny_adapters, metrics_port=port, log_every_s=0.3, max_batch_images=2)
-    caplog.set_level(logging.INFO, logger="vlora_va.serving.daemon")
+    caplog.set_level(logging.INFO, logger="vlora_va.serving")
     d = RunningDaemon(cfg)
     scrapes = []
     t_end = time.monotonic() + 4.0

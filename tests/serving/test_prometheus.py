@@ -4,7 +4,7 @@ from prometheus_client import generate_latest
 
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
-from vlora_va.contracts.results import not_served
+from vlora_va.contracts.results import ResultRecord
 from vlora_va.serving.prometheus import MAX_STREAM_LABELS, OTHER_STREAMS, DaemonMetrics
 
 
@@ -17,7 +17,7 @@ def test_stream_series_are_bounded_and_counts_are_not_lost():
     n = MAX_STREAM_LABELS + 500
     for i in range(n):
         m.chunk(f"s{i}", 1, 0)
-        m.row(not_served(req(f"s{i}"), "shed", "late", 2.0), "deadline")
+        m.row(ResultRecord.not_served(req(f"s{i}"), "shed", "late", 2.0), "deadline")
     text = generate_latest(m.registry).decode()
     chunk_lines = [line for line in text.splitlines() if line.startswith("vlora_chunks_received_total{")]
     assert len(chunk_lines) == MAX_STREAM_LABELS + 1  # the first streams, then one shared series

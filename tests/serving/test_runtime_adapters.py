@@ -109,7 +109,7 @@ def test_bad_loads_are_refused_with_the_reason_and_change_nothing(tmp_path, tiny
 
 def test_requests_for_an_adapter_being_loaded_wait_for_it(tmp_path, tiny_backbone_dir, tiny_adapters, extra):
     d = RunningDaemon(config(tmp_path, tiny_backbone_dir, {"detect": tiny_adapters["detect"]}, max_slots=3))
-    d.daemon.loading.add("late")  # as the control thread does while it reads the files
+    d.daemon.adapters.loading.add("late")  # as the control thread does while it reads the files
     served(d, 0, "late")
     time.sleep(0.3)
     assert d.daemon.stats.answered == 0  # held, not answered "unknown adapter"

@@ -1,8 +1,9 @@
 """The pipeline configuration: one typed schema for `pipelines.yaml`.
 
 `load_config(path)` parses the YAML, validates every field and returns a `PipelineConfig`.
-Any problem raises `ConfigError` whose message names the key path and the line, e.g.
-`pipelines.yaml:14: streams[1].tasks[0].adapter: unknown adapter 'detekt' (known: detect, actions)`.
+Problems raise ONE `ConfigError` that names every problem found, each with its key path and line, e.g.
+`pipelines.yaml:14: streams[1].tasks[0].adapter: unknown adapter 'detekt' (known: detect, actions)`;
+`.errors` lists them one by one, in file order.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from vlora_va.contracts.plugins import BACKBONE_BACKENDS, POLICIES, SINKS, SOURCES, source_scheme
 from vlora_va.contracts.security import CurveConfig, KeyFileError, read_authorized, read_public, read_secret
 from vlora_va.contracts.wire import MAX_FRAME_SIDE, MAX_FRAMES, MAX_TASKS, NAME, STREAM_ID
 
 DROP_POLICIES = ("drop_oldest", "drop_newest", "block")
 DEVICES = ("cpu", "cuda", "auto")
-# Scheduling policies (vlora_va/scheduling): the V-LoRA policy and the baselines it is measured against.
-POLICIES = ("vlora", "edf", "merge-only", "unmerge-only", "dlora")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HW_DECODE = ("auto", "off", "cuda", "vaapi", "qsv", "drm", "videotoolbox", "d3d11va", "amf")  # FFmpeg device types
 # How the backbone computes (vlora_va/precision.py): auto picks per machine what its measured speed and each
@@ -33,17 +33,31 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8")
 _PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "int8": "float32"}  # what daemon.dtype must then be
 # What sustained overload does to the lowest-priority work first (see DaemonConfig.degrade).
 DEGRADE_OPTIONS = ("shed", "frames", "stride")
-SINK_TYPES = ("jsonl", "stdout", "webhook")
 FSYNC_POLICIES = ("batch", "interval", "never")
 
 
 class ConfigError(ValueError):
-    """A configuration problem, located by key path (and line where known)."""
+    """A configuration problem, located by key path (and line where known); `errors` holds every problem of the
+    file, this one first. str() of several is one line per problem, in file order; key_path / line / file are
+    the first problem's."""
 
     def __init__(self, path: str, message: str, line: int | None = None, file: str | None = None):
-        self.key_path, self.line, self.file = path, line, file
+        self.key_path, self.line, self.file, self.message = path, line, file, message
+        self.errors: list[ConfigError] = [self]
         where = f"{file}:{line}: " if file and line else (f"{file}: " if file else (f"line {line}: " if line else ""))
         super().__init__(f"{where}{path}: {message}" if path else f"{where}{message}")
+
+    def __str__(self) -> str:
+        return "\n".join(ValueError.__str__(e) for e in self.errors)
+
+    @classmethod
+    def of(cls, errors: list[ConfigError]) -> ConfigError:
+        """One error carrying all of `errors`, sorted by line (unlocated ones last, in the order found)."""
+        errors = sorted(errors, key=lambda e: (e.line is None, e.line or 0))
+        first = errors[0]
+        combined = cls(first.key_path, first.message, first.line, first.file) if len(errors) > 1 else first
+        combined.errors = errors
+        return combined
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,7 @@ class DaemonConfig:
     dashboard: bool = True  # serve the dashboard page and its event stream (false: health and /metrics only)
     dashboard_frame_s: float = 1.0  # at most one frame per stream this often on the dashboard
     log_every_s: float = 10.0
-    policy: str = "vlora"  # scheduling policy: one of POLICIES
+    policy: str = "vlora"  # scheduling policy: a name in contracts.plugins.POLICIES
     # A request that has waited this long is starving: the scheduler serves it in the next batch (mixture
     # mode if another adapter is merged) instead of letting the dominant adapter's requests go first.
     starvation_ms: float = 500.0
@@ -85,6 +99,7 @@ class DaemonConfig:
     # REQ/REP socket for `vlora-va adapters load/unload/list`; "" = the endpoint's tcp port + 1 on 127.0.0.1
     # (or its ipc path + ".control")
     control_endpoint: str = ""
+    backend: str = "torch"  # what runs the backbone forward: a name in contracts.plugins.BACKBONE_BACKENDS
 
 @dataclass(frozen=True)
 class IngestConfig:
@@ -124,8 +139,9 @@ class StreamConfig:
     tasks: tuple[TaskConfig, ...] = ()
 
     @property
-    def is_rtsp(self) -> bool:
-        return self.source.startswith(("rtsp://", "rtsps://"))
+    def scheme(self) -> str:
+        """The source's kind, the key of contracts.plugins.SOURCES: its URI scheme, "file" for a path."""
+        return source_scheme(self.source)
 
     @property
     def frames_per_chunk(self) -> int:
@@ -137,7 +153,7 @@ class SinkConfig:
     """One result sink (vlora_va/sinks.py). Every sink keeps at most queue_max rows waiting for delivery
     (more are dropped and counted) and gets close_timeout_s on exit to deliver them."""
 
-    type: str  # one of SINK_TYPES
+    type: str  # a name in contracts.plugins.SINKS
     path: str = ""  # jsonl: the live file; rotated ones are path.1 (newest) ... path.<keep>
     queue_max: int = 10_000
     close_timeout_s: float = 5.0
@@ -154,6 +170,8 @@ class SinkConfig:
     timeout_s: float = 5.0  # per POST
     retry_max_s: float = 30.0  # backoff cap
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers
+    # a plug-in sink's own keys (those it registered with SINKS.register(..., options=...)), as written
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -214,70 +232,96 @@ def _parse_yaml(text: str, file: str | None) -> tuple[Any, dict[str, int]]:
 
 
 class _Checker:
-    """Reads typed values out of plain dicts, raising ConfigError with key path + line."""
+    """Reads typed values out of plain dicts and collects every problem (key path + line) instead of stopping at
+    the first: a bad value reads as its default (None for a required key), so checking goes on without reporting
+    what only follows from a problem already reported. `raise_if_any` ends the parse with all of them."""
 
     def __init__(self, lines: dict[str, int], file: str | None):
         self.lines, self.file = lines, file
+        self.errors: list[ConfigError] = []
 
     def error(self, path: str, message: str) -> None:
-        """Raise ConfigError for path, with the line of the nearest key that has one."""
+        """Record a problem at path, with the line of the nearest key that has one."""
         line, probe = None, path
         while line is None and probe:
             line = self.lines.get(probe)
-            probe = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", probe) if line is None else probe
-        raise ConfigError(path, message, line, self.file)
+            parent = re.sub(r"(^|\.)[^.\[\]]+$|\[\d+\]$", "", probe)  # a.b[2].c -> a.b[2] -> a.b -> a -> ""
+            probe = parent if parent != probe else ""
+        self.errors.append(ConfigError(path, message, line, self.file))
 
-    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict:
+    def failed(self, path: str) -> bool:
+        """Whether a problem was recorded at path or inside it."""
+        return any(e.key_path == path or e.key_path.startswith((f"{path}.", f"{path}[")) for e in self.errors)
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            raise ConfigError.of(self.errors)
+
+    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict | None:
+        """The allowed keys of a mapping ({} for an empty value); None when it is not a mapping. Unknown keys are
+        reported and left out."""
         if value is None:
             return {}
         if not isinstance(value, dict):
             self.error(path, f"expected a mapping, got {type(value).__name__}")
+            return None
         for key in value:
             if key not in allowed:
                 self.error(f"{path}.{key}" if path else str(key),
                            f"unknown key (allowed: {', '.join(sorted(allowed))})")
-        return value
+        return {k: v for k, v in value.items() if k in allowed}
 
     def get(self, d: dict, key: str, path: str, kind: type | tuple, default: Any = ..., *,
             minimum: float | None = None, choices: tuple | None = None) -> Any:
+        """d[key] checked; missing: the default (a required key, default ...: reported, None). A bad value is
+        reported and reads as the default (None for a required key)."""
         p = f"{path}.{key}" if path else key
         if key not in d or d[key] is None:
             if default is ...:
                 self.error(p, "required key is missing")
+                return None
             return default
-        v = d[key]
+        v, problem = self._read(d[key], kind, minimum, choices)
+        if problem:
+            self.error(p, problem)
+            return None if default is ... else default
+        return v
+
+    @staticmethod
+    def _read(v: Any, kind: type | tuple, minimum: float | None, choices: tuple | None) -> tuple[Any, str | None]:
+        """(the value, an int read as a float where a float is asked; what is wrong with it, or None)."""
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if float in kinds and isinstance(v, int) and not isinstance(v, bool):
             if abs(v) > 1e15:  # float() of a huge int overflows; no setting here needs such a number
-                self.error(p, f"must be a number below 1e15, got an integer of {len(str(abs(v)))} digits")
+                return v, f"must be a number below 1e15, got an integer of {len(str(abs(v)))} digits"
             v = float(v)
         if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
             names = "/".join(k.__name__ for k in kinds)
-            self.error(p, f"expected {names}, got {type(v).__name__} {repr(v)[:40]}")
+            return v, f"expected {names}, got {type(v).__name__} {repr(v)[:40]}"
         if isinstance(v, float) and not math.isfinite(v):
-            self.error(p, f"must be a finite number, got {v}")
+            return v, f"must be a finite number, got {v}"
         if minimum is not None and v < minimum:
-            self.error(p, f"must be >= {minimum}, got {v}")
+            return v, f"must be >= {minimum}, got {v}"
         if choices is not None and v not in choices:
-            self.error(p, f"must be one of {', '.join(choices)}, got {v!r}")
-        return v
+            return v, f"must be one of {', '.join(choices)}, got {v!r}"
+        return v, None
 
 
 def _daemon(c: _Checker, raw: Any, base_dir: Path) -> DaemonConfig:
     fields = DaemonConfig.__dataclass_fields__
-    d = c.mapping(raw, "daemon", set(fields))
+    d = c.mapping(raw, "daemon", set(fields)) or {}  # not a mapping: reported; the defaults stand
     kw: dict[str, Any] = {}
     for name, f in fields.items():
         default = f.default
         kind = {bool: bool, int: int, float: float, str: str}.get(type(default), str)
-        choices = {"device": DEVICES, "policy": POLICIES, "degrade": DEGRADE_OPTIONS, "dtype": DTYPES,
-                   "precision": PRECISIONS}.get(name)
+        choices = {"device": DEVICES, "policy": POLICIES.names(), "degrade": DEGRADE_OPTIONS, "dtype": DTYPES,
+                   "precision": PRECISIONS, "backend": BACKBONE_BACKENDS.names()}.get(name)
         minimum = 1 if name in ("image_size", "max_batch_images", "max_slots", "max_rank") else (
             0 if kind in (int, float) else None)
         kw[name] = c.get(d, name, "daemon", kind, default, minimum=minimum, choices=choices)
     if kw["image_size"] > MAX_FRAME_SIDE:
         c.error("daemon.image_size", f"must be at most {MAX_FRAME_SIDE}, got {kw['image_size']}")
-    if kw["image_size"] % 14:
+    elif kw["image_size"] % 14:
         c.error("daemon.image_size", f"must be a multiple of the patch size 14, got {kw['image_size']}")
     want = _PRECISION_DTYPE.get(kw["precision"])
     if want and kw["dtype"] not in ("auto", want):
@@ -300,6 +344,7 @@ def _http(c: _Checker, kw: dict[str, Any]) -> None:
     for key in ("http_port", "metrics_port"):
         if kw[key] > 65535:
             c.error(f"daemon.{key}", f"must be a TCP port (at most 65535), got {kw[key]}")
+            kw[key] = 0  # reported: not compared with the other port below
     if kw["metrics_port"]:
         if kw["http_port"] and kw["http_port"] != kw["metrics_port"]:
             c.error("daemon.metrics_port", f"is the older name of daemon.http_port (one server serves /metrics and the "
@@ -317,7 +362,7 @@ def _http(c: _Checker, kw: dict[str, Any]) -> None:
 
 def _ingest(c: _Checker, raw: Any) -> IngestConfig:
     fields = IngestConfig.__dataclass_fields__
-    d = c.mapping(raw, "ingest", set(fields))
+    d = c.mapping(raw, "ingest", set(fields)) or {}  # not a mapping: reported; the defaults stand
     kw = {
         "send_hwm": c.get(d, "send_hwm", "ingest", int, IngestConfig.send_hwm, minimum=1),
         "drop_policy": c.get(d, "drop_policy", "ingest", str, IngestConfig.drop_policy, choices=DROP_POLICIES),
@@ -331,81 +376,110 @@ def _ingest(c: _Checker, raw: Any) -> IngestConfig:
     return IngestConfig(**kw)
 
 
-def _adapters(c: _Checker, raw: Any, base_dir: Path) -> dict[str, str]:
+def _adapters(c: _Checker, raw: Any, base_dir: Path) -> dict[str, str] | None:
+    """Adapter name -> directory. None when `adapters:` itself is broken: the tasks' adapters are then not checked
+    (every one would read as unknown). An entry with a bad name or directory is reported and still names an
+    adapter, so the tasks that use it are not reported as well."""
     if raw is None:
         c.error("adapters", "required key is missing (map adapter name -> directory)")
+        return None
     if not isinstance(raw, dict) or not raw:
         c.error("adapters", "expected a non-empty mapping of adapter name -> directory")
+        return None
     out = {}
     for name, directory in raw.items():
         if not NAME.fullmatch(str(name)):
             c.error(f"adapters.{name}", "an adapter name is 1-64 characters of letters, digits, '_', '.', '-'")
         if not isinstance(directory, str) or not directory:
             c.error(f"adapters.{name}", f"expected a directory path, got {directory!r}")
+            directory = ""
         p = Path(directory)
         out[str(name)] = str(p if p.is_absolute() else base_dir / p)
     return out
 
 
-def _task(c: _Checker, raw: Any, path: str, adapters: dict[str, str], stream_frames: int,
-          stream_priority: int) -> TaskConfig:
+def _task(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, stream_frames: int | None,
+          stream_priority: int) -> TaskConfig | None:
+    """One task; None when it cannot be built (reported). adapters / stream_frames None: not checked against them
+    (they are broken themselves)."""
     d = c.mapping(raw, path, {"name", "adapter", "frames_per_chunk", "deadline_ms", "priority"})
+    if d is None:
+        return None
     adapter = c.get(d, "adapter", path, str)
-    if adapter not in adapters:
+    if adapter is not None and adapters is not None and adapter not in adapters:
         c.error(f"{path}.adapter", f"unknown adapter {adapter!r} (known: {', '.join(adapters)})")
     n = c.get(d, "frames_per_chunk", path, int, 1, minimum=1)
-    if n > stream_frames:
+    if stream_frames is not None and n > stream_frames:
         c.error(f"{path}.frames_per_chunk", f"{n} frames asked but a chunk holds only {stream_frames}")
-    name = c.get(d, "name", path, str, adapter)
-    if not NAME.fullmatch(name):
+    name = c.get(d, "name", path, str, None)
+    if name is None and not c.failed(f"{path}.name"):
+        name = adapter  # an unnamed task is named after its adapter (whose name is checked under adapters:)
+    elif name is not None and not NAME.fullmatch(name):
         c.error(f"{path}.name", f"must be 1-64 characters of letters, digits, '_', '.', '-', got {name!r}")
+        name = None  # so it is not also reported as a duplicate
     deadline = c.get(d, "deadline_ms", path, float, 1000.0, minimum=1)
     if deadline > 3_600_000:
         c.error(f"{path}.deadline_ms", f"must be at most one hour (3600000), got {deadline:.0f}")
-    return TaskConfig(name=name, adapter=adapter, frames_per_chunk=n, deadline_ms=deadline,
-                      priority=_priority(c, d, path, stream_priority))
+    priority = _priority(c, d, path, stream_priority)
+    if adapter is None or name is None:
+        return None
+    return TaskConfig(name=name, adapter=adapter, frames_per_chunk=n, deadline_ms=deadline, priority=priority)
 
 
 def _priority(c: _Checker, d: dict, path: str, default: int) -> int:
+    """The priority at path; out of range: reported and read as the default (a stream's tasks inherit it, and
+    must not each be reported again)."""
     p = c.get(d, "priority", path, int, default)
     if not -1000 <= p <= 1000:
         c.error(f"{path}.priority", f"must be in [-1000, 1000], got {p}")
+        return default
     return p
 
 
-def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str], base_dir: Path) -> StreamConfig:
+def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, base_dir: Path) -> StreamConfig | None:
+    """One stream; None when it cannot be built (reported). A broken task is reported and left out."""
     allowed = {"id", "source", "fps", "chunk_seconds", "loop", "realtime", "max_chunks", "priority", "tasks"}
     d = c.mapping(raw, path, allowed)
+    if d is None:
+        return None
     sid = c.get(d, "id", path, str)
-    if not STREAM_ID.fullmatch(sid):
+    if sid is not None and not STREAM_ID.fullmatch(sid):
         c.error(f"{path}.id", f"must be 1-64 characters of letters, digits, '_', '.', '-', got {sid!r}")
+        sid = None
     source = c.get(d, "source", path, str)
-    if "://" not in source and not Path(source).is_absolute():
-        source = str(base_dir / source)
+    if source is not None:
+        if "://" not in source and not Path(source).is_absolute():
+            source = str(base_dir / source)
+        if source_scheme(source) not in SOURCES:
+            c.error(f"{path}.source", f"unknown source scheme {source_scheme(source)!r} in {source!r} "
+                                      f"(known: {', '.join(SOURCES.names())}; a plain path is a file)")
     fps = c.get(d, "fps", path, float, 30.0, minimum=0.1)
     chunk_seconds = c.get(d, "chunk_seconds", path, float, 1.0, minimum=0.05)
-    tasks_raw = d.get("tasks")
-    if not isinstance(tasks_raw, list) or not tasks_raw:
-        c.error(f"{path}.tasks", "expected a non-empty list of tasks")
     frames = max(1, round(fps * chunk_seconds))
     if frames > MAX_FRAMES:
         c.error(f"{path}.chunk_seconds", f"a chunk of {frames} frames (fps x chunk_seconds) is more than the "
                                          f"{MAX_FRAMES} one message may carry")
-    if len(tasks_raw) > MAX_TASKS:
+    # the tasks' frames_per_chunk are checked against the chunk only where fps and chunk_seconds are right
+    chunk = None if c.failed(f"{path}.fps") or c.failed(f"{path}.chunk_seconds") else frames
+    tasks_raw = d.get("tasks")
+    if not isinstance(tasks_raw, list) or not tasks_raw:
+        c.error(f"{path}.tasks", "expected a non-empty list of tasks")
+        tasks_raw = []
+    elif len(tasks_raw) > MAX_TASKS:
         c.error(f"{path}.tasks", f"{len(tasks_raw)} tasks, at most {MAX_TASKS} per stream")
     priority = _priority(c, d, path, 0)
-    tasks = tuple(_task(c, t, f"{path}.tasks[{i}]", adapters, frames, priority) for i, t in enumerate(tasks_raw))
-    names = [t.name for t in tasks]
+    tasks = [_task(c, t, f"{path}.tasks[{i}]", adapters, chunk, priority) for i, t in enumerate(tasks_raw)]
+    names = [t.name if t is not None else None for t in tasks]
     for i, name in enumerate(names):
-        if names.index(name) != i:
+        if name is not None and names.index(name) != i:
             c.error(f"{path}.tasks[{i}].name", f"duplicate task name {name!r} in this stream")
-    return StreamConfig(
-        id=sid, source=source, fps=fps, chunk_seconds=chunk_seconds,
-        loop=c.get(d, "loop", path, bool, False),
-        realtime=c.get(d, "realtime", path, bool, True),
-        max_chunks=c.get(d, "max_chunks", path, int, 0, minimum=0),
-        priority=priority, tasks=tasks,
-    )
+    loop = c.get(d, "loop", path, bool, False)
+    realtime = c.get(d, "realtime", path, bool, True)
+    max_chunks = c.get(d, "max_chunks", path, int, 0, minimum=0)
+    if sid is None or source is None:
+        return None
+    return StreamConfig(id=sid, source=source, fps=fps, chunk_seconds=chunk_seconds, loop=loop, realtime=realtime,
+                        max_chunks=max_chunks, priority=priority, tasks=tuple(t for t in tasks if t is not None))
 
 
 _SINK_COMMON = {"type", "queue_max", "close_timeout_s"}
@@ -417,42 +491,60 @@ SINK_KEYS = {
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
-def _sink(c: _Checker, raw: Any, path: str, base_dir: Path) -> SinkConfig:
-    d = c.mapping(raw, path, set().union(*SINK_KEYS.values()))
-    kind = c.get(d, "type", path, str, choices=SINK_TYPES)
-    for key in d:
-        if key not in SINK_KEYS[kind]:
-            c.error(f"{path}.{key}", f"not an option of a {kind} sink (allowed: {', '.join(sorted(SINK_KEYS[kind]))})")
+def _sink_keys(kind: str) -> set[str]:
+    """The keys a sink of this type takes: a built-in's, or a plug-in's registered options."""
+    return SINK_KEYS.get(kind, _SINK_COMMON | SINKS.options.get(kind, frozenset()))
+
+
+def _sink(c: _Checker, raw: Any, path: str, base_dir: Path) -> SinkConfig | None:
+    """One sink; None when it cannot be built (reported). With a bad type only the keys every sink has are read."""
+    d = c.mapping(raw, path, set().union(*SINK_KEYS.values(), *SINKS.options.values()))
+    if d is None:
+        return None
+    kind = c.get(d, "type", path, str, choices=SINKS.names())
+    for key in d if kind is not None else ():
+        if key not in _sink_keys(kind):
+            c.error(f"{path}.{key}", f"not an option of a {kind} sink (allowed: {', '.join(sorted(_sink_keys(kind)))})")
 
     def get(key, kind_, minimum=None, maximum=None, choices=None):
-        v = c.get(d, key, path, kind_, getattr(SinkConfig, key), minimum=minimum, choices=choices)
+        default = getattr(SinkConfig, key)
+        v = c.get(d, key, path, kind_, default, minimum=minimum, choices=choices)
         if maximum is not None and v > maximum:
             c.error(f"{path}.{key}", f"must be at most {maximum}, got {v}")
+            return default
         return v
 
     kw: dict[str, Any] = {"type": kind, "queue_max": get("queue_max", int, 1, 10_000_000),
                           "close_timeout_s": get("close_timeout_s", float, 0, 3600)}
+    required = kind
     if kind == "jsonl":
-        p = Path(c.get(d, "path", path, str))
+        required = c.get(d, "path", path, str)
+        p = Path(required or "")
         kw.update(path=str(p if p.is_absolute() else base_dir / p), rotate_mb=get("rotate_mb", float, 0),
                   rotate_s=get("rotate_s", float, 0), keep=get("keep", int, 1, 100_000),
                   fsync=get("fsync", str, choices=FSYNC_POLICIES),
                   fsync_interval_s=get("fsync_interval_s", float, 0.01, 3600))
     elif kind == "webhook":
-        url = c.get(d, "url", path, str)
-        try:
-            u = urlsplit(url)
-            ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port or 1) > 0
-        except ValueError:
-            ok = False
-        if not ok:
+        url = required = c.get(d, "url", path, str)
+        if url is not None and not _http_url(url):
             c.error(f"{path}.url", f"expected an http:// or https:// URL with a host, got {url!r}")
-        kw.update(url=url, batch_max=get("batch_max", int, 1), flush_interval_s=get("flush_interval_s", float, 0, 3600),
-                  timeout_s=get("timeout_s", float, 0.05, 3600), retry_max_s=get("retry_max_s", float, 0.05, 86400),
-                  headers=_headers(c, d.get("headers"), f"{path}.headers"))
-        if kw["batch_max"] > kw["queue_max"]:
+        kw.update(url=url or "", batch_max=get("batch_max", int, 1),
+                  flush_interval_s=get("flush_interval_s", float, 0, 3600), timeout_s=get("timeout_s", float, 0.05, 3600),
+                  retry_max_s=get("retry_max_s", float, 0.05, 86400), headers=_headers(c, d.get("headers"), f"{path}.headers"))
+        compared = not (c.failed(f"{path}.batch_max") or c.failed(f"{path}.queue_max"))
+        if compared and kw["batch_max"] > kw["queue_max"]:
             c.error(f"{path}.batch_max", f"must be at most queue_max ({kw['queue_max']}), got {kw['batch_max']}")
-    return SinkConfig(**kw)
+    elif kind is not None and kind not in SINK_KEYS:  # a plug-in: its own keys, as written (the sink checks them)
+        kw["options"] = {k: v for k, v in d.items() if k not in _SINK_COMMON}
+    return SinkConfig(**kw) if required is not None else None
+
+
+def _http_url(url: str) -> bool:
+    try:
+        u = urlsplit(url)
+        return u.scheme in ("http", "https") and bool(u.hostname) and (u.port or 1) > 0
+    except ValueError:
+        return False
 
 
 def _headers(c: _Checker, raw: Any, path: str) -> tuple[tuple[str, str], ...]:
@@ -460,15 +552,17 @@ def _headers(c: _Checker, raw: Any, path: str) -> tuple[tuple[str, str], ...]:
         return ()
     if not isinstance(raw, dict):
         c.error(path, f"expected a mapping of header name -> value, got {type(raw).__name__}")
+        return ()
     out = []
     for name, value in raw.items():
         if not isinstance(name, str) or not _HEADER_NAME.match(name):
             c.error(f"{path}.{name}", "not a valid HTTP header name")
-        if not isinstance(value, str):
+        elif not isinstance(value, str):
             c.error(f"{path}.{name}", f"expected str, got {type(value).__name__} {repr(value)[:40]}")
-        if "\r" in value or "\n" in value:
+        elif "\r" in value or "\n" in value:
             c.error(f"{path}.{name}", "a header value cannot contain line breaks")
-        out.append((name, value))
+        else:
+            out.append((name, value))
     return tuple(out)
 
 
@@ -476,16 +570,21 @@ def _sinks(c: _Checker, raw: Any, base_dir: Path) -> tuple[SinkConfig, ...]:
     raw = raw or [{"type": "jsonl", "path": "results/results.jsonl"}]
     if not isinstance(raw, list):
         c.error("sinks", "expected a list of sinks")
-    sinks = tuple(_sink(c, s, f"sinks[{i}]", base_dir) for i, s in enumerate(raw))
+        return ()
+    sinks = [_sink(c, s, f"sinks[{i}]", base_dir) for i, s in enumerate(raw)]
     seen: dict[tuple[str, str], int] = {}
     for i, s in enumerate(sinks):
+        if s is None:
+            continue
         key = (s.type, s.path or s.url)
         if key in seen:  # two writers of one file would interleave and rotate each other's lines
             what = {"jsonl": ("path", "the same file"), "webhook": ("url", "the same URL"),
-                    "stdout": ("type", "a second stdout sink, like")}[s.type]
+                    "stdout": ("type", "a second stdout sink, like")}.get(s.type)
+            if what is None:  # a plug-in sink: two of one type are its own business
+                continue
             c.error(f"sinks[{i}].{what[0]}", f"{what[1]} as sinks[{seen[key]}]")
         seen[key] = i
-    return sinks
+    return tuple(s for s in sinks if s is not None)
 
 
 _CURVE_READERS = {"server_secret": read_secret, "server_public": read_public, "client_secret": read_secret,
@@ -494,9 +593,11 @@ _CURVE_READERS = {"server_secret": read_secret, "server_public": read_public, "c
 
 def _security(c: _Checker, raw: Any, base_dir: Path) -> SecurityConfig:
     d = c.mapping(raw, "security", {"curve"})
-    if d.get("curve") is None:
+    if d is None or d.get("curve") is None:
         return SecurityConfig()
     cv = c.mapping(d["curve"], "security.curve", set(_CURVE_READERS))
+    if cv is None:
+        return SecurityConfig()
     kw = {}
     for key, read in _CURVE_READERS.items():
         value = c.get(cv, key, "security.curve", str, "")
@@ -508,42 +609,53 @@ def _security(c: _Checker, raw: Any, base_dir: Path) -> SecurityConfig:
             except KeyFileError as e:
                 c.error(f"security.curve.{key}", str(e))
         kw[key] = value
-    curve = CurveConfig(**kw)
+    # a key written but wrong (reported above) still counts as given: its partner is not missing
+    given = {key: bool(kw[key]) or c.failed(f"security.curve.{key}") for key in _CURVE_READERS}
     for a, b, host in (("server_secret", "client_public", "the daemon's host"),
                        ("client_secret", "server_public", "a client's host")):
-        if bool(kw[a]) != bool(kw[b]):
-            missing = b if kw[a] else a
-            c.error(f"security.curve.{missing}", f"required beside {a if kw[a] else b} ({host} needs both)")
-    if not (curve.server_side or curve.client_side):
+        if given[a] != given[b]:
+            missing = b if given[a] else a
+            c.error(f"security.curve.{missing}", f"required beside {a if given[a] else b} ({host} needs both)")
+    if not any(given.values()) and not c.failed("security.curve"):  # e.g. a misspelt key, reported as unknown
         c.error("security.curve", "needs server_secret + client_public (the daemon's host) and/or client_secret + "
                                   "server_public (a client's host); `vlora-va keys DIR` makes all four")
-    return SecurityConfig(curve=curve)
+    return SecurityConfig(curve=CurveConfig(**kw))
+
+
+_TOP_KEYS = {"version", "daemon", "ingest", "adapters", "streams", "sinks", "security"}
 
 
 def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike = ".") -> PipelineConfig:
-    """Validate YAML text; relative paths are resolved against base_dir."""
+    """Validate YAML text; relative paths are resolved against base_dir. Raises one ConfigError naming every
+    problem found."""
     data, lines = _parse_yaml(text, file)
     c = _Checker(lines, file)
-    top = c.mapping(data, "", {"version", "daemon", "ingest", "adapters", "streams", "sinks", "security"})
-    if top.get("version", 1) != 1:
-        c.error("version", f"unsupported config version {top.get('version')!r} (this build reads version 1)")
+    if isinstance(data, dict) and data.get("version", 1) != 1:
+        c.error("version", f"unsupported config version {data.get('version')!r} (this build reads version 1)")
+        c.raise_if_any()  # another version's file follows another schema: checking the rest here would be noise
+    top = c.mapping(data, "", _TOP_KEYS)
+    if top is None:
+        c.raise_if_any()  # not a mapping: there is nothing more to read
     base = Path(base_dir)
     adapters = _adapters(c, top.get("adapters"), base)
     streams_raw = top.get("streams")
     if not isinstance(streams_raw, list) or not streams_raw:
         c.error("streams", "expected a non-empty list of streams")
-    streams = tuple(_stream(c, s, f"streams[{i}]", adapters, base) for i, s in enumerate(streams_raw))
-    ids = [s.id for s in streams]
-    for i, sid in enumerate(ids):
-        if ids.index(sid) != i:
-            c.error(f"streams[{i}].id", f"duplicate stream id {sid!r}")
+        streams_raw = []
+    streams = [_stream(c, s, f"streams[{i}]", adapters, base) for i, s in enumerate(streams_raw)]
+    first: dict[str, int] = {}
+    for i, s in enumerate(streams):
+        if s is not None and s.id in first:
+            c.error(f"streams[{i}].id", f"duplicate stream id {s.id!r}")
+        elif s is not None:
+            first[s.id] = i
     sinks = _sinks(c, top.get("sinks"), base)
-    return PipelineConfig(
-        daemon=_daemon(c, top.get("daemon"), base),
-        ingest=_ingest(c, top.get("ingest")),
-        adapters=adapters, streams=streams, sinks=sinks, source_file=file,
-        security=_security(c, top.get("security"), base),
-    )
+    daemon = _daemon(c, top.get("daemon"), base)
+    ingest = _ingest(c, top.get("ingest"))
+    security = _security(c, top.get("security"), base)
+    c.raise_if_any()
+    return PipelineConfig(daemon=daemon, ingest=ingest, adapters=adapters, streams=tuple(streams), sinks=sinks,
+                          source_file=file, security=security)
 
 
 def load_config(path: str | os.PathLike) -> PipelineConfig:
@@ -552,4 +664,7 @@ def load_config(path: str | os.PathLike) -> PipelineConfig:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror}", file=str(p)) from None
+    except UnicodeDecodeError:
+        raise ConfigError("", "cannot read config file: not UTF-8 text (a pipelines.yaml is expected)",
+                          file=str(p)) from None
     return parse_config(text, file=str(p), base_dir=p.resolve().parent)

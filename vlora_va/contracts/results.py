@@ -128,6 +128,31 @@ class ResultRecord:
         if self.status != "ok" and (self.deadline_met or not self.reason):
             raise ValueError(f"a {self.status} row needs a reason and never meets its deadline")
 
+    @classmethod
+    def served(cls, req, payload: Payload, *, compute_start: float, compute_end: float, batch_images: int, mode: str,
+               trained: bool = True, extra: dict | None = None, provenance: dict | None = None) -> "ResultRecord":
+        """The row of a request the engine served (times in the daemon's clock)."""
+        return cls(
+            stream=req.stream, chunk=req.seq, task=req.task, adapter=req.adapter, status="ok",
+            frame_ts=tuple(req.frame_ts), result=payload,
+            latency=Latency(compute_start - req.received, compute_end - compute_start, compute_end - req.ready),
+            deadline_ms=req.deadline_ms, deadline_met=compute_end <= req.deadline, batch_images=batch_images,
+            mode=mode, untrained=not trained, dropped_before=req.dropped_before,
+            outage_before_s=req.outage_before_s, captured_at=req.ready, provenance=provenance,
+            extra={**({"degraded": req.degraded} if req.degraded else {}),
+                   **({"best_effort": True} if req.best_effort else {}), **(extra or {})})
+
+    @classmethod
+    def not_served(cls, req, status: str, reason: str, now: float, provenance: dict | None = None) -> "ResultRecord":
+        """The row of a request that was shed or failed: it says why, and never counts as in deadline."""
+        if status not in ("shed", "error"):
+            raise ValueError(f"not_served rows are shed or error, got {status!r}")
+        return cls(
+            stream=req.stream, chunk=req.seq, task=req.task, adapter=req.adapter, status=status, reason=reason,
+            frame_ts=tuple(req.frame_ts), latency=Latency(0.0, 0.0, now - req.ready), deadline_ms=req.deadline_ms,
+            deadline_met=False, dropped_before=req.dropped_before, outage_before_s=req.outage_before_s,
+            captured_at=req.ready, provenance=provenance)
+
     def to_json(self) -> dict:
         row = {"v": RESULT_VERSION, "stream": self.stream, "chunk": self.chunk, "task": self.task,
                "adapter": self.adapter, "status": self.status}
@@ -163,32 +188,6 @@ def iso_utc(t: float) -> str | None:
         return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     except (ValueError, OverflowError, OSError):
         return None
-
-
-# ---------------------------------------------------------------- rows from requests
-def served(req, payload: Payload, *, compute_start: float, compute_end: float, batch_images: int, mode: str,
-           trained: bool = True, extra: dict | None = None, provenance: dict | None = None) -> ResultRecord:
-    """The row of a request the engine served (times in the daemon's clock)."""
-    return ResultRecord(
-        stream=req.stream, chunk=req.seq, task=req.task, adapter=req.adapter, status="ok",
-        frame_ts=tuple(req.frame_ts), result=payload,
-        latency=Latency(compute_start - req.received, compute_end - compute_start, compute_end - req.ready),
-        deadline_ms=req.deadline_ms, deadline_met=compute_end <= req.deadline, batch_images=batch_images,
-        mode=mode, untrained=not trained, dropped_before=req.dropped_before,
-        outage_before_s=req.outage_before_s, captured_at=req.ready, provenance=provenance,
-        extra={**({"degraded": req.degraded} if req.degraded else {}),
-               **({"best_effort": True} if req.best_effort else {}), **(extra or {})})
-
-
-def not_served(req, status: str, reason: str, now: float, provenance: dict | None = None) -> ResultRecord:
-    """The row of a request that was shed or failed: it says why, and never counts as in deadline."""
-    if status not in ("shed", "error"):
-        raise ValueError(f"not_served rows are shed or error, got {status!r}")
-    return ResultRecord(
-        stream=req.stream, chunk=req.seq, task=req.task, adapter=req.adapter, status=status, reason=reason,
-        frame_ts=tuple(req.frame_ts), latency=Latency(0.0, 0.0, now - req.ready), deadline_ms=req.deadline_ms,
-        deadline_met=False, dropped_before=req.dropped_before, outage_before_s=req.outage_before_s,
-        captured_at=req.ready, provenance=provenance)
 
 
 # ---------------------------------------------------------------- reading rows back

@@ -25,18 +25,18 @@ log = logging.getLogger(__name__)
 
 
 class CapturedForward:
-    def __init__(self, engine, key: PlanKey, tokens: int, cuda_graphs: bool):
-        self.engine, self.key, self.tokens = engine, key, tokens
+    def __init__(self, backend, key: PlanKey, tokens: int, cuda_graphs: bool):
+        self.backend, self.key, self.tokens = backend, key, tokens
         b, s = key.bucket, key.size
         with torch.inference_mode(False):  # static buffers are rewritten in place on every replay
-            self.pixels = torch.zeros(b, 3, s, s, dtype=engine.dtype, device=engine.device)
-        self.layout = engine._layout(b, tokens) if engine.lora_ctx is not None else None
+            self.pixels = torch.zeros(b, 3, s, s, dtype=backend.dtype, device=backend.device)
+        self.layout = backend.layout(b, tokens) if backend.lora_ctx is not None else None
         self.graph = None
         self.out: torch.Tensor | None = None
         self.cuda_graphs = cuda_graphs
 
     def _forward(self) -> torch.Tensor:
-        return upper(self.engine.backbone, lower(self.engine.backbone, self.pixels, 0), 0)
+        return upper(self.backend.backbone, lower(self.backend.backbone, self.pixels, 0), 0)
 
     def capture(self, mode: LoRAMode) -> None:
         """Record the forward (on a GPU: warm it up on a side stream first, as CUDA graphs require)."""
@@ -46,12 +46,12 @@ class CapturedForward:
             if not self.cuda_graphs:
                 self.out = self._forward()
                 return
-            side = torch.cuda.Stream(self.engine.device)
-            side.wait_stream(torch.cuda.current_stream(self.engine.device))
+            side = torch.cuda.Stream(self.backend.device)
+            side.wait_stream(torch.cuda.current_stream(self.backend.device))
             with torch.cuda.stream(side):
                 for _ in range(2):
                     self._forward()
-            torch.cuda.current_stream(self.engine.device).wait_stream(side)
+            torch.cuda.current_stream(self.backend.device).wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.out = self._forward()
@@ -77,19 +77,19 @@ class CapturedForward:
         return [slot] * self.key.bucket
 
     def _begin(self, mode: LoRAMode, slots: list[int]) -> None:
-        if self.engine.lora_ctx is not None:
-            self.engine.lora_ctx.begin(mode, slots, self.layout)
+        if self.backend.lora_ctx is not None:
+            self.backend.lora_ctx.begin(mode, slots, self.layout)
 
     def _end(self) -> None:
-        if self.engine.lora_ctx is not None:
-            self.engine.lora_ctx.clear()
+        if self.backend.lora_ctx is not None:
+            self.backend.lora_ctx.clear()
 
 
 class Graphs:
-    """The captured forwards of one engine, by plan key."""
+    """The captured forwards of one backend (engine/backends/torch_eager.py), by plan key."""
 
-    def __init__(self, engine, enabled: bool, cuda_graphs: bool, max_bucket: int):
-        self.engine, self.enabled, self.cuda_graphs = engine, enabled, cuda_graphs
+    def __init__(self, backend, enabled: bool, cuda_graphs: bool, max_bucket: int):
+        self.backend, self.enabled, self.cuda_graphs = backend, enabled, cuda_graphs
         self.max_bucket = bucket(max_bucket)
         self.captured: dict[PlanKey, CapturedForward] = {}
 
@@ -105,6 +105,6 @@ class Graphs:
         if found is None:
             if self.captured:
                 log.warning("capturing %s during serving (warm-up missed it)", key)
-            found = self.captured[key] = CapturedForward(self.engine, key, tokens, self.cuda_graphs)
+            found = self.captured[key] = CapturedForward(self.backend, key, tokens, self.cuda_graphs)
             found.capture(mode)
         return found

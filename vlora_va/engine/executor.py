@@ -17,20 +17,18 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from vlora_va.contracts.requests import Request
-from vlora_va.contracts.results import DetectionResult, FrameDetections, Payload
-
-from vlora_va.engine.adapters import Adapter, AdapterError, fit_module_names
-from vlora_va.engine.heads import ActionHead, DetectionHead, Features
-from vlora_va.engine.lora import (MIXTURE, PREMERGED, UNMERGED, DeviceLayout, LoRALinear, LoRAMode, clear_slot, enable_premerge, inject_lora,
-                   load_adapter, premerge_bytes, switch_weights)
+from vlora_va.contracts.plugins import BACKBONE_BACKENDS
+from vlora_va.contracts.results import Payload
 from vlora_va.engine import precision as precision_mod
-from vlora_va.engine.backbones import normalise, patch_size, tensor_digest
-from vlora_va.engine.cuda_graphs import Graphs
-from vlora_va.engine.plan import AdapterInfo, BatchPlan, Catalog, SizeGroup, bucket, frame_key
-from vlora_va.engine.vit import block_of, fold_layer_scale, lower, num_blocks, upper
+from vlora_va.engine.adapters import Adapter, AdapterError, fit_module_names
+from vlora_va.engine.backbones import patch_size, tensor_digest
+from vlora_va.engine.backends import BackboneBackend
+from vlora_va.engine.heads import Clip, Features
+from vlora_va.engine.lora import (MIXTURE, LoRALinear, LoRAMode, clear_slot, enable_premerge,
+                                  inject_lora, load_adapter, premerge_bytes, switch_weights)
+from vlora_va.engine.plan import AdapterInfo, BatchPlan, Catalog, SizeGroup, resting_mode
+from vlora_va.engine.vit import block_of, fold_layer_scale, num_blocks
 
 log = logging.getLogger(__name__)
 
@@ -39,26 +37,18 @@ class Engine:
     def __init__(self, backbone: torch.nn.Module, adapters: dict[str, Adapter], image_size: int,
                  max_slots: int = 8, max_rank: int = 64, device: str | torch.device = "cpu",
                  premerge_max_mb: int = 0, max_batch_images: int = 16, dtype: torch.dtype = torch.float32,
-                 fixed_layout: bool | None = None, precision: str | None = None):
+                 fixed_layout: bool | None = None, precision: str | None = None, backend: str = "torch"):
         if len(adapters) > max_slots:
             raise ValueError(f"{len(adapters)} adapters configured but daemon.max_slots is {max_slots}")
         self.device = torch.device(device)
         # fp32 / bf16 / int8 (vlora_va/precision.py); None: what the dtype says. bf16 is the dtype; int8 swaps the GEMMs
         self.precision, dtype = precision_mod.resolve(precision, dtype, self.device)
         self.dtype = dtype  # the backbone's (and its LoRA's); heads run in float32
-        # LoRA layouts in fixed-size device tensors, batches padded to a power of two (what CUDA graphs replay;
-        # on by default on a GPU, where per-layer host work costs more than the LoRA math).
-        self.fixed_layout = self.device.type == "cuda" if fixed_layout is None else fixed_layout
-        self._layouts: dict[tuple[int, int], DeviceLayout] = {}
-        self.graphs = Graphs(self, enabled=self.fixed_layout, cuda_graphs=self.device.type == "cuda",
-                             max_bucket=max_batch_images)
         self.backbone_digest = tensor_digest(backbone.state_dict())  # the weights rows say they came from
         self.backbone = backbone.to(self.device, dtype).eval()
         self.image_size = image_size
         self.max_batch_images = max_batch_images
         self.patch = patch_size(backbone)
-        # Tokens before the patch grid: CLS plus any register tokens.
-        self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)
         self.max_slots, self.max_rank = max_slots, max_rank
         self.adapters: dict[str, Adapter] = {}
         self.slots: dict[str, int] = {}
@@ -84,6 +74,11 @@ class Engine:
         if self.lora_ctx is not None:
             self._maybe_premerge(premerge_max_mb)
         precision_mod.apply(self.backbone, self.precision)
+        # What runs the forward (daemon.backend). Fixed layouts (what CUDA graphs replay) by default on a GPU,
+        # where per-layer host work costs more than the LoRA math.
+        self.backend: BackboneBackend = BACKBONE_BACKENDS.load(backend)(
+            self.backbone, self.lora_ctx, self.device, self.dtype, max_batch_images,
+            fixed_layout=self.device.type == "cuda" if fixed_layout is None else fixed_layout)
 
     def _maybe_premerge(self, max_mb: int) -> None:
         # Per-slot merged weights replace the LoRA GEMMs with one GEMM per run of rows (bench/atmm.py): the
@@ -105,7 +100,7 @@ class Engine:
         """Put an adapter in a slot: its own slot when the name is loaded already (a reload replaces weights
         and head entirely), else the first free one. Raises AdapterError (it does not fit this backbone, or
         no slot is free) and then changes nothing. The base weights must not hold that slot."""
-        problem = self._misfit(adapter, self.max_rank)
+        problem = self.misfit(adapter)
         if problem:
             raise AdapterError(problem)
         slot = self.slots.get(name)
@@ -137,8 +132,9 @@ class Engine:
             clear_slot(self.backbone, slot)
         return slot
 
-    def _misfit(self, a: Adapter, max_rank: int) -> str | None:
-        """Why this adapter cannot run on this backbone, or None."""
+    def misfit(self, a: Adapter) -> str | None:
+        """Why this adapter cannot run on this backbone (its layers, shapes, rank, image size), or None."""
+        max_rank = self.max_rank
         linear = {n: m for n, m in self.backbone.named_modules()
                   if isinstance(m, (torch.nn.Linear, LoRALinear)) and not n.endswith(".base")}
         try:  # adapters name layers as transformers >= 5.18 does; an older one names them otherwise
@@ -163,13 +159,12 @@ class Engine:
         infos = {}
         blocks = num_blocks(self.backbone)
         for name, a in self.adapters.items():
-            action = isinstance(a.head, ActionHead)
-            min_frames = int(a.head_config.get("min_clip_len", a.clip_len)) if action else 1
             touched = [b for m in a.lora if (b := block_of(m)) is not None]
             # LoRA outside the blocks (none in our adapters) would change the embeddings: no prefix to share
             first = min(touched) if len(touched) == len(a.lora) and touched else (0 if a.lora else blocks)
-            infos[name] = AdapterInfo(name, self.slots[name], self.sizes[name], "action" if action else "detection",
-                                      min_frames, a.trained, bool(a.lora), first)
+            infos[name] = AdapterInfo(name, self.slots[name], self.sizes[name], a.head.task,
+                                      a.head.min_frames(a.head_config), a.trained, bool(a.lora), first,
+                                      a.head.clips)
         has_lora = self.lora_ctx is not None and any(a.lora for a in self.adapters.values())
         return Catalog(infos, self.premerged, has_lora, self.image_size, self.max_batch_images, blocks)
 
@@ -190,79 +185,22 @@ class Engine:
 
     # ------------------------------------------------------------------ execution
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
-        """uint8 [H, W, 3] frames → normalised float [N, 3, size, size]."""
-        # np.stack copies: the received buffers stay untouched
-        x = normalise(torch.from_numpy(np.stack(frames)).to(self.device))
-        if size is not None and size != x.shape[-1]:  # resizing is linear: same before or after normalising
-            x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-        return x.to(self.dtype)
+        """uint8 [H, W, 3] frames → the backend's model input [N, 3, size, size]."""
+        return self.backend.pixels(frames, size)
 
-    @torch.inference_mode()
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode | None = None,
                  size: int | None = None, prefix: int = 0, keep_pixels: bool = False) -> Features:
-        """Backbone features of the frames at size px, frame i through adapter slot slots[i] (-1 = none),
-        the LoRA computed as `mode` says (default: the cheapest mode that needs no weight switch). Blocks
-        [0, prefix) run once per distinct frame (they must be LoRA-free for every slot involved). keep_pixels:
-        the features also carry each frame's model input (for a detection head's detail branch)."""
-        size = size or frames[0].shape[0]
-        # Group frames by slot so each adapter's rows are contiguous for ATMM, then restore the order.
-        order = sorted(range(len(frames)), key=lambda i: slots[i])
-        distinct: dict[tuple, int] = {}
-        source = [distinct.setdefault(frame_key(frames[i]), len(distinct)) for i in order]
-        unique = list({frame_key(frames[i]): frames[i] for i in order}.values())
-        mode = mode or self.default_mode()
-        n = len(order)
-        pixels = self.pixels(unique, size)
-        key = self.graphs.key(size, n, mode, prefix, forked=len(unique) != n)
-        if key is not None:  # a captured forward (CUDA graph) for this shape and mode
-            tokens = self.prefix_tokens + (size // self.patch) ** 2
-            hidden = self.graphs.get(key, mode, tokens).run(pixels, [slots[i] for i in order], mode)
-            return self._features(hidden, order, size, pixels if keep_pixels else None, source)
-        hidden = lower(self.backbone, pixels, prefix)  # no LoRA below the prefix
-        if len(unique) != n:
-            hidden = hidden[torch.tensor(source, device=hidden.device)]  # fork: one copy per request
-        layout = self._layout(n, hidden.shape[1]) if self.lora_ctx is not None and self._layout_serves(mode) else None
-        if layout is not None and layout.images > n:  # pad to the bucket: padding rows sit out of every LoRA
-            hidden = torch.cat([hidden, hidden.new_zeros(layout.images - n, *hidden.shape[1:])])
-        if self.lora_ctx is not None:
-            self.lora_ctx.begin(mode, [slots[i] for i in order], layout)
-        try:
-            hidden = upper(self.backbone, hidden, prefix)[:n]
-        finally:
-            if self.lora_ctx is not None:
-                self.lora_ctx.clear()
-        return self._features(hidden, order, size, pixels if keep_pixels else None, source)
-
-    def _features(self, hidden: torch.Tensor, order: list[int], size: int, pixels: torch.Tensor | None,
-                  source: list[int]) -> Features:
-        """Back to the callers' frame order, in float32 (what heads read). pixels[source[k]] is the input of
-        the k-th frame in `order`; None: the features carry no pixels (no head of the batch reads them)."""
-        inverse = torch.empty(len(order), dtype=torch.long)
-        inverse[torch.tensor(order)] = torch.arange(len(order))
-        hidden = hidden[inverse.to(hidden.device)].float()
-        feats = Features.from_hidden(hidden, size, self.patch, self.prefix_tokens)
-        if pixels is not None:
-            feats.pixels = pixels[torch.tensor(source)[inverse].to(pixels.device)]
-        return feats
-
-    def _layout_serves(self, mode: LoRAMode) -> bool:
-        return self.fixed_layout and mode.impl == "atmm"
-
-    def _layout(self, images: int, tokens: int) -> DeviceLayout:
-        """The fixed-size layout for a batch of `images` (rounded up to its bucket), made once per shape."""
-        key = (bucket(images), tokens)
-        if key not in self._layouts:
-            with torch.inference_mode(False):  # ordinary tensors: every batch rewrites them in place
-                self._layouts[key] = DeviceLayout(key[0], tokens, self.lora_ctx.num_slots, self.lora_ctx.max_rank,
-                                                  self.device)
-        return self._layouts[key]
+        """Backbone features of the frames (see BackboneBackend.features); mode defaults to the cheapest mode that
+        needs no weight switch, size to the frames' own."""
+        return self.backend.features(frames, slots, mode or self.default_mode(), size or frames[0].shape[0], prefix,
+                                     keep_pixels)
 
     def default_mode(self) -> LoRAMode:
         """Without a plan (tools, tests): premerged when resident, else unmerged through ATMM (mixture while
         the base weights hold a slot)."""
         if self.lora_ctx is not None and self.lora_ctx.weights_slot is not None:
             return LoRAMode(MIXTURE, self.lora_ctx.weights_slot)
-        return LoRAMode(PREMERGED if self.premerged else UNMERGED)
+        return resting_mode(self.premerged)
 
     @torch.inference_mode()
     def execute(self, plan: BatchPlan) -> list[Payload]:
@@ -276,52 +214,25 @@ class Engine:
         return results
 
     def _run_size(self, plan: BatchPlan, group: SizeGroup, results: list) -> None:
-        """One backbone forward for the group's requests (all at its image size), then their heads."""
+        """One backbone forward for the group's requests (all at its image size), then each adapter's head on its
+        requests' rows."""
         batch = plan.requests
-        frames, slots, spans = [], [], {}
+        frames, slots, rows = [], [], {}
         for i in group.members:
             r = batch[i]
-            spans[i] = (len(frames), len(frames) + r.num_images)
+            rows[i] = range(len(frames), len(frames) + r.num_images)
             frames.extend(r.frames)
             slots.extend([self.slots[r.adapter]] * r.num_images)
         # the model input rides along only for heads that read it (one copy per frame otherwise wasted)
         keep_pixels = any(self.adapters[batch[i].adapter].head.detail for i in group.members)
-        feats = self.features(frames, slots, plan.mode, group.size, group.prefix, keep_pixels)
+        feats = self.backend.features(frames, slots, plan.mode, group.size, group.prefix, keep_pixels)
         by_adapter: dict[str, list[int]] = {}
         for i in group.members:
             by_adapter.setdefault(batch[i].adapter, []).append(i)
         for name, idxs in by_adapter.items():
-            head = self.adapters[name].head
-            if isinstance(head, DetectionHead):
-                self._detect(head, batch, idxs, spans, feats, results, group.size)
-            else:
-                self._classify(head, batch, idxs, spans, feats, results, group.size)
-
-    def _detect(self, head: DetectionHead, batch: list[Request], idxs, spans, feats: Features, results,
-                size: int) -> None:
-        rows = torch.tensor([j for i in idxs for j in range(*spans[i])], device=self.device)
-        lbs = [batch[i].letterbox.resized(size / batch[i].frames[0].shape[0])
-               for i in idxs for _ in range(batch[i].num_images)]
-        sizes = [batch[i].orig_size for i in idxs for _ in range(batch[i].num_images)]
-        dets = head.decode(head(feats.select(rows)), lbs, sizes)
-        k = 0
-        for i in idxs:
-            r = batch[i]
-            results[i] = DetectionResult(tuple(FrameDetections(ts, tuple(d))
-                                               for ts, d in zip(r.frame_ts, dets[k:k + r.num_images])))
-            k += r.num_images
-
-    def _classify(self, head: ActionHead, batch: list[Request], idxs, spans, feats: Features, results,
-                  size: int) -> None:
-        # Clips of equal length go through the head together.
-        by_len: dict[int, list[int]] = {}
-        for i in idxs:
-            by_len.setdefault(batch[i].num_images, []).append(i)
-        for clip_len, group in by_len.items():
-            rows = torch.tensor([j for i in group for j in range(*spans[i])], device=self.device)
-            # A clip's frames share one letterbox: persons are placed through it, as detections are.
-            lbs = [batch[i].letterbox.resized(size / batch[i].frames[0].shape[0]) for i in group]
-            sizes = [batch[i].orig_size for i in group]
-            times = [list(batch[i].frame_ts) for i in group]  # a head naming activities by track needs them
-            for i, res in zip(group, head.decode(head(feats.select(rows), clip_len), lbs, sizes, times)):
-                results[i] = res
+            mine = torch.tensor([j for i in idxs for j in rows[i]], device=self.device)
+            # Each request's letterbox at the size the adapter runs at: heads place results in original pixels.
+            clips = [Clip(batch[i].num_images, batch[i].letterbox.resized(group.size / batch[i].frames[0].shape[0]),
+                          batch[i].orig_size, tuple(batch[i].frame_ts)) for i in idxs]
+            for i, result in zip(idxs, self.adapters[name].head.serve(feats.select(mine), clips)):
+                results[i] = result

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from vlora_va.contracts.requests import Request
 
-from vlora_va.engine.lora import LoRAMode
+from vlora_va.engine.lora import PREMERGED, UNMERGED, LoRAMode
 
 
 @dataclass(frozen=True)
@@ -19,11 +19,12 @@ class AdapterInfo:
     name: str
     slot: int
     size: int  # the image size the adapter runs at
-    task: str  # "detection" | "action"
+    task: str  # its head's task (contracts.plugins.HEADS): "detection", "action", ...
     min_frames: int  # fewest frames per request its head accepts (overload may thin clips down to this)
     trained: bool
     has_lora: bool
     first_block: int = 0  # the first backbone block its LoRA touches (blocks before it are the plain backbone)
+    clips: bool = False  # its head takes a request's frames as one clip (engine.heads.Head.clips)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class Catalog:
     def sizes(self) -> list[int]:
         return sorted({a.size for a in self.adapters.values()})
 
+    def resting_mode(self) -> LoRAMode:
+        return resting_mode(self.can_premerge)
+
 
 @dataclass(frozen=True)
 class PlanKey:
@@ -51,6 +55,12 @@ class PlanKey:
     size: int
     mode: str  # LoRAMode.kind
     bucket: int
+
+
+def resting_mode(can_premerge: bool) -> LoRAMode:
+    """The mode in which the base weights hold no adapter: premerged where resident, else unmerged (ATMM). What the
+    engine rests in (after warm-up, before a slot is rewritten) and what load accounting prices."""
+    return LoRAMode(PREMERGED if can_premerge else UNMERGED)
 
 
 def bucket(images: int) -> int:

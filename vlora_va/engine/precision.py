@@ -269,9 +269,20 @@ PROBE_MAX_IMAGES = 4  # images per size in one timed forward (CPU time is near l
 RECHECK_MARGIN = 1.10  # a cached ranking holds while its fastest runs within this of the runner-up, measured now
 
 
-def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workload: dict[int, float]) -> dict:
-    from vlora_va.serving.costs import device_name
+def device_name(device: torch.device) -> str:
+    """The processor the costs belong to: the GPU's name, or the CPU model and its vector capability."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
 
+
+def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workload: dict[int, float]) -> dict:
     cfg = backbone.config
     return {"version": 2, "kind": "precision-speeds", "device": device_name(torch.device(caps.device)),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "backbone": backbone_id,
@@ -291,7 +302,7 @@ def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[in
     min(PROBE_MAX_IMAGES, ceil(images/s)) random images, scaled to the images per second, summed over sizes:
     the mix decides (on this project's reference CPU the plain backbone ran bf16 ahead at 224 px and int8 ahead
     at 336, so equal weights per size can rank them wrong for a pipeline's mix). The fastest of `rounds` interleaved rounds: the machine's own cost, as
-    the cost profile takes it (`costs._timed`); a burst of other load slows precisions unevenly (int8 ran 1.7x,
+    the cost profile takes it (`profiling._timed`); a burst of other load slows precisions unevenly (int8 ran 1.7x,
     bf16 1.2x slower in a start-up probe on a busy host) and would otherwise decide."""
     models = {p: precision_copy(backbone, p) for p in precisions}
     batches = [(torch.randn(min(PROBE_MAX_IMAGES, max(1, math.ceil(n))), 3, s, s), n) for s, n in workload.items()]

@@ -12,6 +12,7 @@ elementwise passes over the hidden states per block).
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 import torch
 from torch import nn
@@ -97,3 +98,10 @@ def middle(model: nn.Module, hidden: torch.Tensor, start: int, stop: int | None 
 def upper(model: nn.Module, hidden: torch.Tensor, split: int) -> torch.Tensor:
     """Blocks [split, L) + the final norm: the backbone's last hidden state (what heads read)."""
     return _base(model).layernorm(middle(model, hidden, split))
+
+
+def forward(model: nn.Module, pixels: torch.Tensor, split: int,
+            at_split: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The whole forward, with `at_split` applied to the hidden state between blocks [0, split) and the rest
+    (where a caller forks shared-prefix rows and turns the LoRA on): upper(at_split(lower(pixels)))."""
+    return upper(model, at_split(lower(model, pixels, split)), split)

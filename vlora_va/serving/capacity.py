@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from vlora_va.contracts.config import PipelineConfig
 
 from vlora_va.serving.costs import CostModel
-from vlora_va.engine.lora import PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.plan import Catalog
-from vlora_va.serving.scheduling.overload import TARGET_UTILISATION
+from vlora_va.serving.admission import TARGET_UTILISATION
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ def offered_images(config: PipelineConfig, sizes: dict[str, int]) -> tuple[dict[
 
 def estimate(config: PipelineConfig, catalog: Catalog, costs: CostModel, where: str = "here") -> Estimate:
     per_size, adapters = offered_images(config, {n: a.size for n, a in catalog.adapters.items()})
-    mode = LoRAMode(PREMERGED if catalog.can_premerge else UNMERGED)
+    mode = catalog.resting_mode()
     # One second's images per size as batches of at most max_batch_images (CPU time is near linear in
     # images; a GPU gains from the batch).
     need = 0.0

@@ -1,53 +1,24 @@
-"""Costs: how long a batch plan takes on THIS machine. Measured at start-up, cached, corrected online.
+"""Costs: how long a batch plan takes on THIS machine, predicted from the measured profile and corrected online.
 
-Nothing here is hard-coded (dLoRA's mistake): `measure_profile` times the real engine on the actual device, a
-coarse grid that stays under ~15 s on 2 CPU cores:
+The profile (`CostProfile`, measured at start-up by serving/profiling.py, cached per machine) holds:
     base[size]        a forward + heads of n images at each adapter image size, one adapter, no LoRA cost
                       (merged weights), at a few batch sizes (interpolated between them)
     factor[mode][k]   the backbone forward in each LoRA mode with k adapters in the batch, over the merged one
     switch_s          one all-layer weight switch (merge or unmerge)
-The profile is cached (`profile_path`), keyed by the CPU or GPU model, thread count, torch, backbone and
-adapter set, so a restart reuses it, once one batch per size agrees with it (`stale_ratio`: a profile
-taken while other work shared the cores is measured again). `CostModel` predicts a plan's time from it and corrects itself from the
-batch times it observes: decode and other processes on the same cores slow forwards down (up to ~1.8x seen on
-2 cores), so a start-up figure alone would be wrong.
+`CostModel` predicts a plan's time from it and corrects itself from the batch times it observes: decode and other
+processes on the same cores slow forwards down (up to ~1.8x seen on 2 cores), so a start-up figure alone would be
+wrong. Nothing here is hard-coded (dLoRA's mistake).
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
-import json
-import logging
 import math
-import os
-import platform
-import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-import numpy as np
-import torch
+from vlora_va.engine.lora import MERGED, PREMERGED, UNMERGED, LoRAMode
 
-from vlora_va.contracts.geometry import Letterbox
-from vlora_va.contracts.requests import Request
-
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
-from vlora_va.engine.plan import BatchPlan, Catalog, SizeGroup
-from vlora_va.engine.precision import precision_of
-
-log = logging.getLogger(__name__)
-
-PROFILE_VERSION = 1
-# The mode factors each policy's decisions need (merged is the unit every factor is relative to).
-MEASURED_MODES = {
-    "vlora": ["premerged", "unmerged", "mixture"],
-    "edf": ["premerged", "unmerged"],
-    "merge-only": [],
-    "unmerge-only": ["unmerged"],
-    "dlora": ["unmerged/einsum"],
-}
 CORRECTION_ALPHA = 0.25  # weight of the newest batch in the online correction
 # Without new batches the correction fades back to the profile: a daemon that sheds everything (because a
 # slow spell made every prediction hopeless) would otherwise never observe the machine recover.
@@ -56,11 +27,6 @@ CORRECTION_RANGE = (0.25, 4.0)  # a profile taken on a busy machine can be sever
 MARGIN_BATCHES = 40  # the safety margin is read off this many recent batches
 MARGIN_QUANTILE = 0.95
 MARGIN_RANGE = (1.1, 2.0)
-# A cached profile is checked against one batch per size at start-up and measured again when it is this far off
-# (taken while other work shared the cores, or on a faster day) by at least STALE_MIN_S a batch: the online
-# correction would get there too, but only after shedding work the machine could have served.
-STALE_RATIO = 1.5
-STALE_MIN_S = 0.05
 
 
 def mode_name(mode: LoRAMode) -> str:
@@ -89,233 +55,6 @@ class CostProfile:
                    factors={m: {int(k): float(v) for k, v in f.items()} for m, f in d["factors"].items()},
                    switch_s=float(d["switch_s"]), measured_s=float(d.get("measured_s", 0.0)),
                    created=d.get("created", ""))
-
-
-# ---------------------------------------------------------------- the cache
-def device_name(device: torch.device) -> str:
-    """The processor the costs belong to: the GPU's name, or the CPU model and its vector capability."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
-
-
-def profile_key(device: torch.device, backbone_id: str, backbone: torch.nn.Module, catalog: Catalog,
-                adapter_ranks: dict[str, int], modes: list[str]) -> dict:
-    cfg = backbone.config
-    return {
-        "version": PROFILE_VERSION, "device": device_name(device), "threads": torch.get_num_threads(),
-        "torch": torch.__version__, "backbone": backbone_id,
-        "backbone_shape": [getattr(cfg, k, None) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")],
-        "adapters": sorted([a.name, a.size, a.task, adapter_ranks.get(a.name, 0)] for a in catalog.adapters.values()),
-        "premerged": catalog.can_premerge, "image_size": catalog.image_size, "max_batch": catalog.max_batch_images,
-        "modes": sorted(modes), "dtype": str(next(backbone.parameters()).dtype).removeprefix("torch."),
-        "precision": precision_of(backbone),
-    }
-
-
-def profile_dir(configured: str = "") -> Path:
-    """configured (daemon.profile_cache), else $VLORA_VA_PROFILES, else ~/.cache/vlora-va/profiles."""
-    if configured:
-        return Path(configured)
-    return Path(os.environ.get("VLORA_VA_PROFILES", Path.home() / ".cache" / "vlora-va" / "profiles"))
-
-
-def profile_path(directory: Path, key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return directory / f"profile-{digest}.json"
-
-
-def load_cached(directory: Path, key: dict) -> CostProfile | None:
-    path = profile_path(directory, key)
-    try:
-        profile = CostProfile.from_json(json.loads(path.read_text()))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("cost profile %s unreadable (%s): measuring again", path, e)
-        return None
-    return profile if profile.key == key else None
-
-
-def save(directory: Path, profile: CostProfile) -> Path:
-    path = profile_path(directory, profile.key)
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(profile.to_json(), indent=1))
-    tmp.rename(path)  # atomic: two daemons starting together never read half a file
-    return path
-
-
-# ---------------------------------------------------------------- measuring
-def synthetic_requests(catalog: Catalog, adapter: str, n: int, seed: int = 0) -> list[Request]:
-    """n one-image requests for `adapter` with random frames at the size ingest sends (the engine's resize
-    is part of the cost). Action adapters get their images as one clip."""
-    side = catalog.image_size
-    rng = np.random.default_rng(seed)
-    frames = [rng.integers(0, 255, (side, side, 3), dtype=np.uint8) for _ in range(n)]
-    now = time.time()
-    info = catalog.adapters[adapter]
-    per = [frames] if info.task == "action" else [[f] for f in frames]
-    return [Request("profile", i, adapter, adapter, fs, [0.1 * j for j in range(len(fs))], Letterbox(1.0, 0.0, 0.0),
-                    (side, side), now, now, now + 60.0) for i, fs in enumerate(per)]
-
-
-def _timed(fn, repeats: int, sync, warm: bool = True) -> float:
-    """The fastest of `repeats` runs: the machine's own cost, without the bursts other processes add (the
-    online correction follows those)."""
-    if warm:
-        fn()  # first touches, allocations
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def batch_sizes(device: torch.device, max_batch: int) -> list[int]:
-    """Where to measure the base cost and warm up. CPU time is close to linear in images: two points. GPU
-    time is not, and each batch bucket is its own compiled code there."""
-    if device.type == "cuda":
-        return sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n <= max_batch} | {max_batch})
-    return sorted({1, min(4, max_batch)})
-
-
-def measure_profile(engine, catalog: Catalog, key: dict, modes: list[str] | None = None) -> CostProfile:
-    """Time the engine on this device (see the module docstring). `modes`: which LoRA mode names (see
-    `mode_name`) to measure factors for (default: every mode the engine can run)."""
-    t_start = time.perf_counter()
-    cuda = engine.device.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(engine.device)) if cuda else (lambda: None)
-    repeats = 5 if cuda else 3
-    names = list(catalog.adapters)
-    slots = {n: catalog.adapters[n].slot for n in names}
-    base: dict[int, list[tuple[int, float]]] = {}
-    for size in catalog.sizes:
-        rep = next(n for n in names if catalog.adapters[n].size == size)
-        mode = LoRAMode(MERGED, slots[rep]) if catalog.has_lora else LoRAMode(UNMERGED)
-        points = []
-        for i, n in enumerate(batch_sizes(engine.device, catalog.max_batch_images)):
-            reqs = synthetic_requests(catalog, rep, n)
-            plan = BatchPlan(reqs, mode, (SizeGroup(size, tuple(range(len(reqs)))),))
-            points.append((n, _timed(lambda: engine.execute(plan), repeats, sync, warm=i == 0 or cuda)))
-        base[size] = points
-    factors, switch_s = {}, 0.0
-    if catalog.has_lora:
-        factors, switch_s = _measure_modes(engine, catalog, slots, modes, repeats, sync)
-    engine.switch(LoRAMode(PREMERGED) if catalog.can_premerge else LoRAMode(UNMERGED))
-    profile = CostProfile(key, base, factors, switch_s, measured_s=time.perf_counter() - t_start,
-                          created=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    log.info("cost profile measured in %.1f s: %s", profile.measured_s, describe(profile))
-    return profile
-
-
-def _measure_modes(engine, catalog: Catalog, slots: dict[str, int], modes, repeats: int, sync):
-    """Mode factors on the backbone forward alone, at the smallest size, one image per adapter (up to 4)."""
-    size = catalog.sizes[0]
-    lora = [s for name, s in slots.items() if catalog.adapters[name].has_lora] or list(slots.values())
-    k_max = max(1, min(len(lora), 4))
-    n = k_max if engine.device.type != "cuda" else max(k_max, min(32, catalog.max_batch_images))
-    rng = np.random.default_rng(1)
-    frames = [rng.integers(0, 255, (catalog.image_size,) * 2 + (3,), dtype=np.uint8) for _ in range(n)]
-    mixed = [lora[i * k_max // n] for i in range(n)]  # k_max adapters, equal shares
-    one = [lora[0]] * n
-
-    def once(mode, row_slots) -> float:
-        engine.switch(mode)  # untimed: switches are measured below
-        return _timed(lambda: engine.features(frames, row_slots, mode, size), 1, sync, warm=False)
-
-    merged_mode = LoRAMode(MERGED, lora[0])
-    once(merged_mode, one)  # warm-up
-
-    def ratio(mode, row_slots) -> float:
-        """Time in `mode` over the merged time, runs interleaved (merged, mode, merged, mode, ...): a burst
-        of load from another process hits both, and the fastest of each is compared."""
-        once(mode, row_slots)  # warm-up of this mode
-        pairs = [(once(merged_mode, one), once(mode, row_slots)) for _ in range(repeats + 1)]
-        return min(m for _, m in pairs) / min(b for b, _ in pairs)
-
-    wanted = set(modes) if modes is not None else None
-    # (mode, whether one adapter alone costs more than merged weights: premerged and mixture do not)
-    candidates = [(LoRAMode(UNMERGED), True), (LoRAMode(UNMERGED, impl="einsum"), True),
-                  (LoRAMode(MIXTURE, lora[0]), False)]
-    if catalog.can_premerge:
-        candidates.insert(0, (LoRAMode(PREMERGED), False))
-    factors: dict[str, dict[int, float]] = {}
-    for mode, one_costs in candidates:
-        name = mode_name(mode)
-        if wanted is not None and name not in wanted:
-            continue
-        f = {1: ratio(mode, one) if one_costs else 1.0}
-        if k_max > 1:
-            f[k_max] = ratio(mode, mixed)
-        factors[name] = f
-    factors[MERGED] = {1: 1.0}
-    switches = []
-    for target in (lora[-1], None, lora[0], None):
-        t0 = time.perf_counter()
-        engine.switch(LoRAMode(MERGED, target) if target is not None else LoRAMode(UNMERGED))
-        sync()
-        switches.append(time.perf_counter() - t0)
-    return factors, statistics.median(switches)
-
-
-def describe(p: CostProfile) -> str:
-    sizes = ", ".join(f"{s} px {pts[-1][1] / pts[-1][0] * 1000:.0f} ms/image" for s, pts in sorted(p.base.items()))
-    modes = ", ".join(f"{m} x{max(f.values()):.2f}" for m, f in sorted(p.factors.items()) if m != MERGED)
-    return f"{sizes}; modes {modes or 'n/a'}; switch {p.switch_s * 1000:.1f} ms"
-
-
-def load_or_measure(engine, catalog: Catalog, key: dict, directory: Path, modes: list[str] | None = None,
-                    remeasure: bool = False) -> CostProfile:
-    cached = None if remeasure else load_cached(directory, key)
-    if cached is not None:
-        log.info("cost profile from %s (%s)", profile_path(directory, key), describe(cached))
-        ratio = stale_ratio(engine, catalog, cached)
-        if ratio is None:
-            return cached
-        log.warning("the cached cost profile is %.2fx this machine's speed now (it was measured %s, under other "
-                    "load or on another day): measuring again", ratio, cached.created)
-    profile = measure_profile(engine, catalog, key, modes)
-    try:
-        path = save(directory, profile)
-        log.info("cost profile cached in %s", path)
-    except OSError as e:
-        log.warning("cost profile not cached (%s): the next start measures again", e)
-    return profile
-
-
-def stale_ratio(engine, catalog: Catalog, profile: CostProfile) -> float | None:
-    """Cached over observed time of the largest measured batch at each size (merged, as measured, fastest of 2),
-    the median over sizes; None while the profile holds (within STALE_RATIO, or off by less than STALE_MIN_S)."""
-    cuda = engine.device.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(engine.device)) if cuda else (lambda: None)
-    names = list(catalog.adapters)
-    ratios, gaps = [], []
-    for size in catalog.sizes:
-        points = profile.base.get(size)
-        if not points:
-            return None
-        n, cached_s = points[-1]
-        rep = next(a for a in names if catalog.adapters[a].size == size)
-        mode = LoRAMode(MERGED, catalog.adapters[rep].slot) if catalog.has_lora else LoRAMode(UNMERGED)
-        reqs = synthetic_requests(catalog, rep, n)
-        plan = BatchPlan(reqs, mode, (SizeGroup(size, tuple(range(len(reqs)))),))
-        now_s = _timed(lambda: engine.execute(plan), 2, sync)
-        ratios.append(cached_s / now_s)
-        gaps.append(abs(cached_s - now_s))
-    engine.switch(LoRAMode(PREMERGED) if catalog.can_premerge else LoRAMode(UNMERGED))
-    ratio = statistics.median(ratios)
-    off = not (1 / STALE_RATIO <= ratio <= STALE_RATIO) and statistics.median(gaps) >= STALE_MIN_S
-    return ratio if off else None
 
 
 # ---------------------------------------------------------------- predicting
@@ -404,28 +143,3 @@ class CostModel:
         errors = sorted(self._errors)
         high = errors[min(len(errors) - 1, int(MARGIN_QUANTILE * len(errors)))]
         self.margin = min(max(high, MARGIN_RANGE[0]), MARGIN_RANGE[1])
-
-
-# ---------------------------------------------------------------- warm-up
-def warm_up(engine, catalog: Catalog, modes_by_size: dict[int, list[LoRAMode]], images: list[int],
-            bucketed: bool = False) -> set:
-    """Run every plan key the daemon will use once (size x mode x batch bucket), so no request pays a first
-    call's costs (allocations, kernel selection; on a GPU, compilation). Outside merged mode the batches mix
-    every adapter, so the multi-adapter paths run too. Returns the keys run."""
-    from vlora_va.engine.plan import BatchPlan, SizeGroup
-
-    names = list(catalog.adapters)
-    by_slot = {a.slot: n for n, a in catalog.adapters.items()}
-    done = set()
-    for size, modes in modes_by_size.items():
-        for mode in modes:
-            for n in images:
-                if mode.kind == MERGED:
-                    mine = [by_slot[mode.slot]] * n
-                else:
-                    mine = [names[i % len(names)] for i in range(n)]
-                reqs = [synthetic_requests(catalog, a, 1, seed=i)[0] for i, a in enumerate(mine)]
-                plan = BatchPlan(reqs, mode, (SizeGroup(size, tuple(range(len(reqs)))),))
-                engine.execute(plan)
-                done.update(plan.keys(bucketed))
-    return done

@@ -1,5 +1,5 @@
 """The daemon's accounting: every event is counted once, here, into Prometheus metrics (served at /metrics by the
-daemon's HTTP server, vlora_va/dashboard, when daemon.http_port is set) and the running totals the log and the
+daemon's HTTP server, vlora_va/outputs/dashboard, when daemon.http_port is set) and the running totals the log and the
 tests read.
 """
 
@@ -126,6 +126,11 @@ class DaemonMetrics:
     def malformed(self) -> None:
         self.totals.malformed += 1
         self._malformed.inc()
+
+    def rows(self, rows: list[tuple[ResultRecord, str | None]]) -> None:
+        """The rows of one write, each with its shed cause (None for ok and error rows)."""
+        for rec, cause in rows:
+            self.row(rec, cause)
 
     def row(self, rec: ResultRecord, cause: str | None = None) -> None:
         """One result row written (every request gets exactly one)."""

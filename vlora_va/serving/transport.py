@@ -106,7 +106,7 @@ class Transport:
         """curve: the daemon's CURVE keys (security.curve): only authorised ingest workers get through."""
         self.endpoint, self.max_images = endpoint, max_images
         self.clock = ClockOffset()
-        self.held_images = 0  # images the daemon holds outside the inbox (its queue); it keeps this current
+        self.held_images = 0  # images the daemon holds outside the inbox (its queue): see hold()
         self._inbox: collections.deque = collections.deque()
         self._inbox_images = 0
         self._cond = threading.Condition()
@@ -138,6 +138,11 @@ class Transport:
         close_server(self._ctx, self._sock, self._auth)
 
     # ------------------------------------------------------------------ the daemon side
+    def hold(self, images: int) -> None:
+        """The daemon holds this many images outside the inbox (its queue): reading stops while inbox + queue
+        would pass max_images."""
+        self.held_images = images
+
     def take(self, timeout_s: float) -> list:
         """Everything in the inbox (Received / Malformed), waiting up to timeout_s for the first."""
         with self._cond:

@@ -59,6 +59,9 @@ def main_train(argv: list[str] | None = None) -> int:
     ap.add_argument("--cards-only", action="store_true",
                     help="train nothing: rewrite the adapters' README cards and REPORT-*.md from the spec's REPORT-*.json")
     args = ap.parse_args(argv)
+    if not Path(args.spec).is_file():  # said here: load_spec's own message would repeat the path
+        print(f"vlora-va train: {args.spec}: no such file", file=sys.stderr)
+        return 2
     try:
         spec = load_spec(args.spec)
     except SpecError as e:
@@ -111,22 +114,36 @@ def main_eval(argv: list[str] | None = None) -> int:
         ranges = [parse_range(t, args.step) for t in args.on]
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
+    from vlora_va.engine.adapters import AdapterError
+    from vlora_va.engine.backbones import ModelError
     from vlora_va.training.evaluate import HUMAN_SET, evaluate_adapter, evaluate_teacher_on_human, load_human_set
 
     human = None if args.no_human else args.human or (HUMAN_SET if HUMAN_SET.is_file() else None)
     if human is not None and not Path(human).is_file():
         ap.error(f"--human {human}: no such file")
+    if args.json and not args.json.parent.is_dir():  # found now, not after the whole evaluation
+        ap.error(f"--json {args.json}: no such directory {args.json.parent}")
     if args.adapter.startswith("teacher:"):
         if args.adapter != "teacher:centernet":
             ap.error(f"{args.adapter}: the only teacher that can be scored is teacher:centernet")
         if human is None:
             ap.error("teacher:centernet is scored on the human-checked set only (drop --no-human or give --human)")
-        report = evaluate_teacher_on_human(load_human_set(human), ranges, args.teachers_dir)
+        try:
+            report = evaluate_teacher_on_human(load_human_set(human), ranges, args.teachers_dir)
+        except FileNotFoundError as e:  # the teacher file itself
+            print(f"vlora-va eval: {e}", file=sys.stderr)
+            return 1
     else:
+        if not Path(args.adapter).is_dir():
+            ap.error(f"{args.adapter}: no such adapter directory")
         if args.draw:
             args.draw.mkdir(parents=True, exist_ok=True)
-        report = evaluate_adapter(args.adapter, ranges, args.backbone, args.teachers_dir, draw_dir=args.draw,
-                                  human=human)
+        try:
+            report = evaluate_adapter(args.adapter, ranges, args.backbone, args.teachers_dir, draw_dir=args.draw,
+                                      human=human)
+        except (AdapterError, ModelError) as e:  # not an adapter directory; a backbone that is not there
+            print(f"vlora-va eval: {e}", file=sys.stderr)
+            return 1
     text = jsonfmt.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text + "\n")
@@ -150,9 +167,20 @@ def main_eval(argv: list[str] | None = None) -> int:
             for c, m in rep["per_class"].items():
                 print(f"{where} {c}: F1@0.5 {m['f1']:.3f} AP50 {m['ap50']:.3f} P {m['precision']:.3f} R {m['recall']:.3f} "
                       f"({m['refs']} refs, threshold {rep['threshold']})")
+        elif "teacher_missing" in rep:
+            print(f"{where}: skipped the teacher-relative figures ({TEACHER_FIGURES[report['task']]}"
+                  f"{' and the --draw frame' if args.draw and report['task'] == 'detection' else ''}): "
+                  f"{rep['teacher_missing']}")
         _print_human(where, rep.get("human"))
         _print_human(where, rep.get("human_persons"), "the teacher's tracking-rule labels, per person")
+    if any("teacher_missing" in rep for rep in report["reports"].values()):
+        print("(the teacher files are read from --teachers-dir, else $VLORA_VA_TEACHERS, else ../shared/assets/teachers)")
     return 0
+
+
+# What an adapter's teacher-relative report holds, named where it is skipped.
+TEACHER_FIGURES = {"detection": "F1@0.5, AP50, P and R per class against the teacher's labels",
+                   "action": "top-1 and confusion against the teacher's tracking-rule labels"}
 
 
 def _print_human(where: str, h: dict | None, what: str = "per person") -> None:

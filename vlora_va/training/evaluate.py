@@ -11,6 +11,10 @@ clips inside an evaluated range: detection P/R/F1@0.5 at the adapter's own thres
 height; per-person activity (matched by box IoU) for action adapters with a persons branch. The CenterNet
 teacher can be scored on the same set (`evaluate_teacher_on_human`): the student's ceiling is the teacher only
 where the teacher is right.
+
+The teacher files are development assets, not in the repository: where one is missing (a fresh clone) the
+teacher-relative figures are skipped, each range's report saying why ("teacher_missing"), and the human-checked
+set, which needs no teacher, is still scored.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ import torch
 from vlora_va.engine.adapters import Adapter, fit_module_names, load_adapter_dir
 from vlora_va.engine.heads import Features
 from vlora_va.engine.backbones import linear_names, load_backbone, patch_size
-from vlora_va.training.data import (activity_clips, detection_labels, frame_lookup, label_cache_dir, merge_labels, people_there,
-                   pick)
+from vlora_va.training.data import (activity_clips, detection_labels, frame_lookup, label_cache_dir, make_teacher,
+                                    merge_labels, people_there, pick)
 from vlora_va.training.features import full_hidden
 from vlora_va.training.frames import Frame, iter_frames, model_input
 from vlora_va.training.metrics import (action_report, detection_report, human_detection_report, person_activity_iou_report,
@@ -126,6 +130,19 @@ def evaluate_action_adapter(adapter: Adapter, backbone: str, ranges: list[Range]
     return report
 
 
+def teacher_missing(adapter: Adapter, spec: Spec) -> str | None:
+    """Why the adapter's teacher-relative labels cannot be made here (its message names the teacher file that is
+    not there), or None when every teacher its label sources need is present."""
+    for source in sources_of(adapter):
+        if source.kind == "coco":  # a label file, no teacher
+            continue
+        try:
+            make_teacher(source, spec)
+        except FileNotFoundError as e:
+            return str(e)
+    return None
+
+
 def range_name(r: Range) -> str:
     return f"{r.video.name}[{r.start:g}-{'end' if r.end is None else f'{r.end:g}'}]"
 
@@ -134,29 +151,35 @@ def evaluate_adapter(path: str | Path, ranges: list[Range], backbone: str = "din
                      teachers_dir: Path | None = None, cache_dir: Path | None = None, draw_dir: Path | None = None,
                      human: str | Path | None = None) -> dict:
     """Accuracy of one adapter directory on the given video ranges, one report per range; with `human` (a
-    human-checked set file), also against that set's frames / clips inside each range (report key "human")."""
+    human-checked set file), also against that set's frames / clips inside each range (report key "human").
+    Where a teacher file is missing, a range's report holds "teacher_missing" (why) instead of the
+    teacher-relative figures."""
     hidden = load_backbone(backbone).config.hidden_size
     adapter = load_adapter_dir(Path(path).name, path, hidden)
     spec = Spec(name="eval", task=adapter.task, output=Path(path), backbone=backbone, teachers_dir=teachers_dir,
                 cache_dir=cache_dir, clip_len=adapter.clip_len)
     hs = load_human_set(human) if human is not None else None
+    missing = teacher_missing(adapter, spec)
     model = merged_backbone(backbone, adapter)
     reports = {}
     for r in ranges:
         t0 = time.monotonic()
         where = range_name(r)
-        if adapter.task == "detection":
+        if missing:  # no teacher labels: only the human-checked set below scores this range
+            reports[where] = {"teacher_missing": missing}
+        elif adapter.task == "detection":
             from vlora_va.training.frames import read_frames
 
             draw = None if draw_dir is None else Path(draw_dir) / f"{r.video.stem}-{r.start:g}.png"
             reports[where] = evaluate_detection_adapter(adapter, backbone, read_frames(r.video, r.start, r.end, r.step),
                                                         spec, draw=draw, model=model)
-            if hs is not None and hs.frame_keys(r):
-                reports[where]["human"] = evaluate_detection_on_human(adapter, model, hs, r)
         else:
             reports[where] = evaluate_action_adapter(adapter, backbone, [r], spec, model=model)
-            if hs is not None and adapter.head.persons and hs.clips_in(r):
-                reports[where]["human"] = evaluate_persons_on_human(adapter, model, hs, r)
+        if adapter.task == "detection":
+            if hs is not None and hs.frame_keys(r):
+                reports[where]["human"] = evaluate_detection_on_human(adapter, model, hs, r)
+        elif hs is not None and adapter.head.persons and hs.clips_in(r):
+            reports[where]["human"] = evaluate_persons_on_human(adapter, model, hs, r)
         reports[where]["seconds"] = round(time.monotonic() - t0, 1)
     out = {"adapter": str(path), "task": adapter.task, "reports": reports}
     if hs is not None:

@@ -9,7 +9,8 @@ import pytest
 
 from vlora_va.serving.costs import CostModel
 from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
-from vlora_va.serving.scheduling import POLICIES, Settings
+from vlora_va.contracts.plugins import POLICIES
+from vlora_va.serving.scheduling import Settings
 
 from tests.serving.scheduling.conftest import catalog, profile, request
 
@@ -18,7 +19,7 @@ NOW = 1000.0
 
 def scheduler(policy, cat=None, costs=None, starvation_s=0.5, max_batch=8, weights_slot=None):
     cat = cat or catalog(max_batch=max_batch)
-    return POLICIES[policy](cat, costs or CostModel(profile()), Settings(max_batch, 0.02, starvation_s), weights_slot)
+    return POLICIES.load(policy)(cat, costs or CostModel(profile()), Settings(max_batch, 0.02, starvation_s), weights_slot)
 
 
 def test_a_request_that_cannot_make_its_deadline_is_shed_with_the_reason():

@@ -65,9 +65,7 @@ def sink_problems(daemon) -> dict[str, str]:
     """Sink name -> why it cannot write, for every sink that cannot. A sink object that has `health()` says it
     (None = fine, else a sentence); otherwise a file sink is checked for a writable path."""
     problems = {}
-    sinks = getattr(daemon, "sinks", None)
-    if sinks is None:  # not started yet: the configured ones
-        sinks = [c for c in daemon.config.sinks]
+    sinks = daemon.rows.sinks or list(daemon.config.sinks)  # not serving yet: the configured ones
     for s in sinks:
         name = getattr(s, "name", None) or f"{s.type}:{s.path or getattr(s, 'url', '')}"
         health = getattr(s, "health", None)
@@ -206,17 +204,12 @@ class HttpServer(_Threaded):
             self._tasks.append(asyncio.get_running_loop().create_task(self._ticker()))
 
     def _attach(self) -> None:
-        self.daemon.taps.append(self.hub.frame)
-        row_taps = getattr(self.daemon, "row_taps", None)
-        if row_taps is not None:
-            row_taps.append(self.hub.rows)
+        self.daemon.rows.observe_served(self.hub.frame)
+        self.daemon.rows.observe_rows(self.hub.rows)
 
     def _detach(self) -> None:
-        for taps, tap in ((self.daemon.taps, self.hub.frame), (getattr(self.daemon, "row_taps", []), self.hub.rows)):
-            try:
-                taps.remove(tap)
-            except ValueError:
-                pass
+        self.daemon.rows.forget(self.hub.frame)
+        self.daemon.rows.forget(self.hub.rows)
 
     async def _stop(self) -> None:
         self._detach()

@@ -57,6 +57,9 @@ class Scheduler:
     """Queue + the shared rules above. Subclasses implement `options`."""
 
     name = "base"
+    # The LoRA mode costs (costs.mode_name) the start-up profile measures for this policy's decisions; merged is
+    # the unit every factor is relative to and always there.
+    measured_modes: tuple[str, ...] = ()
 
     def __init__(self, catalog: Catalog, costs: CostModel, settings: Settings, weights_slot: int | None = None):
         self.catalog, self.costs, self.settings = catalog, costs, settings
@@ -66,6 +69,23 @@ class Scheduler:
     # ------------------------------------------------------------------ the queue
     def add(self, request: Request) -> None:
         self.queue.append(request)
+
+    def extend(self, requests: list[Request]) -> None:
+        self.queue.extend(requests)
+
+    def drop_adapter(self, name: str) -> list[Request]:
+        """Take every queued request of adapter `name` out of the queue (it was unloaded); returns them."""
+        dropped = [r for r in self.queue if r.adapter == name]
+        self.queue = [r for r in self.queue if r.adapter != name]
+        return dropped
+
+    def use_catalog(self, catalog: Catalog) -> None:
+        """The engine's adapters changed (a load or an unload)."""
+        self.catalog = catalog
+
+    def weights_now(self, slot: int | None) -> None:
+        """What the engine's base weights hold now, when that changed outside a plan (a failed batch, a reset)."""
+        self.weights_slot = slot
 
     @property
     def queued_images(self) -> int:

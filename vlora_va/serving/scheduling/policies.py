@@ -1,5 +1,6 @@
-"""The scheduling policies, selected by `daemon.policy`. Each says which modes may serve the next batch;
-the shared rules (base.py) fill, cost and shed the same way for all of them.
+"""The scheduling policies, selected by `daemon.policy` (registered by name in contracts.plugins.POLICIES). Each says
+which modes may serve the next batch, and which LoRA mode costs the start-up profile must measure for it
+(`measured_modes`); the shared rules (base.py) fill, cost and shed the same way for all of them.
 
     vlora         the V-LoRA policy (below), with every mode, premerged included, chosen by measured cost
     edf           earliest deadline first in one fixed mode: premerged where resident, else unmerged (ATMM)
@@ -19,9 +20,10 @@ SWITCH_HYSTERESIS = 0.03  # keep the current weights unless another option is th
 
 class EdfScheduler(Scheduler):
     name = "edf"
+    measured_modes = ("premerged", "unmerged")
 
     def mode(self) -> LoRAMode:
-        return LoRAMode(PREMERGED if self.catalog.can_premerge else UNMERGED)
+        return self.catalog.resting_mode()
 
     def modes(self, slot):
         return [self.mode()]
@@ -33,6 +35,7 @@ class EdfScheduler(Scheduler):
 
 class UnmergeOnlyScheduler(EdfScheduler):
     name = "unmerge-only"
+    measured_modes = ("unmerged",)
 
     def mode(self) -> LoRAMode:
         return LoRAMode(UNMERGED)
@@ -40,6 +43,7 @@ class UnmergeOnlyScheduler(EdfScheduler):
 
 class MergeOnlyScheduler(Scheduler):
     name = "merge-only"
+    measured_modes = ()
 
     def modes(self, slot):
         return [LoRAMode(MERGED, slot)] if self.catalog.has_lora else [LoRAMode(UNMERGED)]
@@ -58,6 +62,7 @@ class DLoRAScheduler(Scheduler):
     does (every adapter on every row, one-hot selected)."""
 
     name = "dlora"
+    measured_modes = ("unmerged/einsum",)
 
     def modes(self, slot):
         modes = [LoRAMode(UNMERGED, impl="einsum")]
@@ -91,6 +96,7 @@ class VLoRAScheduler(Scheduler):
     more than SWITCH_HYSTERESIS)."""
 
     name = "vlora"
+    measured_modes = ("premerged", "unmerged", "mixture")
 
     def modes(self, slot):
         if not self.catalog.has_lora:
@@ -158,7 +164,3 @@ class VLoRAScheduler(Scheduler):
             if stay.est_s + stay.follow_s <= (best.est_s + best.follow_s) * (1 + SWITCH_HYSTERESIS):
                 return stay
         return best
-
-
-POLICIES = {cls.name: cls for cls in (VLoRAScheduler, EdfScheduler, MergeOnlyScheduler, UnmergeOnlyScheduler,
-                                      DLoRAScheduler)}

@@ -1,15 +1,22 @@
-"""Overload control at admission: when the offered work exceeds what this machine can do, the lowest
-priorities give way first, in the way the operator chose (`daemon.degrade`), and the daemon says so.
+"""Admission: which received requests go to the scheduler's queue, and what sustained overload does.
 
-Every arriving request's predicted compute (cost model, corrected online) is added to its priority tier's
-load over a sliding window. Tiers are served from the highest down: each gets the share of capacity the
-tiers above it left, `fraction = min(1, left / load)`. A tier at fraction < 1 is degraded:
+    received requests ─► unservable? (unknown or failed adapter, wrong frame size)  ─► refused: an error row
+                      ─► their adapter is being loaded (vlora-va adapters load)     ─► held until it is in
+                      ─► overload control (below)                                   ─► shed (a row) or thinned
+                      ─► the scheduler's queue
+
+Overload control: when the offered work exceeds what this machine can do, the lowest priorities give way first,
+in the way the operator chose (`daemon.degrade`), and the daemon says so. Every arriving request's predicted
+compute (cost model, corrected online) is added to its priority tier's load over a sliding window. Tiers are
+served from the highest down: each gets the share of capacity the tiers above it left,
+`fraction = min(1, left / load)`. A tier at fraction < 1 is degraded:
     shed     admit that fraction of its requests, evenly spread per stream and task; shed the rest
     stride   serve every k-th chunk of its streams (k = ceil(1 / fraction)); shed the others
     frames   send fewer frames of each clip (evenly spaced, never below what the head accepts); where that
              is not enough, stride
 Below capacity every fraction is 1 and nothing is touched. Requests the scheduler still cannot fit are shed
-as hopeless there: this only keeps the admitted load near what the machine can do.
+as hopeless there: this only keeps the admitted load near what the machine can do. Best-effort requests (files
+read as fast as possible) are never shed: the transport's backpressure paces their source.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from vlora_va.contracts.requests import Request
+from vlora_va.engine.plan import Catalog
+from vlora_va.serving.costs import CostModel
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +40,9 @@ MAX_CREDITS = 4096  # (stream, task) pairs whose admitted share is spread (the l
 
 
 @dataclass(frozen=True)
-class Admission:
+class Verdict:
+    """What overload control says of one request."""
+
     request: Request | None  # what to queue (possibly thinned), or None: shed
     reason: str | None = None  # why it was shed or thinned
     thinned_from: int = 0  # frames the request had before thinning (0: untouched)
@@ -73,7 +84,7 @@ class OverloadControl:
             left = max(0.0, left - load * fractions[tier])
         self.fractions = fractions
 
-    def admit(self, request: Request, cost_s: float, now: float, min_frames: int) -> Admission:
+    def admit(self, request: Request, cost_s: float, now: float, min_frames: int) -> Verdict:
         """Record the request's predicted cost and decide what happens to it."""
         if self._first is None:  # the first request stands for the chunk of media before it (~1 s), or a
             self._first = now - MIN_SPAN_S  # second chunk a moment later would read as twice the load
@@ -85,26 +96,26 @@ class OverloadControl:
         fraction = self.fractions.get(tier, 1.0)
         self._report(tier, now)
         if fraction >= 1.0:
-            return Admission(request)
+            return Verdict(request)
         if self.degrade == "frames":
             keep = max(min_frames, math.ceil(request.num_images * fraction))
             if keep < request.num_images:
-                return Admission(thin(request, keep), f"overload: {keep} of {request.num_images} frames",
+                return Verdict(thin(request, keep), f"overload: {keep} of {request.num_images} frames",
                                  request.num_images)
         if self.degrade in ("stride", "frames"):
             k = math.ceil(1.0 / max(fraction, 1e-3))
             if request.seq % k == 0:
-                return Admission(request)
-            return Admission(None, f"overload: priority {tier} serves every {k}th chunk")
+                return Verdict(request)
+            return Verdict(None, f"overload: priority {tier} serves every {k}th chunk")
         key = (request.stream, request.task)  # shed: an even spread of the admitted share per stream and task
         credit = self._credit.pop(key, 0.0) + fraction
         if len(self._credit) >= MAX_CREDITS:  # bounded whatever stream ids senders invent
             self._credit.popitem(last=False)
         if credit >= 1.0:
             self._credit[key] = credit - 1.0
-            return Admission(request)
+            return Verdict(request)
         self._credit[key] = credit
-        return Admission(None, f"overload: priority {tier} work shed to fit this machine "
+        return Verdict(None, f"overload: priority {tier} work shed to fit this machine "
                                f"(about {round(fraction * 10) * 10}% admitted)")
 
     def _report(self, tier: int, now: float) -> None:
@@ -125,3 +136,60 @@ def thin(request: Request, keep: int) -> Request:
     n = request.num_images
     idx = [int((2 * i + 1) * n // (2 * keep)) for i in range(keep)]
     return replace(request, frames=[request.frames[i] for i in idx], frame_ts=[request.frame_ts[i] for i in idx])
+
+
+@dataclass
+class Admitted:
+    """What admission made of one chunk's requests."""
+
+    queue: list[Request] = field(default_factory=list)  # for the scheduler
+    held: list[Request] = field(default_factory=list)  # their adapter is being loaded: they wait for it
+    # (request, status, reason, shed cause or None): each gets its row now
+    refused: list[tuple[Request, str, str, str | None]] = field(default_factory=list)
+
+
+class Admission:
+    def __init__(self, costs: CostModel, degrade: str = "shed"):
+        self.costs = costs
+        self.overload = OverloadControl(degrade)
+
+    def admit(self, requests: list[Request], catalog: Catalog, failed: dict[str, str], loading: set[str],
+              now: float) -> Admitted:
+        """Sort one chunk's requests (see the module docstring). failed: adapters that could not be loaded (name ->
+        why); loading: adapters being loaded right now."""
+        out = Admitted()
+        for req in requests:
+            if req.adapter in loading and req.adapter not in catalog.adapters:
+                out.held.append(req)  # within its deadline (runtime adapters shed it when that passes)
+                continue
+            problem = unservable(req, catalog, failed)
+            if problem:
+                out.refused.append((req, "error", problem, None))
+                continue
+            if req.best_effort:  # not live: never shed; the transport's backpressure paces its source
+                out.queue.append(req)
+                continue
+            info = catalog.adapters[req.adapter]
+            # What one more image costs in the mode that serves most batches (no switch).
+            mode = catalog.resting_mode()
+            cost = self.costs.image_s(info.size, mode) * req.num_images
+            admitted = self.overload.admit(req, cost, now, info.min_frames)
+            if admitted.request is None:
+                out.refused.append((req, "shed", admitted.reason, "overload"))
+                continue
+            if admitted.thinned_from:
+                admitted.request.degraded = admitted.reason
+            out.queue.append(admitted.request)
+        return out
+
+
+def unservable(req: Request, catalog: Catalog, failed: dict[str, str]) -> str | None:
+    """Why a request cannot be served at all, or None."""
+    if req.adapter in failed:
+        return f"adapter {req.adapter!r} failed to load: {failed[req.adapter]}"
+    if req.adapter not in catalog.adapters:
+        return f"unknown adapter {req.adapter!r} (loaded: {', '.join(catalog.adapters) or 'none'})"
+    shape = req.frames[0].shape
+    if shape[0] != catalog.image_size or shape[1] != catalog.image_size:
+        return f"frames are {shape[1]}x{shape[0]} but the daemon's image_size is {catalog.image_size}"
+    return None

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from vlora_va.serving.scheduling.overload import TARGET_UTILISATION, OverloadControl
+from vlora_va.serving.admission import TARGET_UTILISATION, OverloadControl
 
 from tests.serving.scheduling.conftest import request
 

@@ -1,198 +1,30 @@
-"""Vision task heads: what turns backbone features into detections or an action label.
-
-A head reads `Features` (the CLS token and the patch-token grid of each image, and the model input itself for a
-detection head with a detail branch) and is saved beside its adapter as `head_config.json` + `head.safetensors`
-(see vlora_va/adapters.py). Two kinds:
-
-- `DetectionHead`: dense, anchor-free (FCOS/CenterNet-like) on the patch grid upsampled ×2 (or ×4, optionally
-  joined by a small convolution branch on the input image, `detail`). Each cell predicts per-class centre
-  scores and the distances (left, top, right, bottom) from the cell centre to the box sides in model pixels.
-  Decoding keeps 3×3 local maxima above the score threshold, then class-wise NMS, then maps boxes back to
-  original-frame pixels through the letterbox.
-- `ActionHead`: a clip classifier over the patch grids of a clip's frames (a temporal or 3-D convolution,
-  mean+max over the clip, a linear layer gives label logits), optionally with a per-person branch: where
-  each person is over the clip and what that person is doing, optionally with the persons found per frame by
-  a person `DetectionHead` on the clip's two middle frames (`boxes`), and their activity named by where their
-  boxes go over all the clip's frames (`activity_from="track"`, the rule of vlora_va/motion.py).
+"""The action head: a clip classifier over the patch grids of a clip's frames (a temporal or 3-D convolution,
+mean+max over the clip, a linear layer gives label logits), optionally with a per-person branch: where each person
+is over the clip and what that person is doing, optionally with the persons found per frame by a person
+`DetectionHead` on the clip's two middle frames (`boxes`), and their activity named by where their boxes go over all
+the clip's frames (`activity_from="track"`, the rule of vlora_va/engine/motion.py). The person linking it decodes
+with (`person_tracks` and its parts) is here too.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlora_va.contracts.geometry import Letterbox, pair_iou
-from vlora_va.contracts.results import ActivityResult, Detection, PersonActivity
-
+from vlora_va.contracts.results import ActivityResult, PersonActivity
+from vlora_va.engine.heads.base import Clip, Head
+from vlora_va.engine.heads.detection import DetectionHead, _first_per_group, local_peaks
+from vlora_va.engine.heads.features import Features
 from vlora_va.engine.motion import TRACK_SHARE, motion_label, track_motion
-
-HEAD_FORMAT = "vlora-va-head"
-HEAD_FORMAT_VERSION = 1
-
-
-@dataclass
-class Features:
-    cls: torch.Tensor  # [B, D]
-    grid: torch.Tensor  # [B, D, gh, gw] patch tokens laid out as an image
-    pixels: torch.Tensor | None = None  # [B, 3, S, S] the normalised model input (heads with a detail branch)
-
-    @staticmethod
-    def from_hidden(hidden: torch.Tensor, image_size: int, patch: int, prefix_tokens: int = 1) -> "Features":
-        """Split a ViT's last hidden state [B, prefix + gh*gw, D] into CLS and the patch grid."""
-        b, _, d = hidden.shape
-        side = image_size // patch
-        patches = hidden[:, prefix_tokens:prefix_tokens + side * side]
-        return Features(hidden[:, 0], patches.transpose(1, 2).reshape(b, d, side, side))
-
-    def select(self, index: torch.Tensor | slice) -> "Features":
-        return Features(self.cls[index], self.grid[index], None if self.pixels is None else self.pixels[index])
-
-
-class DetectionHead(nn.Module):
-    def __init__(self, hidden: int, classes: list[str], width: int = 128, image_size: int = 224,
-                 score_threshold: float = 0.3, nms_iou: float = 0.5, max_detections: int = 100, norm: bool = False,
-                 upsample: int = 2, detail: int = 0, **_: object):
-        super().__init__()
-        if upsample not in (2, 4):
-            raise ValueError(f"detection head: upsample must be 2 or 4, got {upsample!r}")
-        if detail and upsample != 4:
-            raise ValueError(f"detection head: detail needs upsample 4, got upsample {upsample!r}")
-        if not isinstance(detail, int) or detail < 0 or detail % 32:
-            raise ValueError(f"detection head: detail must be 0 or a multiple of 32 channels, got {detail!r}")
-        self.classes, self.image_size, self.upsample, self.detail = list(classes), image_size, upsample, detail
-        self.score_threshold, self.nms_iou, self.max_detections = score_threshold, nms_iou, max_detections
-        # norm=True puts GroupNorm after each conv (as FCOS heads do): ViT tokens have a few very large
-        # channels, and without it early training spikes. False keeps the original layout loadable.
-        def block(conv: nn.Conv2d) -> list[nn.Module]:
-            return [conv, nn.GroupNorm(16, conv.out_channels), nn.GELU()] if norm else [conv, nn.GELU()]
-
-        self.stem = nn.Sequential(*block(nn.Conv2d(hidden, width, 1)), *block(nn.Conv2d(width, width, 3, padding=1)))
-        self.refine = nn.Sequential(*block(nn.Conv2d(width, width, 3, padding=1)))
-        # upsample=4: a second ×2 step at half the width. Two people side by side are often one patch apart;
-        # at ×2 their centre peaks fall in neighbouring cells and the 3×3 peak picking keeps only one.
-        self.refine_fine = None
-        out_width = width
-        if upsample == 4:
-            out_width = width // 2
-            self.refine_fine = nn.Sequential(*block(nn.Conv2d(width + detail, out_width, 3, padding=1)))
-        # detail > 0: a small convolution branch on the input image itself, at a quarter of its size, joined
-        # to the ×4 grid. A patch token covers 14 model pixels, about the width of two distant people walking
-        # together: the tokens alone cannot place two peaks there, the pixels show the gap between them.
-        self.detail_branch = None
-        if detail:
-            self.detail_branch = nn.Sequential(
-                *block(nn.Conv2d(3, detail // 2, 3, stride=2, padding=1)),
-                *block(nn.Conv2d(detail // 2, detail, 3, stride=2, padding=1)),
-                *block(nn.Conv2d(detail, detail, 3, padding=1)))
-        # 1x1 outputs: the 3x3 refine already mixes neighbours at the ×2 resolution, where 3x3 outputs
-        # would triple the head's cost (the head runs at 4× the patch count).
-        self.cls_out = nn.Conv2d(out_width, len(classes), 1)
-        self.box_out = nn.Conv2d(out_width, 4, 1)
-        # Start with every cell at ~1% objectness (focal-loss prior): an untrained head detects nothing.
-        nn.init.constant_(self.cls_out.bias, -math.log(99.0))
-
-    def forward(self, feats: Features) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (class logits [B, C, H, W], box distances [B, 4, H, W] in model pixels)."""
-        x = self.stem(feats.grid)
-        x = self.refine(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
-        if self.refine_fine is not None:
-            x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
-            if self.detail_branch is not None:
-                x = torch.cat([x, self._detail(feats, x.shape[-2:])], 1)
-            x = self.refine_fine(x)
-        stride = self.image_size / x.shape[-1]
-        return self.cls_out(x), F.softplus(self.box_out(x)) * stride
-
-    def _detail(self, feats: Features, size: torch.Size) -> torch.Tensor:
-        """The detail branch on the model input, resampled onto the head's finest grid (both span the image)."""
-        if feats.pixels is None:
-            raise ValueError("detection head: this head has a detail branch and needs the input image "
-                             "(Features.pixels), which the caller did not pass")
-        d = self.detail_branch(feats.pixels.to(self.detail_branch[0].weight.dtype))
-        return F.interpolate(d, size=size, mode="bilinear", align_corners=False)
-
-    def cell_centres(self, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        sy, sx = self.image_size / h, self.image_size / w
-        ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) * sy
-        xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) * sx
-        return ys[:, None].expand(h, w), xs[None, :].expand(h, w)
-
-    @torch.no_grad()
-    def decode(self, raw: tuple[torch.Tensor, torch.Tensor], letterboxes: list[Letterbox],
-               orig_sizes: list[tuple[int, int]]) -> list[list[Detection]]:
-        """Per image: its detections (boxes in original pixels), best first. Everything up to the final list
-        stays on the features' device, for the whole batch at once (one transfer to the host at the end)."""
-        logits, dist = raw
-        scores = logits.sigmoid()
-        cy, cx = self.cell_centres(scores.shape[-2], scores.shape[-1], scores.device)
-        image, cls_idx, yy, xx = local_peaks(scores, self.score_threshold).nonzero().unbind(1)
-        s = scores[image, cls_idx, yy, xx]
-        d = dist[image, :, yy, xx]  # [K, 4]
-        boxes = torch.stack([cx[yy, xx] - d[:, 0], cy[yy, xx] - d[:, 1], cx[yy, xx] + d[:, 2], cy[yy, xx] + d[:, 3]], 1)
-        kept = batched_nms(boxes, s, image * len(self.classes) + cls_idx, self.nms_iou)  # per image and class
-        kept = kept[_first_per_group(image[kept], self.max_detections)]
-        out: list[list[Detection]] = [[] for _ in range(scores.shape[0])]
-        for i, b, p, c in zip(image[kept].tolist(), boxes[kept].tolist(), s[kept].tolist(), cls_idx[kept].tolist()):
-            out[i].append(Detection(tuple(letterboxes[i].box_to_original(b, orig_sizes[i])), self.classes[c], p))
-        return out
-
-
-def _first_per_group(group: torch.Tensor, limit: int) -> torch.Tensor:
-    """Positions of the first `limit` entries of each group value, keeping their order (entries come best
-    first), as a bool mask."""
-    if group.numel() == 0:
-        return torch.zeros(0, dtype=torch.bool, device=group.device)
-    order = torch.argsort(group, stable=True)
-    g = group[order]
-    starts = torch.searchsorted(g, g, right=False)  # first position of each entry's group
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(len(g), device=g.device) - starts
-    return rank < limit
-
-
-def local_peaks(scores: torch.Tensor, threshold: float) -> torch.Tensor:
-    """[B, C, H, W] -> bool mask of the cells that are their 3x3 neighbourhood's maximum and >= threshold
-    (CenterNet's NMS-free peak picking: one peak per object centre)."""
-    return (scores == F.max_pool2d(scores, 3, stride=1, padding=1)) & (scores >= threshold)
-
-
-def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """IoU matrix [len(a), len(b)] of x1y1x2y2 boxes."""
-    area_a = (a[:, 2] - a[:, 0]).clamp(min=0) * (a[:, 3] - a[:, 1]).clamp(min=0)
-    area_b = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
-    lt = torch.maximum(a[:, None, :2], b[None, :, :2])
-    rb = torch.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = (rb - lt).clamp(min=0).prod(-1)
-    return inter / (area_a[:, None] + area_b[None, :] - inter).clamp(min=1e-9)
-
-
-def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou: float) -> torch.Tensor:
-    """Indices kept by class-wise greedy NMS, highest score first (torchvision's nms, without torchvision).
-    As a plain loop: walk the boxes best first; keep a box unless a kept box of its class overlaps it by more
-    than `iou`. Computed on the boxes' device as the fixed point of keep[j] = no kept i < j suppresses j
-    (Cluster-NMS: the same result as the loop, a few matrix steps instead of one host step per box)."""
-    order = scores.argsort(descending=True)
-    if order.numel() == 0:
-        return order
-    b, c = boxes[order], classes[order]
-    over = ((box_iou(b, b) > iou) & (c[:, None] == c[None, :])).triu(1)  # over[i, j]: better i would suppress j
-    keep = torch.ones(order.numel(), dtype=torch.bool, device=b.device)
-    for _ in range(order.numel()):
-        new = ~(over & keep[:, None]).any(0)
-        if torch.equal(new, keep):
-            break
-        keep = new
-    return order[keep]
-
 
 PERSON_FIELDS = 5  # per cell: person-centre logit, centre offset x/y in the cell, log box width/height in cells
 
 
-class ActionHead(nn.Module):
+class ActionHead(Head):
     """Clip classifier over the patch-token grids of clip_len frames, optionally with per-person activities.
 
     spatial="pooled": each frame's grid is averaged to pool x pool cells, then a temporal convolution.
@@ -216,6 +48,9 @@ class ActionHead(nn.Module):
     standing person from a walker less well than the person's own boxes over the clip do (adapters/STUDIES.md).
     Decoding then needs each clip's frame times.
     """
+
+    task = "action"
+    clips = True
 
     def __init__(self, hidden: int, labels: list[str], width: int = 64, pool: int = 4, motion: bool = False,
                  spatial: str = "pooled", persons: bool = False, image_size: int = 224, score_threshold: float = 0.3,
@@ -378,7 +213,33 @@ class ActionHead(nn.Module):
 
 
 # A walker moves about half its width between a clip's middle frames (0.3 s apart): its two boxes overlap by ~0.33,
-# less when faster. 0.1 beat 0.2 and 0.3 on the validation range too (precision 0.93 vs 0.88 / 0.82, STUDIES.md).
+
+    @classmethod
+    def from_config(cls, config: dict, hidden: int) -> "ActionHead":
+        # The person branch places boxes on the grid of the image size the adapter was trained at.
+        return cls(hidden, config["labels"], **{"image_size": config.get("image_size", 224), **config.get("params", {})})
+
+    def min_frames(self, config: dict) -> int:
+        return int(config.get("min_clip_len", config.get("clip_len", 1)))
+
+    def serve(self, feats: Features, clips: list[Clip]) -> list[ActivityResult]:
+        """Clips of equal length through the head together; each clip's label (and persons)."""
+        starts = [sum(c.frames for c in clips[:i]) for i in range(len(clips))]
+        by_len: dict[int, list[int]] = {}
+        for i, c in enumerate(clips):
+            by_len.setdefault(c.frames, []).append(i)
+        out: list = [None] * len(clips)
+        for clip_len, group in by_len.items():
+            rows = torch.tensor([r for i in group for r in range(starts[i], starts[i] + clip_len)],
+                                device=feats.grid.device)
+            # A clip's frames share one letterbox: persons are placed through it, as detections are.
+            results = self.decode(self(feats.select(rows), clip_len), [clips[i].letterbox for i in group],
+                                  [clips[i].orig_size for i in group], [list(clips[i].frame_ts) for i in group])
+            for i, res in zip(group, results):
+                out[i] = res
+        return out
+
+
 LINK_IOU = 0.1
 BOX_FLOOR = 0.05  # per-frame person boxes are linked from this score up; persons are kept at score_threshold
 ACTIVITY_FROM = ("maps", "track")  # what names a person's activity (ActionHead)
@@ -473,16 +334,3 @@ def track_activity(track: dict[int, list[float]], times: list[float], clip_len: 
     named = motion_label(track_motion([track[f] for f in idx], [times[f] for f in idx]))[0]
     return named if named in labels else None
 
-
-HEAD_TYPES = {"detection": DetectionHead, "action": ActionHead}
-
-
-def build_head(config: dict, hidden: int) -> nn.Module:
-    kind = config.get("task")
-    if kind not in HEAD_TYPES:
-        raise ValueError(f"head_config.json: unknown task {kind!r} (known: {', '.join(HEAD_TYPES)})")
-    params = dict(config.get("params", {}))
-    if kind == "detection":
-        return DetectionHead(hidden, config["classes"], **params)
-    # The person branch places boxes on the grid of the image size the adapter was trained at.
-    return ActionHead(hidden, config["labels"], **{"image_size": config.get("image_size", 224), **params})

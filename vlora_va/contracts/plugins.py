@@ -1,0 +1,109 @@
+"""The plug-in points: one registry each, mapping a name to where its implementation lives.
+
+    HEADS              head_config.json "task"          -> a `vlora_va.engine.heads.base.Head` subclass
+    SOURCES            a stream source's URI scheme     -> a `vlora_va.ingest.source.Source` subclass
+    SINKS              sinks[].type                     -> a `vlora_va.outputs.sinks.Sink` subclass
+    POLICIES           daemon.policy                    -> a `vlora_va.serving.scheduling.Scheduler` subclass
+    ATMM_BACKENDS      how unmerged LoRA rows compute   -> a `vlora_va.kernels.backend.AtmmBackend` subclass
+    BACKBONE_BACKENDS  daemon.backend                   -> a `vlora_va.engine.backends.BackboneBackend` subclass
+
+Entries are import paths ("package.module:Name"), imported on first use, so this module imports nothing of the
+project: the config schema (contracts) and ingest check names here without loading the engine, and a name that is
+not registered is refused with the list of known ones. A plug-in registers itself, from any module, with
+`SINKS.register("name", "my.module:MySink")` (or the class itself) before the pipeline is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class UnknownPlugin(LookupError):
+    """A name no registry entry has; the message lists the known ones."""
+
+
+@dataclass
+class Registry:
+    kind: str  # what its entries are, for messages: "sink type", "scheduling policy", ...
+    entries: dict[str, Any] = field(default_factory=dict)  # name -> "module:attr" or the object
+    options: dict[str, frozenset[str]] = field(default_factory=dict)  # name -> config keys it takes (sinks)
+
+    def register(self, name: str, target: Any, *, options: tuple[str, ...] | frozenset[str] = ()) -> None:
+        """Add (or replace) an entry. target: "package.module:Name", or the object itself."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
+        if isinstance(target, str) and ":" not in target:
+            raise ValueError(f"{self.kind} {name!r}: expected 'package.module:Name', got {target!r}")
+        self.entries[name] = target
+        self.options[name] = frozenset(options)
+
+    def unregister(self, name: str) -> None:
+        self.entries.pop(name, None)
+        self.options.pop(name, None)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.entries)
+
+    def __iter__(self):
+        return iter(tuple(self.entries))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def unknown(self, name: object) -> str | None:
+        """None for a registered name, else the message saying so, with the known names."""
+        if name in self.entries:
+            return None
+        return f"unknown {self.kind} {name!r} (known: {', '.join(self.entries)})"
+
+    def load(self, name: str) -> Any:
+        """The registered object (imported on first use)."""
+        problem = self.unknown(name)
+        if problem:
+            raise UnknownPlugin(problem)
+        target = self.entries[name]
+        if isinstance(target, str):
+            module, _, attr = target.partition(":")
+            target = getattr(importlib.import_module(module), attr)
+            self.entries[name] = target
+        return target
+
+
+HEADS = Registry("task", {
+    "detection": "vlora_va.engine.heads.detection:DetectionHead",
+    "action": "vlora_va.engine.heads.action:ActionHead",
+})
+# Keyed by the URI scheme of `streams[].source` ("file" for a path without one).
+SOURCES = Registry("source scheme", {
+    "file": "vlora_va.ingest.file_source:FileSource",
+    "rtsp": "vlora_va.ingest.rtsp_source:RtspSource",
+    "rtsps": "vlora_va.ingest.rtsp_source:RtspSource",
+})
+SINKS = Registry("sink type", {
+    "jsonl": "vlora_va.outputs.sinks.jsonl:JsonlSink",
+    "stdout": "vlora_va.outputs.sinks.stdout:StdoutSink",
+    "webhook": "vlora_va.outputs.sinks.webhook:WebhookSink",
+})
+POLICIES = Registry("scheduling policy", {
+    "vlora": "vlora_va.serving.scheduling.policies:VLoRAScheduler",
+    "edf": "vlora_va.serving.scheduling.policies:EdfScheduler",
+    "merge-only": "vlora_va.serving.scheduling.policies:MergeOnlyScheduler",
+    "unmerge-only": "vlora_va.serving.scheduling.policies:UnmergeOnlyScheduler",
+    "dlora": "vlora_va.serving.scheduling.policies:DLoRAScheduler",
+})
+ATMM_BACKENDS = Registry("ATMM backend", {
+    "reference": "vlora_va.kernels.reference:ReferenceBackend",
+    "einsum": "vlora_va.kernels.einsum:EinsumBackend",
+    "cpu": "vlora_va.kernels.cpu:CpuBackend",
+    "triton": "vlora_va.kernels.triton_atmm:TritonBackend",
+})
+BACKBONE_BACKENDS = Registry("backbone backend", {
+    "torch": "vlora_va.engine.backends.torch_eager:TorchBackbone",
+})
+
+
+def source_scheme(uri: str) -> str:
+    """The SOURCES key of a stream source: its URI scheme, or "file" for a plain path."""
+    return uri.split("://", 1)[0].lower() if "://" in uri else "file"

@@ -1,0 +1,39 @@
+"""The backbone-backend plug-in point: what runs a plan's backbone forward (`daemon.backend`, registered in
+contracts.plugins.BACKBONE_BACKENDS; "torch", eager PyTorch, is the one today).
+
+The engine (executor.py) decides what runs: which frames, which adapter slot each, the LoRA mode, the image size and
+the shared prefix. A backend only computes it: frames in, `Features` out, in the callers' order. It owns how: the
+model's compiled or eager form, its input buffers, captured graphs. A new backend is one file with a
+`BackboneBackend` subclass, registered by name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+
+from vlora_va.engine.heads.features import Features
+from vlora_va.engine.lora import LoRAContext, LoRAMode
+
+
+class BackboneBackend(ABC):
+    """Runs the backbone (a Hugging Face ViT whose linear layers carry LoRA slots, `lora_ctx`) on `device`."""
+
+    def __init__(self, backbone: torch.nn.Module, lora_ctx: LoRAContext | None, device: torch.device,
+                 dtype: torch.dtype, max_batch_images: int):
+        self.backbone, self.lora_ctx, self.device, self.dtype = backbone, lora_ctx, device, dtype
+        self.max_batch_images = max_batch_images
+
+    @abstractmethod
+    def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,
+                 keep_pixels: bool = False) -> Features:
+        """Backbone features of the uint8 [H, W, 3] frames at size px, frame i through adapter slot slots[i]
+        (-1: none), the LoRA computed as `mode` says (the base weights already hold what it needs). Blocks
+        [0, prefix) run once per distinct frame buffer (they are LoRA-free for every slot involved). keep_pixels:
+        the features also carry each frame's model input."""
+
+    @abstractmethod
+    def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
+        """uint8 [H, W, 3] frames -> the model input [N, 3, size, size] (normalised, resized)."""

@@ -1,0 +1,103 @@
+"""The "torch" backbone backend: the Hugging Face model run eagerly by PyTorch, with the LoRA of each row as the plan's
+mode says (vlora_va/engine/lora.py), and, where the engine uses fixed layouts (a GPU), one captured forward per plan key
+(vlora_va/engine/cuda_graphs.py).
+
+Frames are grouped by adapter slot (each adapter's rows contiguous, as ATMM wants), run, and put back in the callers'
+order. With a shared prefix, blocks [0, prefix) run once per distinct frame buffer and their output is forked, one
+copy per request, before the LoRA turns on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vlora_va.engine.backbones import normalise, patch_size
+from vlora_va.engine.backends import BackboneBackend
+from vlora_va.engine.cuda_graphs import Graphs
+from vlora_va.engine.heads.features import Features
+from vlora_va.engine.lora import DeviceLayout, LoRAContext, LoRAMode
+from vlora_va.engine.plan import bucket, frame_key
+from vlora_va.engine.vit import forward
+
+
+class TorchBackbone(BackboneBackend):
+    def __init__(self, backbone: torch.nn.Module, lora_ctx: LoRAContext | None, device: torch.device,
+                 dtype: torch.dtype, max_batch_images: int, fixed_layout: bool = False):
+        super().__init__(backbone, lora_ctx, device, dtype, max_batch_images)
+        self.patch = patch_size(backbone)
+        # Tokens before the patch grid: CLS plus any register tokens.
+        self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)
+        # LoRA layouts in fixed-size device tensors, batches padded to a power of two (what CUDA graphs replay;
+        # on by default on a GPU, where per-layer host work costs more than the LoRA math).
+        self.fixed_layout = fixed_layout
+        self._layouts: dict[tuple[int, int], DeviceLayout] = {}
+        self.graphs = Graphs(self, enabled=fixed_layout, cuda_graphs=device.type == "cuda",
+                             max_bucket=max_batch_images)
+
+    def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
+        # np.stack copies: the received buffers stay untouched
+        x = normalise(torch.from_numpy(np.stack(frames)).to(self.device))
+        if size is not None and size != x.shape[-1]:  # resizing is linear: same before or after normalising
+            x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        return x.to(self.dtype)
+
+    @torch.inference_mode()
+    def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,
+                 keep_pixels: bool = False) -> Features:
+        # Group frames by slot so each adapter's rows are contiguous for ATMM, then restore the order.
+        order = sorted(range(len(frames)), key=lambda i: slots[i])
+        distinct: dict[tuple, int] = {}
+        source = [distinct.setdefault(frame_key(frames[i]), len(distinct)) for i in order]
+        unique = list({frame_key(frames[i]): frames[i] for i in order}.values())
+        n = len(order)
+        row_slots = [slots[i] for i in order]
+        pixels = self.pixels(unique, size)
+        key = self.graphs.key(size, n, mode, prefix, forked=len(unique) != n)
+        if key is not None:  # a captured forward (CUDA graph) for this shape and mode
+            tokens = self.prefix_tokens + (size // self.patch) ** 2
+            hidden = self.graphs.get(key, mode, tokens).run(pixels, row_slots, mode)
+            return self._features(hidden, order, size, pixels if keep_pixels else None, source)
+
+        def lora_on(hidden: torch.Tensor) -> torch.Tensor:
+            """Between the LoRA-free prefix and the rest: fork shared rows, pad to the layout, begin the LoRA."""
+            if len(unique) != n:
+                hidden = hidden[torch.tensor(source, device=hidden.device)]  # fork: one copy per request
+            layout = self.layout(n, hidden.shape[1]) if self.lora_ctx is not None and self._layout_serves(mode) else None
+            if layout is not None and layout.images > n:  # pad to the bucket: padding rows sit out of every LoRA
+                hidden = torch.cat([hidden, hidden.new_zeros(layout.images - n, *hidden.shape[1:])])
+            if self.lora_ctx is not None:
+                self.lora_ctx.begin(mode, row_slots, layout)
+            return hidden
+
+        try:
+            hidden = forward(self.backbone, pixels, prefix, lora_on)[:n]
+        finally:
+            if self.lora_ctx is not None:
+                self.lora_ctx.clear()
+        return self._features(hidden, order, size, pixels if keep_pixels else None, source)
+
+    def _features(self, hidden: torch.Tensor, order: list[int], size: int, pixels: torch.Tensor | None,
+                  source: list[int]) -> Features:
+        """Back to the callers' frame order, in float32 (what heads read). pixels[source[k]] is the input of
+        the k-th frame in `order`; None: the features carry no pixels (no head of the batch reads them)."""
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        hidden = hidden[inverse.to(hidden.device)].float()
+        feats = Features.from_hidden(hidden, size, self.patch, self.prefix_tokens)
+        if pixels is not None:
+            feats.pixels = pixels[torch.tensor(source)[inverse].to(pixels.device)]
+        return feats
+
+    def _layout_serves(self, mode: LoRAMode) -> bool:
+        return self.fixed_layout and mode.impl == "atmm"
+
+    def layout(self, images: int, tokens: int) -> DeviceLayout:
+        """The fixed-size layout for a batch of `images` (rounded up to its bucket), made once per shape."""
+        key = (bucket(images), tokens)
+        if key not in self._layouts:
+            with torch.inference_mode(False):  # ordinary tensors: every batch rewrites them in place
+                self._layouts[key] = DeviceLayout(key[0], tokens, self.lora_ctx.num_slots, self.lora_ctx.max_rank,
+                                                  self.device)
+        return self._layouts[key]

@@ -1,0 +1,31 @@
+"""The standard output sink (`type: stdout`): JSON Lines on stdout, for piping into another program."""
+
+from __future__ import annotations
+
+import sys
+
+from vlora_va.contracts.config import SinkConfig
+from vlora_va.contracts.results import ResultRecord
+from vlora_va.outputs.sinks.jsonl import JSONL_BATCH_MAX, json_line
+from vlora_va.outputs.sinks.queued import CLOSE_TIMEOUT_S, QueuedSink
+
+
+class StdoutSink(QueuedSink):
+    """One row per line on standard output (logs go to standard error), flushed after every batch."""
+
+    def __init__(self, *, queue_max: int = 10_000, close_timeout_s: float = CLOSE_TIMEOUT_S, stream=None,
+                 name: str = "stdout"):
+        super().__init__(name, queue_max=queue_max, batch_max=JSONL_BATCH_MAX, close_timeout_s=close_timeout_s)
+        self._stream = stream
+
+    @classmethod
+    def from_config(cls, cfg: SinkConfig) -> "StdoutSink":
+        return cls(queue_max=cfg.queue_max, close_timeout_s=cfg.close_timeout_s)
+
+    def _start(self) -> None:
+        if self._stream is None:
+            self._stream = sys.stdout
+
+    def _deliver(self, rows: list[ResultRecord]) -> None:
+        self._stream.write("".join(json_line(r) for r in rows))
+        self._stream.flush()

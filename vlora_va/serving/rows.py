@@ -1,0 +1,137 @@
+"""Rows: the one row every request gets, and where it goes.
+
+    served plan + payloads ─┐
+    refused (admission)     ├─► ResultRecord (+ provenance) ─► counted (prometheus) ─► every sink ─► observers
+    shed (scheduler)        │
+    errors (adapters, engine)┘
+
+Every request the daemon accepted ends here exactly once: `served` (the engine's result), or not (`refuse`, `shed`:
+shed or error, with the reason). Each row says what produced it (`provenance`). Sinks are handed the rows of each
+write together; observers (the dashboard) see them after the sinks and must be quick: one that fails is logged and
+dropped, never fatal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from typing import Callable
+
+from vlora_va.common.logs import Throttle
+from vlora_va.contracts.config import PipelineConfig
+from vlora_va.contracts.requests import Request
+from vlora_va.contracts.results import Payload, ResultRecord
+from vlora_va.engine.executor import Engine
+from vlora_va.engine.plan import BatchPlan, Catalog
+from vlora_va.serving.prometheus import DaemonMetrics
+from vlora_va.serving.scheduling import Shed
+
+log = logging.getLogger(__name__)
+
+ServedObserver = Callable[[Request, ResultRecord], None]
+RowObserver = Callable[[list[ResultRecord]], None]
+
+
+class Rows:
+    def __init__(self, config: PipelineConfig, engine: Engine, metrics: DaemonMetrics):
+        self.config, self.engine, self.metrics = config, engine, metrics
+        self.sinks: list = []  # set by attach() while the daemon serves
+        self._served_observers: list[ServedObserver] = []
+        self._row_observers: list[RowObserver] = []
+        self._log_errors = Throttle(log, "error rows")
+        self._provenance = self._make_provenance()
+
+    # ------------------------------------------------------------------ where rows go
+    def attach(self, sinks: list) -> None:
+        """The sinks every row goes to from now on (the daemon's, while it serves)."""
+        self.sinks = list(sinks)
+
+    def observe_served(self, fn: ServedObserver) -> None:
+        """fn(request, row) after each served request (on the daemon's thread)."""
+        self._served_observers.append(fn)
+
+    def observe_rows(self, fn: RowObserver) -> None:
+        """fn(rows) after every write: ok, shed and error rows alike (on the daemon's thread)."""
+        self._row_observers.append(fn)
+
+    @property
+    def observers(self) -> list[Callable]:
+        return self._served_observers + self._row_observers
+
+    def forget(self, fn: Callable) -> None:
+        for observers in (self._served_observers, self._row_observers):
+            if fn in observers:
+                observers.remove(fn)
+
+    # ------------------------------------------------------------------ what produced a row
+    def _make_provenance(self) -> dict[str | None, dict]:
+        """Per adapter: its content hash (and version if its trainer wrote one), the backbone and its weights'
+        digest, and the pipeline config's hash."""
+        config = json.dumps(dataclasses.asdict(self.config), sort_keys=True, default=str)
+        common = {"backbone": f"{self.config.daemon.backbone}@{self.engine.backbone_digest[:12]}",
+                  "config_sha256": hashlib.sha256(config.encode()).hexdigest()[:16]}
+        out: dict[str | None, dict] = {None: common}
+        for name, a in self.engine.adapters.items():
+            out[name] = {"adapter_sha256": a.sha256[:16], **({"adapter_version": a.version} if a.version else {}),
+                         **common}
+        return out
+
+    def adapters_changed(self) -> None:
+        """An adapter was loaded or unloaded: rows name the weights that serve now."""
+        self._provenance = self._make_provenance()
+
+    def provenance(self, adapter: str) -> dict:
+        return self._provenance.get(adapter, self._provenance[None])
+
+    # ------------------------------------------------------------------ rows
+    def served(self, plan: BatchPlan, payloads: list[Payload], started: float, ended: float, mode: str,
+               catalog: Catalog) -> list[ResultRecord]:
+        """The rows of a batch the engine served, written; returns them."""
+        records = [ResultRecord.served(r, p, compute_start=started, compute_end=ended, batch_images=plan.images,
+                                       mode=mode, trained=catalog.adapters[r.adapter].trained,
+                                       provenance=self.provenance(r.adapter))
+                   for r, p in zip(plan.requests, payloads)]
+        self._write([(rec, None) for rec in records])
+        for fn in list(self._served_observers):
+            try:
+                for req, rec in zip(plan.requests, records):
+                    fn(req, rec)
+            except Exception:  # noqa: BLE001 - an observer must not take serving down
+                log.exception("a result observer failed and is removed")
+                self._served_observers.remove(fn)
+        return records
+
+    def refuse(self, refused: list[tuple[Request, str, str, str | None]]) -> None:
+        """Requests not served: (request, "shed" | "error", reason, shed cause or None) each."""
+        now = time.time()
+        self._write([(ResultRecord.not_served(r, status, reason, now, self.provenance(r.adapter)), cause)
+                     for r, status, reason, cause in refused])
+
+    def shed(self, shed: list[Shed]) -> None:
+        """What the scheduler shed (it could no longer meet its deadline)."""
+        self.refuse([(s.request, "shed", s.reason, s.cause) for s in shed])
+
+    def errors(self, requests: list[Request], reason: str) -> None:
+        """Requests that cannot be served, for one reason."""
+        self.refuse([(r, "error", reason, None) for r in requests])
+
+    def _write(self, rows: list[tuple[ResultRecord, str | None]]) -> None:
+        if not rows:
+            return
+        self.metrics.rows(rows)
+        for rec, _ in rows:
+            if rec.status == "error":
+                self._log_errors.error(time.monotonic(), "stream %s chunk %d task %s: %s", rec.stream, rec.chunk,
+                                       rec.task, rec.reason)
+        records = [rec for rec, _ in rows]
+        for sink in self.sinks:
+            sink.write(records)
+        for fn in list(self._row_observers):
+            try:
+                fn(records)
+            except Exception:  # noqa: BLE001 - an observer must not take serving down
+                log.exception("a row observer failed and is removed")
+                self._row_observers.remove(fn)
