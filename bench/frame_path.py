@@ -3,8 +3,9 @@ the socket until its rows are handed to the sinks, and which of them it enters m
 
 Method: a real daemon (tiny random-weight DINOv2, one detection and one action adapter, a JSON Lines sink) is started
 in this process and sent ONE chunk (two frames; by default one task, detect) over a real ZeroMQ socket. Every Python
-call in every thread is seen (threading.setprofile) until the rows reach the sink's `write`, and the sink has
-written them. A call is a hand-off when
+call in every thread is seen (threading.setprofile) until every row of the chunk has been handed to the sink's
+`write`, and the sink has written them. The weight switch a plan's mode may need (Engine.switch: adapter weights,
+never the chunk's data) is left out. A call is a hand-off when
   - it goes from a function in one of the project's files into a function in another (a comprehension or lambda
     belongs to the function it is written in; a call within one file is not a hand-off);
   - its caller is project code with no library frame above it up to the thread's first project frame (a project
@@ -15,7 +16,9 @@ written them. A call is a hand-off when
     Received item, BatchPlan, frames (numpy arrays), a tensor, Features, a head's result or a ResultRecord (alone
     or in a list / tuple / dict). The data's own methods and constructors (`request.num_images`,
     `Features.from_hidden`) are not hand-offs: the data stays where it is.
-A file is entered each time a hand-off calls into it while it is not already on the call stack. The path is the
+A file is entered each time a hand-off passes the data INTO it (an argument) while it is not already on the call
+stack; a call that only returns the data (the scheduler's next plan, the transport's next chunks) is the data leaving
+that file. The path is the
 files in the order the data first reached them (callers included); a file entered more than once is "entered twice".
 
     python bench/frame_path.py [--out bench/results/frame_path.json] [--calls]
@@ -60,11 +63,13 @@ def in_project(filename: str) -> bool:
 class Tracer:
     """Records the hand-offs (see the module docstring) of every thread."""
 
-    def __init__(self):
-        self.calls: list[tuple[float, str, str, str, str]] = []  # (time, thread, caller file, file, function)
-        self._open: dict[int, tuple[float, str, str, str, bool]] = {}
+    def __init__(self, rows: int):
+        # (time, thread, caller file, file, function, whether its arguments carried the data)
+        self.calls: list[tuple[float, str, str, str, str, bool]] = []
+        self._open: dict[int, tuple[float, str, str, str, bool, int]] = {}
         self.on = False
-        self.done = False
+        self.rows, self.written = rows, 0  # rows the chunk gets; rows handed to the sink so far
+        self.done_at: float | None = None  # when the last of them was
 
     def profile(self, frame, event, arg):
         if not self.on:
@@ -76,18 +81,36 @@ class Tracer:
             caller = self._caller(frame)
             if caller is None or caller == code.co_filename or self._on_stack(frame, code.co_filename):
                 return
+            if self._in_weight_switch(frame):
+                return
             args = [frame.f_locals.get(n) for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]]
             if args and code.co_varnames[0] in ("self", "cls"):
                 owner = args.pop(0)
                 if (owner if isinstance(owner, type) else type(owner)).__name__ in DATA_TYPES:
                     return  # the data's own method or constructor: the data stays where it is
-            self._open[id(frame)] = (time.perf_counter(), caller, code.co_filename, code.co_name, any(map(carries, args)))
+            rows = len(args[0]) if code.co_name == "write" and "sink" in code.co_filename and args else 0
+            self._open[id(frame)] = (time.perf_counter(), caller, code.co_filename, code.co_name,
+                                     any(map(carries, args)), rows)
         elif event == "return":
             rec = self._open.pop(id(frame), None)
-            if rec is not None and (rec[4] or carries(arg)) and not self.done:
-                self.calls.append((rec[0], threading.current_thread().name, *rec[1:4]))
-                if rec[3] == "write" and "sink" in rec[2]:
-                    self.done = True  # the rows were handed to the sinks: the end of the path
+            if rec is None or (self.done_at is not None and rec[0] > self.done_at):
+                return
+            if rec[4] or carries(arg):
+                self.calls.append((rec[0], threading.current_thread().name, *rec[1:5]))
+            self.written += rec[5]
+            if rec[5] and self.written >= self.rows and self.done_at is None:
+                self.done_at = time.perf_counter()  # every row was handed to the sink: the end of the path
+
+    @staticmethod
+    def _in_weight_switch(frame) -> bool:
+        """Inside Engine.switch: the one-shot weight switch a plan's mode may need before its forward computes
+        with adapter weights, never with the chunk's data."""
+        back = frame.f_back
+        while back is not None:
+            if back.f_code.co_name == "switch" and back.f_code.co_filename.endswith("executor.py"):
+                return True
+            back = back.f_back
+        return False
 
     @staticmethod
     def _caller(frame) -> str | None:
@@ -158,10 +181,10 @@ streams: [{{id: cam, source: unused.mp4, tasks: [{{adapter: detect}}]}}]
 sinks: [{{type: jsonl, path: "{tmp}/rows.jsonl", fsync: never}}]
 """, "frame_path.yaml", tmp)
         daemon = Daemon(cfg)
-        tracer = Tracer()
+        tracer = Tracer(len(tasks))
         threading.setprofile(tracer.profile)
         stop, ready, drained = threading.Event(), threading.Event(), threading.Event()
-        thread = threading.Thread(target=daemon.run, args=(stop, ready, drained), name="daemon")
+        thread = threading.Thread(target=run_with_outputs, args=(daemon, stop, ready, drained), name="daemon")
         thread.start()
         assert ready.wait(120), "the daemon did not start"
         rng = np.random.default_rng(0)
@@ -198,16 +221,17 @@ sinks: [{{type: jsonl, path: "{tmp}/rows.jsonl", fsync: never}}]
     calls = sorted(tracer.calls)
     files: list[str] = []  # in the order the data first entered them
     entered: dict[str, int] = {}
-    for _, _, caller, f, _ in calls:
+    for _, _, caller, f, _, handed in calls:
         for name in (rel(caller), rel(f)):
             if name not in files:
                 files.append(name)
-        entered[rel(f)] = entered.get(rel(f), 0) + 1
+        if handed:  # the data entered f (a call that only returns it is the data leaving f)
+            entered[rel(f)] = entered.get(rel(f), 0) + 1
     result = {"tasks": tasks, "files": len(files), "hand_offs": len(calls), "path": files,
               "entered": entered, "entered_twice": {f: n for f, n in entered.items() if n > 1}}
     if args.calls:
-        for t0, thread_name, caller, f, fn in calls:
-            print(f"{t0:.6f} {thread_name[:14]:>14} {rel(caller)} -> {rel(f)}:{fn}")
+        for t0, thread_name, caller, f, fn, handed in calls:
+            print(f"{t0:.6f} {thread_name[:14]:>14} {rel(caller)} {'->' if handed else '<-'} {rel(f)}:{fn}")
     print(" -> ".join(files))
     print(f"{result['files']} files, {result['hand_offs']} hand-offs; entered more than once: "
           f"{result['entered_twice'] or 'none'}")

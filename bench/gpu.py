@@ -114,7 +114,7 @@ def correctness_engine(log) -> dict:
     from vlora_va.engine.heads import box_iou
     from vlora_va.engine.lora import LoRAMode
     from vlora_va.engine.backbones import load_backbone
-    from vlora_va.engine.plan import make_plan
+    from vlora_va.serving.scheduling import make_plan
 
     frames, ts = [], []
     with av.open(str(ROOT / "sample_videos" / "pedestrians.mp4")) as c:
@@ -206,7 +206,7 @@ def backbone(log) -> list[dict]:
     import atmm as A
     from vlora_va.engine import lora
     from vlora_va.engine.lora import LoRAMode
-    from vlora_va.engine.vit import lower, upper
+    from vlora_va.engine.backends.torch_eager import lower, upper
 
     base = A.vit_s().cuda().to(torch.bfloat16)
     rows = []

@@ -162,11 +162,12 @@ MISSING_INPUTS = {  # command line -> the missing thing its one-line message mus
 @pytest.mark.parametrize("case", MISSING_INPUTS)
 def test_a_missing_input_is_one_clear_line_and_no_traceback(case, tmp_path, tiny_backbone_dir):
     """Each command run as a new user would, in a fresh directory, on files / directories that are not there:
-    a non-zero exit and exactly one line naming the missing thing, never a traceback."""
+    a non-zero exit and exactly one line naming the missing thing (once), never a traceback."""
     (tmp_path / "a-file").write_text("a file, not a directory\n")
     args, missing = MISSING_INPUTS[case]
     args = [a.format(root=os.getcwd(), tmp=tmp_path, tiny_backbone=tiny_backbone_dir) for a in args]
     proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out, out
-    assert len([line for line in out.splitlines() if missing in line]) == 1, out
+    (line,) = [line for line in out.splitlines() if missing in line]
+    assert line.count(missing) == 1, line

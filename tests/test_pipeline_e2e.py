@@ -107,14 +107,13 @@ def reference_rows(path: Path) -> dict[tuple[str, int, str], dict]:
     import zmq
 
     from vlora_va.contracts.config import load_config
-    from vlora_va.contracts.requests import requests_from_chunk
     from vlora_va.ingest.worker import run_ingest
     from tests.ingest.ingest_helpers import Receiver
     from vlora_va.engine.adapters import load_adapter_dir
     from vlora_va.engine.executor import Engine
     from vlora_va.engine.lora import UNMERGED, LoRAMode
     from vlora_va.engine.backbones import load_backbone
-    from vlora_va.engine.plan import make_plan
+    from vlora_va.serving.scheduling import make_plan
 
     cfg = load_config(path)
     ctx = zmq.Context()
@@ -134,7 +133,7 @@ def reference_rows(path: Path) -> dict[tuple[str, int, str], dict]:
     engine = Engine(backbone, adapters, cfg.daemon.image_size)
     out = {}
     for chunk in receiver.chunks:
-        for r in requests_from_chunk(chunk, time.time()):
+        for r in chunk.requests(time.time()):
             out[(r.stream, r.seq, r.task)] = engine.execute(make_plan([r], LoRAMode(UNMERGED), engine.catalog()))[0].to_json()
     return out
 

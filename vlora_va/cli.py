@@ -197,7 +197,7 @@ def cmd_adapters_init(args) -> int:
                               hidden=backbone.config.hidden_size, target_modules=targets, module_shapes=shapes,
                               rank=args.rank, alpha=2 * args.rank, image_size=args.image_size)
     except OSError as e:
-        log.error("cannot write the adapter to %s: %s", args.dir, _os_problem(e))
+        log.error("cannot write the adapter: %s", _os_problem(e))  # names the directory that failed
         return 1
     print(f"{path}: untrained {args.task} adapter, rank {args.rank} on {len(shapes)} layers")
     return 0
@@ -221,7 +221,7 @@ def cmd_adapters_control(args) -> int:
         return 2
     why = _unreachable(endpoint)
     if why:
-        log.error("cannot reach the daemon's control socket %r: %s (is the daemon running?)", endpoint, why)
+        log.error("cannot reach the daemon's control socket %s (is the daemon running?)", why)
         return 1
     message = {"op": args.what}
     if args.what != "list":
@@ -239,20 +239,23 @@ def cmd_adapters_control(args) -> int:
 
 def _unreachable(endpoint: str) -> str | None:
     """Why no daemon can answer at a tcp:// or ipc:// control endpoint, where that is known at once (a REQ socket
-    would wait out its whole timeout): an ipc socket file that is not there, a tcp port that refuses."""
+    would wait out its whole timeout), as `endpoint: why`: an ipc socket file that is not there, a tcp port that
+    refuses."""
     import os
     import socket
 
     if endpoint.startswith("ipc://"):
         path = endpoint[len("ipc://"):]
-        return None if path.startswith("@") or os.path.exists(path) else f"no socket file {path}"  # @: abstract
+        if path.startswith("@") or os.path.exists(path):  # @: a Linux abstract socket, no file to look for
+            return None
+        return f"{endpoint}: no such socket file"
     host, port = endpoint[len("tcp://"):].rsplit(":", 1)
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except TimeoutError:
         return None  # a slow or filtered network: the request's own timeout decides
     except OSError as e:  # refused, unknown host, unreachable network
-        return e.strerror or str(e)
+        return f"{endpoint}: {e.strerror or e}"
     return None
 
 

@@ -1,21 +1,21 @@
-"""vlora_va.contracts.requests: one Request per task of a received chunk, its times in the daemon's clock."""
+"""vlora_va.contracts.requests (and wire.Chunk.requests): one Request per task of a received chunk, its times in the
+daemon's clock, and which frames requests share."""
 
 import numpy as np
 import pytest
 
-from vlora_va.contracts.requests import requests_from_chunk
 from vlora_va.contracts.wire import TaskRequest, decode_chunk, encode_chunk
 
 from tests.contracts.test_wire import frames, make_header
 
 
-def test_requests_from_chunk_cut_frames_and_move_times_to_the_daemon_clock():
+def test_a_chunk_cut_into_requests_has_its_frames_and_times_in_the_daemon_clock():
     h = make_header(ready_wall=100.0, dropped_before=2,
                     tasks=(TaskRequest("det", "detect", (2,), 500.0, priority=3),
                            TaskRequest("act", "actions", (0, 1, 2), 2000.0)))
     fs = frames()
     chunk = decode_chunk(encode_chunk(h, fs))
-    det, act = requests_from_chunk(chunk, received=1000.5, clock_offset=900.25)  # daemon clock = sender + 900.25
+    det, act = chunk.requests(received=1000.5, clock_offset=900.25)  # daemon clock = sender + 900.25
     assert (det.stream, det.seq, det.task, det.adapter, det.priority) == ("cam", 7, "det", "detect", 3)
     assert (act.task, act.adapter, act.priority) == ("act", "actions", 0)
     assert det.ready == act.ready == 1000.25 and det.received == 1000.5
@@ -33,7 +33,7 @@ def test_requests_from_chunk_cut_frames_and_move_times_to_the_daemon_clock():
 
 def test_without_an_offset_the_sender_clock_is_used():
     chunk = decode_chunk(encode_chunk(make_header(ready_wall=100.0), frames()))
-    req = requests_from_chunk(chunk, received=100.5)[0]
+    req = chunk.requests(received=100.5)[0]
     assert req.ready == 100.0 and req.deadline == pytest.approx(100.1235)
 
 
@@ -41,5 +41,15 @@ def test_ready_is_never_after_the_daemon_received_the_chunk():
     """An offset estimate a few ms too high (the third smallest of recent samples) would otherwise put the
     chunk's completion after its arrival."""
     chunk = decode_chunk(encode_chunk(make_header(ready_wall=100.0), frames()))
-    req = requests_from_chunk(chunk, received=1000.002, clock_offset=900.006)[0]
+    req = chunk.requests(received=1000.002, clock_offset=900.006)[0]
     assert req.ready == 1000.002 and req.deadline == pytest.approx(1000.002 + req.deadline_ms / 1000.0)
+
+
+def test_requests_of_one_chunk_that_look_at_one_frame_share_its_key():
+    """frame_keys name the frame buffers: a frame two tasks look at has one key (what a shared prefix runs once
+    for); different frames have different keys, even when their pixels are equal."""
+    h = make_header(tasks=(TaskRequest("det", "detect", (1,), 500.0), TaskRequest("act", "actions", (0, 1, 2), 500.0)))
+    same = [np.zeros(h.frame_shape, np.uint8) for _ in range(3)]
+    det, act = decode_chunk(encode_chunk(h, same)).requests(received=100.0)
+    assert det.frame_keys == (act.frame_keys[1],)
+    assert len(set(act.frame_keys)) == 3

@@ -14,7 +14,8 @@ from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.executor import Engine
 from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.backbones import load_backbone
-from vlora_va.engine.plan import PlanKey, make_plan
+from vlora_va.engine.plan import PlanKey
+from vlora_va.serving.scheduling import make_plan
 
 from vlora_va.testing.tiny import TINY_IMAGE
 

@@ -19,7 +19,7 @@ from vlora_va.engine.executor import Engine
 from vlora_va.engine.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, DetectionHead
 from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.backbones import load_backbone
-from vlora_va.engine.plan import make_plan
+from vlora_va.serving.scheduling import make_plan
 
 from vlora_va.testing.tiny import TINY_IMAGE
 

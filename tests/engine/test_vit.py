@@ -8,7 +8,8 @@ import torch
 
 from vlora_va.engine.lora import LoRAMode, inject_lora, load_adapter
 from vlora_va.engine.backbones import load_backbone
-from vlora_va.engine.vit import fold_layer_scale, lower, num_blocks, upper
+from vlora_va.engine.backends.torch_eager import lower, upper
+from vlora_va.engine.vit import fold_layer_scale, num_blocks
 
 from vlora_va.testing.tiny import TINY_IMAGE
 

@@ -11,7 +11,6 @@ import pytest
 
 import vlora_va.ingest.worker as worker_mod
 from vlora_va.contracts.geometry import Letterbox
-from vlora_va.contracts.requests import requests_from_chunk
 from vlora_va.contracts.results import DetectionResult, ResultRecord
 from vlora_va.contracts.wire import ChunkHeader
 from vlora_va.ingest.chunker import ReadyChunk
@@ -279,7 +278,7 @@ def test_a_stalled_source_reports_its_outage_in_the_chunk_the_log_and_the_result
         assert [c.header.frame_ts[0] for c in chunks] == pytest.approx([0.0, 1.0, 5.5, 6.5, 7.5])
     # what the daemon makes of it (contracts.requests and contracts.results, as vlora_va/daemon.py uses them)
     for c in chunks:
-        req = requests_from_chunk(c, received=time.time())[0]
+        req = c.requests(received=time.time())[0]
         assert req.outage_before_s == c.header.outage_s
         ok = ResultRecord.served(req, DetectionResult(()), compute_start=req.received, compute_end=req.received + 0.1,
                     batch_images=1, mode="premerged").to_json()

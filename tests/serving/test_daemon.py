@@ -24,7 +24,7 @@ from vlora_va.serving.daemon import Daemon
 from vlora_va.engine.executor import Engine
 from vlora_va.engine.lora import UNMERGED, LoRAMode
 from vlora_va.engine.backbones import load_backbone
-from vlora_va.engine.plan import make_plan
+from vlora_va.serving.scheduling import make_plan
 
 from vlora_va.testing.tiny import TINY_IMAGE
 
@@ -241,11 +241,10 @@ def test_every_policy_serves_each_request_with_its_own_adapter(tmp_path, tiny_ba
     adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
     ref = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
     from vlora_va.contracts.wire import decode_chunk
-    from vlora_va.contracts.requests import requests_from_chunk
 
     for seq, adapter in enumerate(plan):
         parts = chunk_parts("cam", seq, [("t", adapter)], n_frames=2, frames_seed=7)
-        req = requests_from_chunk(decode_chunk([bytes(memoryview(p)) for p in parts]), time.time())[0]
+        req = decode_chunk([bytes(memoryview(p)) for p in parts]).requests(time.time())[0]
         want = ref.execute(make_plan([req], LoRAMode(UNMERGED), ref.catalog()))[0].to_json()
         got = rows[seq]
         if adapter == "actions":

@@ -1,4 +1,4 @@
-"""vlora_va/metrics.py: every event counted once, and series bounded whatever stream ids senders invent."""
+"""vlora_va/serving/prometheus.py: every event counted once, and series bounded whatever stream ids senders invent."""
 
 from prometheus_client import generate_latest
 
@@ -17,7 +17,8 @@ def test_stream_series_are_bounded_and_counts_are_not_lost():
     n = MAX_STREAM_LABELS + 500
     for i in range(n):
         m.chunk(f"s{i}", 1, 0)
-        m.row(ResultRecord.not_served(req(f"s{i}"), "shed", "late", 2.0), "deadline")
+        rec = ResultRecord.not_served(req(f"s{i}"), "shed", "late", 2.0)
+        m.row(rec.stream, rec.task, rec.status, rec.deadline_met, rec.latency.total_s, "deadline")
     text = generate_latest(m.registry).decode()
     chunk_lines = [line for line in text.splitlines() if line.startswith("vlora_chunks_received_total{")]
     assert len(chunk_lines) == MAX_STREAM_LABELS + 1  # the first streams, then one shared series

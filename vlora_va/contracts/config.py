@@ -529,8 +529,9 @@ def _sink(c: _Checker, raw: Any, path: str, base_dir: Path) -> SinkConfig | None
         if url is not None and not _http_url(url):
             c.error(f"{path}.url", f"expected an http:// or https:// URL with a host, got {url!r}")
         kw.update(url=url or "", batch_max=get("batch_max", int, 1),
-                  flush_interval_s=get("flush_interval_s", float, 0, 3600), timeout_s=get("timeout_s", float, 0.05, 3600),
-                  retry_max_s=get("retry_max_s", float, 0.05, 86400), headers=_headers(c, d.get("headers"), f"{path}.headers"))
+                  flush_interval_s=get("flush_interval_s", float, 0, 3600),
+                  timeout_s=get("timeout_s", float, 0.05, 3600), retry_max_s=get("retry_max_s", float, 0.05, 86400),
+                  headers=_headers(c, d.get("headers"), f"{path}.headers"))
         compared = not (c.failed(f"{path}.batch_max") or c.failed(f"{path}.queue_max"))
         if compared and kw["batch_max"] > kw["queue_max"]:
             c.error(f"{path}.batch_max", f"must be at most queue_max ({kw['queue_max']}), got {kw['batch_max']}")

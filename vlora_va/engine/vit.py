@@ -1,18 +1,11 @@
-"""A ViT backbone run in two parts: the embeddings and blocks [0, split), then blocks [split, L) and the final
-norm. Running both parts gives exactly the model's own forward (last_hidden_state).
-
-Adapters with LoRA on the upper blocks only leave the lower ones untouched, so those are the same for every
-adapter: the engine runs them once per frame for all the tasks that look at it (shared prefix), and training
-caches them once per frame (vlora_va/training/features.py).
-
-For serving, `fold_layer_scale` folds DINOv2's LayerScale into the linear layers before it (exact; two fewer
-elementwise passes over the hidden states per block).
+"""A ViT backbone's structure: its transformer blocks, which block a layer is in, and `fold_layer_scale`, which folds
+DINOv2's LayerScale into the linear layers before it for serving (exact; two fewer elementwise passes over the hidden
+states per block). How PyTorch runs the blocks (in two parts, for a shared prefix) is in engine/backends/torch_eager.py.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable
 
 import torch
 from torch import nn
@@ -20,13 +13,14 @@ from torch import nn
 _LAYER = re.compile(r"(?:^|\.)(?:encoder\.layer|layers)\.(\d+)\.")
 
 
-def _base(model: nn.Module) -> nn.Module:
+def base_model(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside a peft wrapper (or the model itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def blocks(model: nn.Module) -> nn.ModuleList:
     """The transformer blocks of a (possibly peft-wrapped) Hugging Face DINOv2 / ViT."""
-    return _base(model).encoder.layer
+    return base_model(model).encoder.layer
 
 
 def num_blocks(model: nn.Module) -> int:
@@ -76,32 +70,3 @@ def _has(module: nn.Module, path: str) -> bool:
         return True
     except AttributeError:
         return False
-
-
-def _run(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    out = block(hidden)
-    return out[0] if isinstance(out, tuple) else out  # older transformers return a tuple
-
-
-def lower(model: nn.Module, pixels: torch.Tensor, split: int) -> torch.Tensor:
-    """Embeddings + blocks [0, split): [B, tokens, D]."""
-    return middle(model, _base(model).embeddings(pixels), 0, split)
-
-
-def middle(model: nn.Module, hidden: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
-    """Blocks [start, stop) (stop None: to the last), without the final norm."""
-    for block in blocks(model)[start:stop]:
-        hidden = _run(block, hidden)
-    return hidden
-
-
-def upper(model: nn.Module, hidden: torch.Tensor, split: int) -> torch.Tensor:
-    """Blocks [split, L) + the final norm: the backbone's last hidden state (what heads read)."""
-    return _base(model).layernorm(middle(model, hidden, split))
-
-
-def forward(model: nn.Module, pixels: torch.Tensor, split: int,
-            at_split: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """The whole forward, with `at_split` applied to the hidden state between blocks [0, split) and the rest
-    (where a caller forks shared-prefix rows and turns the LoRA on): upper(at_split(lower(pixels)))."""
-    return upper(model, at_split(lower(model, pixels, split)), split)

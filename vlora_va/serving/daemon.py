@@ -149,7 +149,7 @@ class Daemon:
         label = self._mode_label(plan.mode)
         self.metrics.batch(label, plan.images, t1 - t0, switched=before != self.engine.weights_slot)
         self.adapters.used({r.adapter for r in plan.requests}, t1)
-        self.status_report.batch(label, plan, t0, t1)
+        self.status_report.batch(label, plan.images, len(plan.requests), plan.est_s, t0, t1)
         self.rows.served(plan, payloads, t0, t1, label, self.catalog)
 
     def _mode_label(self, mode: LoRAMode) -> str:

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from vlora_va.contracts.results import ResultRecord
 
 MAX_STREAM_LABELS = 256  # streams with series of their own; more share one
 OTHER_STREAMS = "other"
@@ -127,24 +126,21 @@ class DaemonMetrics:
         self.totals.malformed += 1
         self._malformed.inc()
 
-    def rows(self, rows: list[tuple[ResultRecord, str | None]]) -> None:
-        """The rows of one write, each with its shed cause (None for ok and error rows)."""
-        for rec, cause in rows:
-            self.row(rec, cause)
-
-    def row(self, rec: ResultRecord, cause: str | None = None) -> None:
-        """One result row written (every request gets exactly one)."""
+    def row(self, stream: str, task: str, status: str, deadline_met: bool, total_s: float,
+            cause: str | None = None) -> None:
+        """One result row written (every request gets exactly one): its stream, task, status, whether it met its
+        deadline, its total latency, and for a shed row why (the label). Metrics count; they never keep a row."""
         t = self.totals
-        stream = self.stream_label(rec.stream)
-        task = rec.task if stream != OTHER_STREAMS else OTHER_STREAMS
-        self._results.labels(stream, task, rec.status).inc()
-        if rec.status == "ok":
+        stream = self.stream_label(stream)
+        task = task if stream != OTHER_STREAMS else OTHER_STREAMS
+        self._results.labels(stream, task, status).inc()
+        if status == "ok":
             t.ok += 1
-            self._latency_s.labels(stream, task).observe(rec.latency.total_s)
-            if not rec.deadline_met:
+            self._latency_s.labels(stream, task).observe(total_s)
+            if not deadline_met:
                 t.deadline_missed += 1
                 self._missed.labels(stream, task).inc()
-        elif rec.status == "shed":
+        elif status == "shed":
             t.shed += 1
             key = (stream, task)
             t.shed_by[key] = t.shed_by.get(key, 0) + 1

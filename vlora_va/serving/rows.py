@@ -121,8 +121,8 @@ class Rows:
     def _write(self, rows: list[tuple[ResultRecord, str | None]]) -> None:
         if not rows:
             return
-        self.metrics.rows(rows)
-        for rec, _ in rows:
+        for rec, cause in rows:
+            self.metrics.row(rec.stream, rec.task, rec.status, rec.deadline_met, rec.latency.total_s, cause)
             if rec.status == "error":
                 self._log_errors.error(time.monotonic(), "stream %s chunk %d task %s: %s", rec.stream, rec.chunk,
                                        rec.task, rec.reason)

@@ -22,9 +22,10 @@ class Status:
         self._last_log = time.monotonic()
         self._logged = Totals()
 
-    def batch(self, label: str, plan, started: float, ended: float) -> None:
-        self.last_batch = {"mode": label, "images": plan.images, "requests": len(plan.requests),
-                           "compute_ms": round((ended - started) * 1000, 1), "predicted_ms": round(plan.est_s * 1000, 1),
+    def batch(self, label: str, images: int, requests: int, predicted_s: float, started: float, ended: float) -> None:
+        """The batch the engine just ran (its numbers: the snapshot shows them)."""
+        self.last_batch = {"mode": label, "images": images, "requests": requests,
+                           "compute_ms": round((ended - started) * 1000, 1), "predicted_ms": round(predicted_s * 1000, 1),
                            "at": ended}
 
     def snapshot(self) -> dict:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from vlora_va.contracts.requests import Request, requests_from_chunk
+from vlora_va.contracts.requests import Request
 from vlora_va.contracts.security import CurveConfig, bind_server, close_server
 from vlora_va.contracts.wire import MAX_FRAMES, WireError, decode_chunk, largest_part_bytes
 
@@ -203,7 +203,7 @@ class Transport:
                 return Malformed(len(parts), f"header.sent_wall: the sender's clock is {(h.sent_wall - received) / 86400:+.0f} "
                                              f"days from the daemon's (more than {CLOCK_MAX_SKEW_S / 86400:.0f} days: refused)")
             offset = self.clock.update(h.stream, h.sent_wall, received)
-            return Received(h.stream, h.seq, h.dropped_before, requests_from_chunk(chunk, received, offset), offset,
+            return Received(h.stream, h.seq, h.dropped_before, chunk.requests(received, offset), offset,
                             h.reconnects, h.decoded)
         except WireError as e:
             return Malformed(len(parts), str(e))

@@ -710,18 +710,17 @@ def make_seeing_detector(path, seed: int = 3):
 
 def reference_payloads(backbone_dir, adapter_dirs: dict, image_size: int, parts: list[bytes]) -> dict[str, dict]:
     """Each task of a chunk computed alone by a fresh engine, unmerged: what the daemon's rows must say."""
-    from vlora_va.contracts.requests import requests_from_chunk
     from vlora_va.contracts.wire import decode_chunk
     from vlora_va.engine.adapters import load_adapter_dir
     from vlora_va.engine.executor import Engine
     from vlora_va.engine.lora import UNMERGED, LoRAMode
     from vlora_va.engine.backbones import load_backbone
-    from vlora_va.engine.plan import make_plan
+    from vlora_va.serving.scheduling import make_plan
 
     backbone = load_backbone(str(backbone_dir))
     hidden = backbone.config.hidden_size
     engine = Engine(backbone, {n: load_adapter_dir(n, p, hidden) for n, p in adapter_dirs.items()}, image_size)
-    reqs = requests_from_chunk(decode_chunk(parts), time.time())
+    reqs = decode_chunk(parts).requests(time.time())
     return {r.task: engine.execute(make_plan([r], LoRAMode(UNMERGED), engine.catalog()))[0].to_json()
             for r in reqs}
 

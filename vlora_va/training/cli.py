@@ -131,7 +131,7 @@ def main_eval(argv: list[str] | None = None) -> int:
         try:
             report = evaluate_teacher_on_human(load_human_set(human), ranges, args.teachers_dir)
         except FileNotFoundError as e:  # the teacher file itself
-            print(f"vlora-va eval: {e}", file=sys.stderr)
+            print(f"vlora-va eval: {e} {TEACHERS_HINT}", file=sys.stderr)
             return 1
     else:
         if not Path(args.adapter).is_dir():
@@ -174,10 +174,11 @@ def main_eval(argv: list[str] | None = None) -> int:
         _print_human(where, rep.get("human"))
         _print_human(where, rep.get("human_persons"), "the teacher's tracking-rule labels, per person")
     if any("teacher_missing" in rep for rep in report["reports"].values()):
-        print("(the teacher files are read from --teachers-dir, else $VLORA_VA_TEACHERS, else ../shared/assets/teachers)")
+        print(TEACHERS_HINT)
     return 0
 
 
+TEACHERS_HINT = "(the teacher files are read from --teachers-dir, else $VLORA_VA_TEACHERS, else ../shared/assets/teachers)"
 # What an adapter's teacher-relative report holds, named where it is skipped.
 TEACHER_FIGURES = {"detection": "F1@0.5, AP50, P and R per class against the teacher's labels",
                    "action": "top-1 and confusion against the teacher's tracking-rule labels"}

@@ -16,19 +16,19 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from vlora_va.engine import vit
+from vlora_va.engine.backends.torch_eager import lower, middle, upper
 from vlora_va.training.frames import Frame, model_input
 
 
 @torch.no_grad()
 def lower_hidden(model: nn.Module, pixels: torch.Tensor, split: int) -> torch.Tensor:
     """Embeddings + layers [0, split): the frozen prefix. [B, tokens, D]."""
-    return vit.lower(model, pixels, split)
+    return lower(model, pixels, split)
 
 
 def upper_hidden(model: nn.Module, hidden: torch.Tensor, split: int) -> torch.Tensor:
     """Layers [split, L) + the final layer norm: the backbone's last hidden state (what heads read)."""
-    return vit.upper(model, hidden, split)
+    return upper(model, hidden, split)
 
 
 @torch.no_grad()
@@ -36,11 +36,11 @@ def frozen_layers(model: nn.Module, lower: torch.Tensor, split: int, batch: int 
     """Blocks [split, L) of cached lower-layer states, without the final norm, as float32 [N, tokens, D]. When
     these layers' LoRA is frozen they never change, so they run once instead of every step; then
     upper_hidden(model, out, L) == upper_hidden(model, lower, split)."""
-    return torch.cat([vit.middle(model, lower[i:i + batch].float(), split) for i in range(0, len(lower), batch)])
+    return torch.cat([middle(model, lower[i:i + batch].float(), split) for i in range(0, len(lower), batch)])
 
 
 def full_hidden(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-    return vit.upper(model, vit.lower(model, pixels, 0), 0)
+    return upper(model, lower(model, pixels, 0), 0)
 
 
 class FeatureCache:

@@ -14,7 +14,7 @@ import torch
 
 from vlora_va.ingest.chunker import letterbox, letterbox_geometry
 
-from vlora_va.engine.backbones import normalise
+from vlora_va.engine.backends.torch_eager import normalise
 from vlora_va.contracts.geometry import Letterbox
 
 @dataclass

@@ -28,11 +28,12 @@ class BackboneBackend(ABC):
 
     @abstractmethod
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,
-                 keep_pixels: bool = False) -> Features:
+                 keep_pixels: bool = False, keys: list | None = None) -> Features:
         """Backbone features of the uint8 [H, W, 3] frames at size px, frame i through adapter slot slots[i]
         (-1: none), the LoRA computed as `mode` says (the base weights already hold what it needs). Blocks
-        [0, prefix) run once per distinct frame buffer (they are LoRA-free for every slot involved). keep_pixels:
-        the features also carry each frame's model input."""
+        [0, prefix) run once per distinct frame (they are LoRA-free for every slot involved); keys: each frame's
+        identity (contracts.requests.frame_key; None: from the frames' buffers). keep_pixels: the features also
+        carry each frame's model input."""
 
     @abstractmethod
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:

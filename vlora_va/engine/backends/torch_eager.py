@@ -2,24 +2,71 @@
 mode says (vlora_va/engine/lora.py), and, where the engine uses fixed layouts (a GPU), one captured forward per plan key
 (vlora_va/engine/cuda_graphs.py).
 
-Frames are grouped by adapter slot (each adapter's rows contiguous, as ATMM wants), run, and put back in the callers'
-order. With a shared prefix, blocks [0, prefix) run once per distinct frame buffer and their output is forked, one
-copy per request, before the LoRA turns on.
+The model runs in two parts: the embeddings and blocks [0, split) (`lower`), then blocks [split, L) and the final
+norm (`upper`); both parts give exactly the model's own forward (last_hidden_state). Adapters with LoRA on the upper
+blocks only leave the lower ones untouched, so those are the same for every adapter: a batch runs them once per
+distinct frame for all the tasks that look at it (shared prefix) and forks their output, one copy per request,
+before the LoRA turns on; training caches them once per frame (vlora_va/training/features.py). Frames are grouped by
+adapter slot (each adapter's rows contiguous, as ATMM wants), run, and put back in the callers' order.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from vlora_va.engine.backbones import normalise, patch_size
+from vlora_va.contracts.requests import frame_key
+from vlora_va.engine.backbones import patch_size
 from vlora_va.engine.backends import BackboneBackend
 from vlora_va.engine.cuda_graphs import Graphs
 from vlora_va.engine.heads.features import Features
 from vlora_va.engine.lora import DeviceLayout, LoRAContext, LoRAMode
-from vlora_va.engine.plan import bucket, frame_key
-from vlora_va.engine.vit import forward
+from vlora_va.engine.plan import bucket
+from vlora_va.engine.vit import base_model, blocks
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, H, W, 3] RGB → float [N, 3, H, W] with ImageNet mean/std: the input every backbone here
+    expects (serving and training both go through this)."""
+    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=images.device).view(1, 3, 1, 1)
+    return (images.permute(0, 3, 1, 2).float() / 255.0 - mean) / std
+
+
+def _run(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    out = block(hidden)
+    return out[0] if isinstance(out, tuple) else out  # older transformers return a tuple
+
+
+def lower(model: nn.Module, pixels: torch.Tensor, split: int) -> torch.Tensor:
+    """Embeddings + blocks [0, split): [B, tokens, D]."""
+    return middle(model, base_model(model).embeddings(pixels), 0, split)
+
+
+def middle(model: nn.Module, hidden: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
+    """Blocks [start, stop) (stop None: to the last), without the final norm."""
+    for block in blocks(model)[start:stop]:
+        hidden = _run(block, hidden)
+    return hidden
+
+
+def upper(model: nn.Module, hidden: torch.Tensor, split: int) -> torch.Tensor:
+    """Blocks [split, L) + the final norm: the backbone's last hidden state (what heads read)."""
+    return base_model(model).layernorm(middle(model, hidden, split))
+
+
+def forward(model: nn.Module, pixels: torch.Tensor, split: int,
+            at_split: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The whole forward, with `at_split` applied to the hidden state between blocks [0, split) and the rest
+    (where a caller forks shared-prefix rows and turns the LoRA on): upper(at_split(lower(pixels)))."""
+    return upper(model, at_split(lower(model, pixels, split)), split)
 
 
 class TorchBackbone(BackboneBackend):
@@ -45,12 +92,13 @@ class TorchBackbone(BackboneBackend):
 
     @torch.inference_mode()
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,
-                 keep_pixels: bool = False) -> Features:
+                 keep_pixels: bool = False, keys: list | None = None) -> Features:
+        keys = keys if keys is not None else [frame_key(f) for f in frames]
         # Group frames by slot so each adapter's rows are contiguous for ATMM, then restore the order.
         order = sorted(range(len(frames)), key=lambda i: slots[i])
         distinct: dict[tuple, int] = {}
-        source = [distinct.setdefault(frame_key(frames[i]), len(distinct)) for i in order]
-        unique = list({frame_key(frames[i]): frames[i] for i in order}.values())
+        source = [distinct.setdefault(keys[i], len(distinct)) for i in order]
+        unique = list({keys[i]: frames[i] for i in order}.values())
         n = len(order)
         row_slots = [slots[i] for i in order]
         pixels = self.pixels(unique, size)
@@ -92,6 +140,10 @@ class TorchBackbone(BackboneBackend):
 
     def _layout_serves(self, mode: LoRAMode) -> bool:
         return self.fixed_layout and mode.impl == "atmm"
+
+    def whole(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The model's forward on model inputs, LoRA as the context says (what a captured forward records)."""
+        return upper(self.backbone, lower(self.backbone, pixels, 0), 0)
 
     def layout(self, images: int, tokens: int) -> DeviceLayout:
         """The fixed-size layout for a batch of `images` (rounded up to its bucket), made once per shape."""

@@ -19,7 +19,7 @@ from vlora_va.contracts.requests import Request
 
 from vlora_va.serving.costs import CostModel
 from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
-from vlora_va.engine.plan import BatchPlan, Catalog, make_plan, shared_prefix
+from vlora_va.engine.plan import BatchPlan, Catalog, SizeGroup
 
 
 @dataclass(frozen=True)
@@ -236,6 +236,31 @@ class Scheduler:
         return shed
 
 
+def shared_prefix(requests: list[Request], mode: LoRAMode, catalog: Catalog) -> tuple[int, int]:
+    """(blocks that can run once per distinct frame, distinct frames) for requests at one image size. The
+    prefix ends at the first block any of their adapters touches (and the merged adapter's, whose ΔW is in
+    the weights); it is 0 when no frame is looked at twice (nothing to share)."""
+    keys = [k for r in requests for k in r.frame_keys]
+    distinct = len(set(keys))
+    if distinct == len(keys):
+        return 0, distinct
+    first = [catalog.adapters[r.adapter].first_block for r in requests]
+    if mode.slot is not None:
+        first += [a.first_block for a in catalog.adapters.values() if a.slot == mode.slot]
+    return min(first), distinct
+
+
+def make_plan(requests: list[Request], mode: LoRAMode, catalog: Catalog, **kw) -> BatchPlan:
+    """Group the requests by the image size their adapters run at (one backbone forward per size), each
+    group with its shared prefix."""
+    by_size: dict[int, list[int]] = {}
+    for i, r in enumerate(requests):
+        by_size.setdefault(catalog.adapters[r.adapter].size, []).append(i)
+    groups = tuple(SizeGroup(size, tuple(m), shared_prefix([requests[i] for i in m], mode, catalog)[0])
+                   for size, m in sorted(by_size.items()))
+    return BatchPlan(list(requests), mode, groups, **kw)
+
+
 def edf(requests: list[Request]) -> list[Request]:
     """Earliest deadline first, live work before best-effort work."""
     return sorted(requests, key=lambda r: (r.best_effort, r.deadline, r.received, r.stream, r.seq))
@@ -256,5 +281,5 @@ def dominant_adapter(requests: list[Request]) -> str:
     return min(images, key=lambda a: (-images[a], first[a]))
 
 
-__all__ = ["Scheduler", "Settings", "Shed", "Option", "dominant_adapter", "edf", "due", "MERGED", "MIXTURE", "PREMERGED",
+__all__ = ["Scheduler", "Settings", "Shed", "Option", "dominant_adapter", "edf", "due", "make_plan", "shared_prefix", "MERGED", "MIXTURE", "PREMERGED",
            "UNMERGED", "LoRAMode"]
