@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlora_va import kernels  # noqa: E402
-from vlora_va.kernels import cpu, tuned, tuning  # noqa: E402
 from vlora_va.engine import lora  # noqa: E402
+from vlora_va.kernels import cpu, tuned, tuning  # noqa: E402
 
 TOKENS = 257  # 224 px, patch 14: 16x16 patches + CLS
 QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]

@@ -42,14 +42,14 @@ sys.path.insert(0, str(ROOT))
 
 from vlora_va.contracts.geometry import Letterbox  # noqa: E402
 from vlora_va.contracts.requests import Request  # noqa: E402
-from vlora_va.ingest.chunker import letterbox, plan_chunk  # noqa: E402
 from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
-from vlora_va.engine.executor import Engine  # noqa: E402
-from vlora_va.engine.lora import PREMERGED, LoRAMode  # noqa: E402
 from vlora_va.engine.backbones import load_backbone  # noqa: E402
 from vlora_va.engine.backends.torch_eager import normalise  # noqa: E402
-from vlora_va.serving.scheduling import make_plan  # noqa: E402
+from vlora_va.engine.executor import Engine  # noqa: E402
+from vlora_va.engine.modes import PREMERGED, LoRAMode  # noqa: E402
 from vlora_va.engine.precision import Capabilities, cpu_flags  # noqa: E402
+from vlora_va.ingest.chunker import letterbox, plan_chunk  # noqa: E402
+from vlora_va.serving.scheduling import make_plan  # noqa: E402
 
 IMAGE_SIZE = 336  # pipelines.yaml daemon.image_size
 FPS = 10

@@ -161,12 +161,12 @@ def main(argv=None) -> int:
     import numpy as np
     import zmq
 
+    import vlora_va
     from vlora_va.contracts.config import parse_config
     from vlora_va.contracts.geometry import Letterbox
     from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk
     from vlora_va.outputs.attach import run_with_outputs
     from vlora_va.serving.daemon import Daemon
-    import vlora_va
 
     PROJECT_DIRS = tuple({str(Path(vlora_va.__file__).parent), str(ROOT / "streams"), str(ROOT / "kernels")})
 

@@ -48,9 +48,19 @@ sys.path.insert(0, str(ROOT))
 
 import zmq  # noqa: E402
 
-from vlora_va.testing.messages import (ERROR_ROWS, KINDS, MALFORMED, OK, MessageGen, RowTail, Sender,  # noqa: E402
-                                       make_seeing_detector, payload_difference, reference_payloads)
 from vlora_va.common.logs import THROTTLE_PERIOD_S  # noqa: E402
+from vlora_va.testing.messages import (  # noqa: E402
+    ERROR_ROWS,
+    KINDS,
+    MALFORMED,
+    OK,
+    MessageGen,
+    RowTail,
+    Sender,
+    make_seeing_detector,
+    payload_difference,
+    reference_payloads,
+)
 
 LIVE_TASKS = (("det", "seeing"), ("act", "actions"))
 STALL_S = 60.0  # a send blocked this long, or a live chunk unanswered this long: the daemon stalled

@@ -66,9 +66,8 @@ def cuda_time(fn, repeats: int = 20, graph: bool = False) -> float:
 
 # ---------------------------------------------------------------- correctness
 def correctness_kernels(log) -> dict:
-    from vlora_va.testing.atmm_cases import CASES, make  # the same cases the CPU tests use
-
     from vlora_va.kernels import atmm, atmm_images, atmm_reference
+    from vlora_va.testing.atmm_cases import CASES, make  # the same cases the CPU tests use
     out = {"cases": 0, "failed": []}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         tol = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 6e-2}[dtype]
@@ -108,12 +107,12 @@ def correctness_engine(log) -> dict:
     except ImportError:
         return {"skipped": "PyAV not installed: no held-out frames"}
     from vlora_va.contracts.requests import Request
-    from vlora_va.ingest.chunker import letterbox
     from vlora_va.engine.adapters import load_adapter_dir
+    from vlora_va.engine.backbones import load_backbone
     from vlora_va.engine.executor import Engine
     from vlora_va.engine.heads import box_iou
-    from vlora_va.engine.lora import LoRAMode
-    from vlora_va.engine.backbones import load_backbone
+    from vlora_va.engine.modes import LoRAMode
+    from vlora_va.ingest.chunker import letterbox
     from vlora_va.serving.scheduling import make_plan
 
     frames, ts = [], []
@@ -171,6 +170,7 @@ def correctness_engine(log) -> dict:
 # ---------------------------------------------------------------- speed
 def ops(log) -> list[dict]:
     import atmm as A  # bench/atmm.py: baselines and the problem grid
+
     from vlora_va import kernels
     from vlora_va.kernels import tuning
 
@@ -204,9 +204,10 @@ def ops(log) -> list[dict]:
 
 def backbone(log) -> list[dict]:
     import atmm as A
+
     from vlora_va.engine import lora
-    from vlora_va.engine.lora import LoRAMode
     from vlora_va.engine.backends.torch_eager import lower, upper
+    from vlora_va.engine.modes import LoRAMode
 
     base = A.vit_s().cuda().to(torch.bfloat16)
     rows = []

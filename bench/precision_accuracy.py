@@ -32,17 +32,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vlora_va.ingest.chunker import letterbox  # noqa: E402
 from vlora_va.engine import precision as P  # noqa: E402
+from vlora_va.engine import precision_auto as A  # noqa: E402
 from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
+from vlora_va.engine.backbones import load_backbone  # noqa: E402
 from vlora_va.engine.executor import Engine  # noqa: E402
 from vlora_va.engine.heads import Features  # noqa: E402
-from vlora_va.engine.lora import PREMERGED, LoRAMode  # noqa: E402
-from vlora_va.engine.backbones import load_backbone  # noqa: E402
+from vlora_va.engine.modes import PREMERGED, LoRAMode  # noqa: E402
+from vlora_va.ingest.chunker import letterbox  # noqa: E402
 from vlora_va.training import paired  # noqa: E402
 from vlora_va.training.data import activity_clips, detection_labels, merge_labels  # noqa: E402
-from vlora_va.training.evaluate import (HUMAN_SET, human_clip_frames, human_frames, load_human_set,  # noqa: E402
-                                        sources_of)
+from vlora_va.training.evaluate import HUMAN_SET, human_clip_frames, human_frames, load_human_set, sources_of  # noqa: E402
 from vlora_va.training.frames import Frame, read_frames  # noqa: E402
 from vlora_va.training.spec import Range, Spec  # noqa: E402
 
@@ -175,7 +175,7 @@ def main() -> int:
     assert variants[0] == "fp32", "fp32 (the reference) comes first"
     report = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "held_out": "pedestrians.mp4 55-79.5 s every 0.5 s",
               "human_set": hs.describe(), "bootstrap": {"resamples": paired.BOOTSTRAP, "seed": paired.SEED},
-              "gate_min_delta": P.GATE_MIN_DELTA, "torch": torch.__version__, "adapters": {}, "options": {}}
+              "gate_min_delta": A.GATE_MIN_DELTA, "torch": torch.__version__, "adapters": {}, "options": {}}
     for name in [a for a in args.adapters.split(",") if a]:
         adapter = load_adapter_dir(name, ROOT / "adapters" / name, 384)
         t0 = time.monotonic()
@@ -198,15 +198,15 @@ def main() -> int:
         gate = {}
         for v in GATED:
             if v in rows:
-                gate[v] = P.gate_entry({m: rows[v][m] for m in GATE_METRICS[name] if m in rows[v]})
+                gate[v] = A.gate_entry({m: rows[v][m] for m in GATE_METRICS[name] if m in rows[v]})
                 print(f"  gate {name} {v}: {'passes' if gate[v]['passes'] else 'FAILS'} ({gate[v]['summary']})")
         report["adapters"][name]["gate"] = gate
         if args.write_gate and gate:
-            path = ROOT / "adapters" / name / P.GATE_FILE
+            path = ROOT / "adapters" / name / A.GATE_FILE
             path.write_text(json.dumps({
                 "adapter_sha256": adapter.sha256, "written_by": "bench/precision_accuracy.py --write-gate",
                 "created": report["created"], "rule": f"a precision passes unless a gated metric's paired bootstrap "
-                f"95% interval (vs fp32) lies wholly below {P.GATE_MIN_DELTA}", "precisions": gate}, indent=1) + "\n")
+                f"95% interval (vs fp32) lies wholly below {A.GATE_MIN_DELTA}", "precisions": gate}, indent=1) + "\n")
             print(f"  wrote {path}")
 
     if args.options:

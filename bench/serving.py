@@ -420,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     import torch
+
     from vlora_va.engine.precision import device_name
 
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": device_name(torch.device("cpu")),

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from vlora_va.kernels.backend import AtmmBackend
 from vlora_va.kernels import tuned
+from vlora_va.kernels.backend import AtmmBackend
 from vlora_va.kernels.segments import Segments
 
 

@@ -19,8 +19,10 @@ from vlora_va.kernels import cpu
 from vlora_va.kernels.segments import Segments
 from vlora_va.kernels.tuned import _TABLES, bucket_key, device_kind, user_table_dir
 
-
 # ---- the tuner ------------------------------------------------------------------------------------
+MIXES = ("uniform", "skewed", "shuffled")  # how a batch's images are spread over its adapters (composition_grid)
+
+
 def composition_grid(tokens: int, images: list[int], adapters: list[int], ranks: list[list[int]],
                      mixes: list[str]) -> list[tuple[list[int], list[int], str]]:
     """Batch compositions: (per-image slot list, per-slot ranks, label). 'uniform' spreads images evenly
@@ -157,6 +159,16 @@ def tune(shapes: list[tuple[int, int]], grid, device: str = "cpu", repeats: int 
 VIT_S_SHAPES = [(384, 384), (384, 1536), (1536, 384)]
 
 
+def _positive_ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"{option}: expected positive integers, got {text!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     """`vlora-va tune`: profile ATMM on this device and write kernels/tables/<device kind>.json."""
     p = argparse.ArgumentParser(prog="vlora-va tune", description=main.__doc__)
@@ -167,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", default="1,2,4,8,16,32")
     p.add_argument("--adapters", default="1,2,4,8")
     p.add_argument("--ranks", default="8;16;32;64;8,16,32,64", help="';'-separated rank sets (',' = mixed)")
-    p.add_argument("--mixes", default="uniform,skewed,shuffled")
+    p.add_argument("--mixes", default=",".join(MIXES))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch threads while tuning (0: torch's default); "
                    "use the inference thread count the daemon will run with")
@@ -176,13 +188,26 @@ def main(argv: list[str] | None = None) -> int:
                    help="table path (default: <user table dir>/<kind>.json, $VLORA_VA_TABLES or ~/.cache/vlora-va/tables; "
                         "found there before the shipped kernels/tables/)")
     a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
     if a.quick:
         a.images, a.adapters, a.ranks, a.repeats = "1,8,32", "1,4,8", "16;8,16,32,64", 3
-    grid = composition_grid(a.tokens, [int(v) for v in a.images.split(",")],
-                            [int(v) for v in a.adapters.split(",")],
-                            [[int(r) for r in rs.split(",")] for rs in a.ranks.split(";")], a.mixes.split(","))
+    try:  # a bad value is the user's typo: say which, never a traceback
+        images, adapters = _positive_ints(a.images, "--images"), _positive_ints(a.adapters, "--adapters")
+        ranks = [_positive_ints(rs, "--ranks") for rs in a.ranks.split(";")]
+        mixes = a.mixes.split(",")
+        unknown = [m for m in mixes if m not in MIXES]
+        if unknown:
+            raise ValueError(f"--mixes: unknown mix {unknown[0]!r} (known: {', '.join(MIXES)})")
+        for name in ("hidden", "mlp", "tokens", "repeats"):
+            if getattr(a, name) < 1:
+                raise ValueError(f"--{name}: must be a positive integer, got {getattr(a, name)}")
+        device = torch.device(a.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {a.device}: no CUDA device here")
+    except (ValueError, RuntimeError) as e:
+        p.error(str(e))
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    grid = composition_grid(a.tokens, images, adapters, ranks, mixes)
     shapes = [(a.hidden, a.hidden), (a.hidden, a.mlp), (a.mlp, a.hidden)]
     table = tune(shapes, grid, a.device, a.repeats, a.tokens,
                  log=lambda m: print(m, file=sys.stderr, flush=True))

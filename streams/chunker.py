@@ -22,7 +22,6 @@ from vlora_va.contracts.config import StreamConfig, TaskConfig
 from vlora_va.contracts.geometry import Letterbox, letterbox_geometry
 from vlora_va.contracts.plugins import SOURCES
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest
-
 from vlora_va.ingest.source import Frame
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,6 @@ import zmq
 from vlora_va.contracts.config import PipelineConfig, StreamConfig
 from vlora_va.contracts.security import curve_client
 from vlora_va.contracts.wire import encode_chunk
-
 from vlora_va.ingest.chunker import Chunker, ReadyChunk, plan_chunk
 from vlora_va.ingest.source import FrameSource, SourceError
 

@@ -19,7 +19,7 @@ import yaml
 
 from vlora_va.testing.tiny import TINY_IMAGE
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BIKES = ROOT / "sample_videos" / "bikes.mp4"  # 640x272, 25 fps, 10 s
 CLI = [sys.executable, "-m", "vlora_va.cli"]
 WAIT_S = 240.0
@@ -159,10 +159,9 @@ def probe(cfg: dict, backbone: Path, adapters: dict[str, Path], seq: int, tasks:
     daemon is alive and still serves correct results."""
     import zmq
 
+    from tests.serving.test_daemon import chunk_parts
     from vlora_va.contracts.security import CurveConfig, curve_client
     from vlora_va.testing.messages import payload_difference, reference_payloads
-
-    from tests.serving.test_daemon import chunk_parts
 
     parts = chunk_parts("probe", seq, tasks, n_frames=2, frames_seed=100 + seq)
     ctx = zmq.Context()

@@ -80,9 +80,8 @@ def test_daemon_binds_the_endpoint_override_and_drains_on_sigterm(tmp_path, tiny
     import re
     import signal
 
-    from vlora_va.testing.messages import make_seeing_detector
-
     from tests.pipeline_helpers import Run, probe, stopped_counts, tiny_pipeline, write
+    from vlora_va.testing.messages import make_seeing_detector
 
     seeing = make_seeing_detector(tmp_path / "seeing")
     cfg = tiny_pipeline(tmp_path, tiny_backbone_dir, {"seeing": seeing}, [{"id": "a"}])

@@ -16,16 +16,15 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from tests.serving.test_daemon import RunningDaemon, chunk_parts, config
+from vlora_va.cli import input_warnings, main
 from vlora_va.contracts.config import ConfigError, SecurityConfig, parse_config
 from vlora_va.contracts.security import CurveConfig, bind_warning, create_keys, curve_client, is_local_endpoint
-from vlora_va.testing.messages import make_seeing_detector, payload_difference, reference_payloads
-from vlora_va.cli import input_warnings, main
-from vlora_va.serving.control import control_endpoint, request
 from vlora_va.outputs.sinks import ZmqPubSink
+from vlora_va.serving.control import control_endpoint, request
 from vlora_va.serving.transport import Transport
-
+from vlora_va.testing.messages import make_seeing_detector, payload_difference, reference_payloads
 from vlora_va.testing.tiny import TINY_IMAGE
-from tests.serving.test_daemon import RunningDaemon, chunk_parts, config
 
 HANDSHAKE_S = 30.0
 FAILED = {zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}

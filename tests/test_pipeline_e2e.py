@@ -106,13 +106,13 @@ def reference_rows(path: Path) -> dict[tuple[str, int, str], dict]:
 
     import zmq
 
-    from vlora_va.contracts.config import load_config
-    from vlora_va.ingest.worker import run_ingest
     from tests.ingest.ingest_helpers import Receiver
+    from vlora_va.contracts.config import load_config
     from vlora_va.engine.adapters import load_adapter_dir
-    from vlora_va.engine.executor import Engine
-    from vlora_va.engine.lora import UNMERGED, LoRAMode
     from vlora_va.engine.backbones import load_backbone
+    from vlora_va.engine.executor import Engine
+    from vlora_va.engine.modes import UNMERGED, LoRAMode
+    from vlora_va.ingest.worker import run_ingest
     from vlora_va.serving.scheduling import make_plan
 
     cfg = load_config(path)

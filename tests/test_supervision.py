@@ -16,10 +16,9 @@ import time
 
 import pytest
 
+from tests.pipeline_helpers import Run, accounting, ingest_sent, probe, stopped_counts, tiny_pipeline, write
 from vlora_va.testing.messages import make_seeing_detector
-
 from vlora_va.testing.tiny import TINY_IMAGE, make_adapter
-from tests.pipeline_helpers import (Run, accounting, ingest_sent, probe, stopped_counts, tiny_pipeline, write)
 
 DET = [("det", "seeing")]
 
@@ -40,7 +39,7 @@ def curve_keys(tmp_path) -> dict:
 
 
 def daemon_held_chunks(cfg: dict) -> int:
-    """Chunks the daemon may hold read but unanswered: its queue bound (vlora_va/daemon.py QUEUE_BATCHES batches
+    """Chunks the daemon may hold read but unanswered: its queue bound (vlora_va/serving/daemon.py QUEUE_BATCHES batches
     of max_batch_images; one image per chunk here), plus one batch being computed."""
     from vlora_va.serving.daemon import QUEUE_BATCHES
 

@@ -84,9 +84,9 @@ def cmd_validate(args) -> int:
 def _print_capacity(cfg, remeasure: bool = False) -> int:
     """Build the daemon's engine, measure (or load the cached) cost profile, and say what the configured load
     needs on this machine."""
+    from vlora_va.engine.backbones import ModelError
     from vlora_va.serving.capacity import estimate
     from vlora_va.serving.startup import build_engine, cost_model
-    from vlora_va.engine.backbones import ModelError
 
     try:
         engine, failed = build_engine(cfg)
@@ -137,12 +137,18 @@ def cmd_run(args) -> int:
 
 
 def cmd_daemon(args) -> int:
+    from vlora_va.engine.backbones import ModelError
     from vlora_va.outputs.attach import run_with_outputs
     from vlora_va.serving.daemon import Daemon
 
     cfg = _load(args.config, args.endpoint, roles=("server",))
     stop = _stop_on_signals()
-    run_with_outputs(Daemon(cfg), stop)
+    try:
+        daemon = Daemon(cfg)
+    except (ModelError, RuntimeError, ValueError) as e:  # the backbone or the device it asks for is not here
+        log.error("%s", e)
+        return 1
+    run_with_outputs(daemon, stop)
     return 0
 
 

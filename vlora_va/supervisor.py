@@ -6,7 +6,7 @@
 
 Supervision (Frigate's per-camera watchdog): a child that dies is started again with backoff (RESTART_INITIAL_S
 doubling to RESTART_MAX_S; a child that ran STABLE_S starts afresh). A restarted ingest worker continues its
-streams where the dead one left them (`streams.worker.Resume`: chunk numbers go on, the time down is reported as
+streams where the dead one left them (`vlora_va.ingest.worker.Resume`: chunk numbers go on, the time down is reported as
 an outage, chunks it made but never sent as `dropped_before`). A restarted daemon is reconnected to by the
 running workers on their own (ZeroMQ); meanwhile their queues apply the drop policy, and the first chunk each
 stream sends afterwards says how many were dropped. What was in flight when a child died is lost: at most
@@ -32,9 +32,8 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from vlora_va.contracts.config import ConfigError, PipelineConfig, load_config
-
 from vlora_va.common.logs import setup_logging
+from vlora_va.contracts.config import ConfigError, PipelineConfig, load_config
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +85,16 @@ def signals_ignored_for_children():
 def daemon_process(config: PipelineConfig, stop, ready, drained, log_level: str, parent_pid: int) -> None:
     setup_logging(log_level, "daemon")
     _as_child(parent_pid, stop.set)
+    from vlora_va.engine.backbones import ModelError
     from vlora_va.outputs.attach import run_with_outputs
     from vlora_va.serving.daemon import Daemon
 
-    run_with_outputs(Daemon(config), stop, ready, drained)
+    try:
+        daemon = Daemon(config)
+    except (ModelError, RuntimeError, ValueError) as e:  # the backbone or the device it asks for is not here
+        log.error("the daemon cannot start: %s", e)
+        raise SystemExit(2) from None
+    run_with_outputs(daemon, stop, ready, drained)
 
 
 def ingest_process(config: PipelineConfig, stream_ids: list[str], stop, flushed, release, log_level: str,
@@ -187,7 +192,7 @@ class Supervisor:
         self.path, self.log_level = str(config_path), log_level
         self.config = load_config(self.path)
         self.ctx = mp.get_context("spawn")  # no fork: torch and zmq state must not be copied into children
-        self.resume: dict[str, object] = {}  # stream id -> streams.worker.Resume state
+        self.resume: dict[str, object] = {}  # stream id -> vlora_va.ingest.worker.Resume state
         self.workers: list[WorkerChild] = []
         self.daemon = DaemonChild("daemon")
         self.signals = 0

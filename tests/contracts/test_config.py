@@ -4,8 +4,7 @@ import textwrap
 
 import pytest
 
-from vlora_va.contracts.config import (DEGRADE_OPTIONS, ConfigError, DaemonConfig, TaskConfig, load_config,
-                                       parse_config)
+from vlora_va.contracts.config import DEGRADE_OPTIONS, ConfigError, DaemonConfig, TaskConfig, load_config, parse_config
 from vlora_va.contracts.plugins import POLICIES
 from vlora_va.contracts.wire import MAX_FRAMES, MAX_TASKS
 

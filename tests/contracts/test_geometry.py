@@ -1,5 +1,5 @@
 """vlora_va.contracts.geometry: the letterbox mapping model = orig * scale + pad, and back (the pixels themselves:
-tests/streams/test_chunker.py)."""
+tests/ingest/test_chunker.py)."""
 
 import pytest
 

@@ -4,9 +4,8 @@ daemon's clock, and which frames requests share."""
 import numpy as np
 import pytest
 
-from vlora_va.contracts.wire import TaskRequest, decode_chunk, encode_chunk
-
 from tests.contracts.test_wire import frames, make_header
+from vlora_va.contracts.wire import TaskRequest, decode_chunk, encode_chunk
 
 
 def test_a_chunk_cut_into_requests_has_its_frames_and_times_in_the_daemon_clock():

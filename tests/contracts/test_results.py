@@ -7,8 +7,19 @@ import pytest
 
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
-from vlora_va.contracts.results import (RESULT_VERSION, STATUSES, ActivityResult, Detection, DetectionResult,
-                                        FrameDetections, JsonlFollower, Latency, PersonActivity, ResultRecord, iso_utc)
+from vlora_va.contracts.results import (
+    RESULT_VERSION,
+    STATUSES,
+    ActivityResult,
+    Detection,
+    DetectionResult,
+    FrameDetections,
+    JsonlFollower,
+    Latency,
+    PersonActivity,
+    ResultRecord,
+    iso_utc,
+)
 
 
 def record(**kw) -> ResultRecord:

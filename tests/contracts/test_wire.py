@@ -8,8 +8,19 @@ import numpy as np
 import pytest
 
 from vlora_va.contracts.geometry import Letterbox
-from vlora_va.contracts.wire import (MAX_FRAMES, MAX_HEADER_BYTES, MAX_TASKS, PROTOCOL_VERSION, ChunkHeader, TaskRequest,
-                            WireError, decode_chunk, encode_chunk, largest_part_bytes, parse_header)
+from vlora_va.contracts.wire import (
+    MAX_FRAMES,
+    MAX_HEADER_BYTES,
+    MAX_TASKS,
+    PROTOCOL_VERSION,
+    ChunkHeader,
+    TaskRequest,
+    WireError,
+    decode_chunk,
+    encode_chunk,
+    largest_part_bytes,
+    parse_header,
+)
 
 SIDE = 28
 

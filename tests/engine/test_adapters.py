@@ -6,8 +6,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vlora_va.engine.adapters import (AdapterError, fit_module_names, fit_target_modules, load_adapter_dir,
-                               save_adapter_dir)
+from vlora_va.engine.adapters import (
+    AdapterError,
+    fit_module_names,
+    fit_target_modules,
+    load_adapter_dir,
+    save_adapter_dir,
+)
 from vlora_va.engine.backbones import canonical_name, legacy_name, linear_names, renamed_for
 
 
@@ -60,7 +65,6 @@ def test_broken_adapter_dirs_give_clear_errors(adapter_copy, breakage, message):
 def both_namings(tiny_backbone_dir):
     """The tiny backbone as transformers >= 5.18 builds it, and as < 5.18 does (same weights)."""
     from vlora_va.engine.backbones import load_backbone
-
     from vlora_va.testing.tiny import as_naming
 
     return {n: as_naming(load_backbone(str(tiny_backbone_dir)), n) for n in ("canonical", "legacy")}
@@ -147,7 +151,6 @@ def test_shipped_adapter_fits_dinov2_small_under_both_namings():
     from transformers import Dinov2Model
 
     from vlora_va.engine.backbones import dinov2_small_config
-
     from vlora_va.testing.tiny import as_naming
 
     detect = load_adapter_dir("detect", Path(__file__).resolve().parents[2] / "adapters" / "detect", 384)

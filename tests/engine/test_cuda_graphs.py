@@ -1,4 +1,4 @@
-"""vlora_va/graphs.py on a CPU: the captured-forward logic (keys, buckets, padding, static buffers reused
+"""vlora_va/engine/cuda_graphs.py on a CPU: the captured-forward logic (keys, buckets, padding, static buffers reused
 across batches, modes and weight switches, what falls back to eager) with the capture itself run eagerly.
 On a GPU the same objects hold CUDA graphs."""
 
@@ -11,12 +11,11 @@ import torch
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
 from vlora_va.engine.adapters import load_adapter_dir
-from vlora_va.engine.executor import Engine
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.backbones import load_backbone
+from vlora_va.engine.executor import Engine
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.plan import PlanKey
 from vlora_va.serving.scheduling import make_plan
-
 from vlora_va.testing.tiny import TINY_IMAGE
 
 

@@ -2,8 +2,8 @@
 
 import copy
 import json
-from dataclasses import replace
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,16 +11,15 @@ import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
-from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
 from vlora_va.contracts.results import ActivityResult, DetectionResult
+from vlora_va.engine.adapters import load_adapter_dir
+from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.executor import Engine
 from vlora_va.engine.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, DetectionHead
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
-from vlora_va.engine.backbones import load_backbone
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.serving.scheduling import make_plan
-
 from vlora_va.testing.tiny import TINY_IMAGE
 
 

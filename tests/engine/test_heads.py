@@ -3,9 +3,19 @@ import math
 import pytest
 import torch
 
-from vlora_va.engine.heads import (ActionHead, DetectionHead, Features, batched_nms, box_iou, extend_track,
-                            link_index_pairs, middle_frames, person_tracks, track_activity)
 from vlora_va.contracts.geometry import Letterbox
+from vlora_va.engine.heads import (
+    ActionHead,
+    DetectionHead,
+    Features,
+    batched_nms,
+    box_iou,
+    extend_track,
+    link_index_pairs,
+    middle_frames,
+    person_tracks,
+    track_activity,
+)
 from vlora_va.engine.motion import TRACK_SHARE
 
 

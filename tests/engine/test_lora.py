@@ -9,7 +9,7 @@ from torch import nn
 from transformers import Dinov2Config, Dinov2Model
 
 from vlora_va.engine import lora
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 
 TARGETS = ["q_proj", "v_proj", "fc2"]
 

@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from vlora_va.contracts.config import PRECISIONS, ConfigError, parse_config
-from vlora_va.serving import profiling as P
 from vlora_va.engine import precision as P
+from vlora_va.engine import precision_auto as A
 from vlora_va.engine.adapters import load_adapter_dir
-from vlora_va.engine.executor import Engine
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode, clear_slot, load_adapter
 from vlora_va.engine.backbones import load_backbone
-
+from vlora_va.engine.executor import Engine
+from vlora_va.engine.lora import clear_slot, load_adapter
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.serving import profiling
 from vlora_va.testing.tiny import TINY_IMAGE, make_adapter
 
 INT8 = P.Capabilities.detect("cpu").int8_kernels
@@ -125,7 +126,7 @@ def test_the_profile_key_names_the_precision(parts):
     keys = {}
     for p in ["fp32", "bf16"] + (["int8"] if INT8 else []):
         e = engine_for(parts, p)
-        keys[p] = P.profile_key(e.device, "tiny", e.backbone, e.catalog(), {"detect": 4}, ["premerged"])
+        keys[p] = profiling.profile_key(e.device, "tiny", e.backbone, e.catalog(), {"detect": 4}, ["premerged"])
     assert keys["fp32"]["precision"] == "fp32" and keys["bf16"]["precision"] == "bf16"
     if INT8:
         assert keys["int8"]["precision"] == P.gate_key("int8") and keys["int8"] != keys["fp32"]
@@ -162,22 +163,22 @@ OPEN = {"bf16": None, "int8": None}
     (CUDA, OPEN, None, "bf16"),
 ])
 def test_auto_takes_the_fastest_precision_the_cpu_runs_natively_and_the_gate_allows(caps, gate, speeds, want):
-    choice = P.choose("auto", caps, gate, speeds)
+    choice = A.choose("auto", caps, gate, speeds)
     assert choice.precision == want, choice.reason
     assert choice.reason
 
 
 def test_explicit_settings_and_the_dtype():
-    assert P.choose("int8", CPU_AVX2, {"int8": "failed"}, None).precision == "int8"  # the user's call...
-    assert "auto would" in P.choose("int8", CPU_AVX2, {"int8": "failed"}, None).reason  # ...said plainly
-    assert "slower" in P.choose("bf16", CPU_AVX2, OPEN, None).reason
+    assert A.choose("int8", CPU_AVX2, {"int8": "failed"}, None).precision == "int8"  # the user's call...
+    assert "auto would" in A.choose("int8", CPU_AVX2, {"int8": "failed"}, None).reason  # ...said plainly
+    assert "slower" in A.choose("bf16", CPU_AVX2, OPEN, None).reason
     with pytest.raises(P.PrecisionError, match="AVX2"):
-        P.choose("int8", CPU_NO_INT8, OPEN, None)
+        A.choose("int8", CPU_NO_INT8, OPEN, None)
     with pytest.raises(P.PrecisionError):
-        P.choose("int8", CUDA, OPEN, None)
-    assert P.choose("auto", CPU_BF16_VNNI, OPEN, {"fp32": 1, "bf16": 0.5}, dtype_setting="float32").precision == "fp32"
-    assert P.choose("auto", CPU_BF16_VNNI, OPEN, None, dtype_setting="bfloat16").precision == "bf16"
-    assert P.choose("auto", CUDA, OPEN, None, dtype_setting="float32").precision == "fp32"
+        A.choose("int8", CUDA, OPEN, None)
+    assert A.choose("auto", CPU_BF16_VNNI, OPEN, {"fp32": 1, "bf16": 0.5}, dtype_setting="float32").precision == "fp32"
+    assert A.choose("auto", CPU_BF16_VNNI, OPEN, None, dtype_setting="bfloat16").precision == "bf16"
+    assert A.choose("auto", CUDA, OPEN, None, dtype_setting="float32").precision == "fp32"
 
 
 def test_capabilities_of_this_machine():
@@ -224,16 +225,16 @@ def test_the_gate_belongs_to_the_adapters_exact_weights(parts, tmp_path):
     a = copy.deepcopy(adapters["detect"])
     a.path = tmp_path
     key = P.gate_key("int8")
-    assert "no accuracy-gate result" in P.gate_allows({"detect": a}, "int8")
-    ok = P.gate_entry({"F1": {"delta": -0.005, "ci95": [-0.02, 0.01]}})
-    bad = P.gate_entry({"F1": {"delta": -0.05, "ci95": [-0.08, -0.02]}})
+    assert "no accuracy-gate result" in A.gate_allows({"detect": a}, "int8")
+    ok = A.gate_entry({"F1": {"delta": -0.005, "ci95": [-0.02, 0.01]}})
+    bad = A.gate_entry({"F1": {"delta": -0.05, "ci95": [-0.08, -0.02]}})
     assert ok["passes"] and not bad["passes"] and bad["failing"] == ["F1"]
-    (tmp_path / P.GATE_FILE).write_text(json.dumps({"adapter_sha256": P.adapter_digest(a), "precisions": {key: ok}}))
-    assert P.gate_allows({"detect": a}, "int8") is None and P.gate_allows({"detect": a}, "fp32") is None
-    (tmp_path / P.GATE_FILE).write_text(json.dumps({"adapter_sha256": P.adapter_digest(a), "precisions": {key: bad}}))
-    assert "failed the accuracy gate" in P.gate_allows({"detect": a}, "int8")
-    (tmp_path / P.GATE_FILE).write_text(json.dumps({"adapter_sha256": "0" * 64, "precisions": {key: ok}}))
-    assert P.gate_allows({"detect": a}, "int8")  # measured on other weights: off
+    (tmp_path / A.GATE_FILE).write_text(json.dumps({"adapter_sha256": A.adapter_digest(a), "precisions": {key: ok}}))
+    assert A.gate_allows({"detect": a}, "int8") is None and A.gate_allows({"detect": a}, "fp32") is None
+    (tmp_path / A.GATE_FILE).write_text(json.dumps({"adapter_sha256": A.adapter_digest(a), "precisions": {key: bad}}))
+    assert "failed the accuracy gate" in A.gate_allows({"detect": a}, "int8")
+    (tmp_path / A.GATE_FILE).write_text(json.dumps({"adapter_sha256": "0" * 64, "precisions": {key: ok}}))
+    assert A.gate_allows({"detect": a}, "int8")  # measured on other weights: off
 
 
 def test_speeds_are_measured_for_the_pipelines_mix_and_cached(parts, tmp_path):
@@ -243,37 +244,37 @@ def test_speeds_are_measured_for_the_pipelines_mix_and_cached(parts, tmp_path):
 
     def measure():
         calls.append(1)
-        return P.measure_speeds(base, precisions, {TINY_IMAGE: 2.0}, rounds=1)
+        return A.measure_speeds(base, precisions, {TINY_IMAGE: 2.0}, rounds=1)
 
     caps = P.Capabilities.detect("cpu")
-    key = P.speed_key(caps, "tiny", base, {TINY_IMAGE: 2.0})
-    first = P.cached_speeds(tmp_path, key, measure)
+    key = A.speed_key(caps, "tiny", base, {TINY_IMAGE: 2.0})
+    first = A.cached_speeds(tmp_path, key, measure)
     assert set(first) == set(precisions) and all(s > 0 for s in first.values())
-    assert P.cached_speeds(tmp_path, key, measure) == first and len(calls) == 1
+    assert A.cached_speeds(tmp_path, key, measure) == first and len(calls) == 1
     # another mix of image sizes is another measurement: the mix decides which precision is fastest
-    assert P.speed_key(caps, "tiny", base, {TINY_IMAGE: 8.0}) != key
+    assert A.speed_key(caps, "tiny", base, {TINY_IMAGE: 8.0}) != key
 
 
 def test_a_cached_ranking_that_no_longer_holds_is_measured_again(tmp_path):
     key = {"kind": "precision-speeds", "test": 1}
     cached = {"fp32": 1.0, "bf16": 0.5, "int8": 0.6}  # e.g. measured while a neighbour slowed int8 down
-    P.cached_speeds(tmp_path, key, lambda: cached)
+    A.cached_speeds(tmp_path, key, lambda: cached)
     rechecked = []
 
     def fresh(now):
         def measure(ps):
             rechecked.append(sorted(ps))
             return {p: now[p] for p in ps}
-        return lambda speeds: P.ranking_holds(speeds, measure)
+        return lambda speeds: A.ranking_holds(speeds, measure)
 
     remeasured = {"fp32": 1.0, "bf16": 0.5, "int8": 0.3}
     # the fresh round agrees (bf16 within RECHECK_MARGIN of int8): the cache stands, nothing measured in full
-    assert P.cached_speeds(tmp_path, key, lambda: remeasured, fresh({"bf16": 0.52, "int8": 0.5})) == cached
+    assert A.cached_speeds(tmp_path, key, lambda: remeasured, fresh({"bf16": 0.52, "int8": 0.5})) == cached
     assert rechecked == [["bf16", "int8"]]  # only the two fastest were timed
     # int8 now clearly ahead of the cached winner: measured again, and the new figures are cached
-    assert P.cached_speeds(tmp_path, key, lambda: remeasured, fresh({"bf16": 0.5, "int8": 0.3})) == remeasured
-    assert P.cached_speeds(tmp_path, key, lambda: cached) == remeasured
-    assert P.ranking_holds({"fp32": 1.0}, lambda ps: pytest.fail("one precision has no ranking to check"))
+    assert A.cached_speeds(tmp_path, key, lambda: remeasured, fresh({"bf16": 0.5, "int8": 0.3})) == remeasured
+    assert A.cached_speeds(tmp_path, key, lambda: cached) == remeasured
+    assert A.ranking_holds({"fp32": 1.0}, lambda ps: pytest.fail("one precision has no ranking to check"))
 
 
 # ---------------------------------------------------------------- configuration

@@ -6,11 +6,11 @@ import copy
 
 import torch
 
-from vlora_va.engine.lora import LoRAMode, inject_lora, load_adapter
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.backends.torch_eager import lower, upper
+from vlora_va.engine.lora import inject_lora, load_adapter
+from vlora_va.engine.modes import LoRAMode
 from vlora_va.engine.vit import fold_layer_scale, num_blocks
-
 from vlora_va.testing.tiny import TINY_IMAGE
 
 

@@ -10,12 +10,12 @@ import av
 import numpy as np
 import pytest
 
+from tests.conftest import BIKES
+from tests.ingest.ingest_helpers import IMAGE_SIZE, stream, tasks
 from vlora_va.contracts.config import TaskConfig, parse_config
 from vlora_va.contracts.wire import TaskRequest
 from vlora_va.ingest.chunker import PAD_VALUE, Chunker, letterbox, plan_chunk, spread
 from vlora_va.ingest.source import Frame, FrameSource
-from tests.conftest import BIKES
-from tests.ingest.ingest_helpers import IMAGE_SIZE, stream, tasks
 
 
 @pytest.mark.parametrize("n, k, expected", [

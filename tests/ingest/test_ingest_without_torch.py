@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import zmq
 
-from vlora_va.contracts.wire import TaskRequest, decode_chunk
-from vlora_va.ingest.chunker import PAD_VALUE
 from tests.conftest import BIKES, PEDESTRIANS, ROOT
 from tests.ingest.ingest_helpers import QUIET_S
+from vlora_va.contracts.wire import TaskRequest, decode_chunk
+from vlora_va.ingest.chunker import PAD_VALUE
 
 INGEST_VENV = ROOT / ".venv-ingest"
 PYTHON = INGEST_VENV / "bin" / "python"

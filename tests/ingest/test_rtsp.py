@@ -19,11 +19,19 @@ import time
 import numpy as np
 import pytest
 
+from tests.conftest import BIKES, free_port
+from tests.ingest.ingest_helpers import (
+    BACKGROUND,
+    IMAGE_SIZE,
+    WorkerThread,
+    make_video,
+    pipeline,
+    square_box,
+    stream,
+    tasks,
+)
 from vlora_va.contracts.geometry import letterbox_geometry
 from vlora_va.ingest.chunker import PAD_VALUE
-from tests.conftest import BIKES, free_port
-from tests.ingest.ingest_helpers import (BACKGROUND, IMAGE_SIZE, WorkerThread, make_video, pipeline, square_box,
-                                          stream, tasks)
 
 RESUME_LIMIT_S = 6.0  # "within a few seconds": measured ~1.2-1.9 s (backoff <= 1 s, RTSP set-up, a 0.5-s chunk)
 

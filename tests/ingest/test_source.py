@@ -10,9 +10,9 @@ import time
 import av
 import pytest
 
-from vlora_va.ingest.source import Frame, FrameSource, SourceError, resample
 from tests.conftest import BIKES, PEDESTRIANS
 from tests.ingest.ingest_helpers import make_video
+from vlora_va.ingest.source import Frame, FrameSource, SourceError, resample
 
 
 def digest(rgb) -> str:

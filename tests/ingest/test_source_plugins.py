@@ -11,12 +11,12 @@ import av
 import numpy as np
 import pytest
 
+from tests.conftest import BIKES
+from tests.ingest.ingest_helpers import IMAGE_SIZE, WorkerThread, pipeline, stream, tasks
 from vlora_va.contracts.config import ConfigError, TaskConfig, parse_config
 from vlora_va.contracts.plugins import SOURCES
 from vlora_va.ingest.chunker import PAD_VALUE, Chunker
 from vlora_va.ingest.source import FrameSource, Pass, Source, SourceError
-from tests.conftest import BIKES
-from tests.ingest.ingest_helpers import IMAGE_SIZE, WorkerThread, pipeline, stream, tasks
 
 
 def colour(i: int) -> tuple[int, int, int]:

@@ -10,14 +10,14 @@ import time
 import pytest
 
 import vlora_va.ingest.worker as worker_mod
+from tests.conftest import BIKES, PEDESTRIANS, free_port
+from tests.ingest.ingest_helpers import IMAGE_SIZE, Receiver, WorkerThread, make_video, pipeline, stream, tasks
+from tests.ingest.test_source import CORRUPT_MESSAGES, corrupt_copy
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.results import DetectionResult, ResultRecord
 from vlora_va.contracts.wire import ChunkHeader
 from vlora_va.ingest.chunker import ReadyChunk
 from vlora_va.ingest.worker import ChunkQueue, StreamStats, plan_workers, run_ingest
-from tests.conftest import BIKES, PEDESTRIANS, free_port
-from tests.ingest.ingest_helpers import IMAGE_SIZE, Receiver, WorkerThread, make_video, pipeline, stream, tasks
-from tests.ingest.test_source import CORRUPT_MESSAGES, corrupt_copy
 
 
 @pytest.mark.parametrize("n_streams, per_worker, expected", [
@@ -276,7 +276,7 @@ def test_a_stalled_source_reports_its_outage_in_the_chunk_the_log_and_the_result
         assert [c.header.seq for c in chunks] == [0, 1, 2, 3, 4]
         assert [c.header.outage_s for c in chunks] == [0.0, 0.0, 3.5, 0.0, 0.0]
         assert [c.header.frame_ts[0] for c in chunks] == pytest.approx([0.0, 1.0, 5.5, 6.5, 7.5])
-    # what the daemon makes of it (contracts.requests and contracts.results, as vlora_va/daemon.py uses them)
+    # what the daemon makes of it (contracts.requests and contracts.results, as the daemon uses them)
     for c in chunks:
         req = c.requests(received=time.time())[0]
         assert req.outage_before_s == c.header.outage_s

@@ -8,7 +8,6 @@ import torch
 
 from vlora_va.contracts.plugins import ATMM_BACKENDS, UnknownPlugin
 from vlora_va.kernels import AtmmBackend, atmm, atmm_reference
-
 from vlora_va.testing.atmm_cases import CASES, make, tol
 
 

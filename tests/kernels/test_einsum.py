@@ -5,7 +5,6 @@ import torch
 
 from vlora_va.kernels import Segments, atmm, atmm_reference
 from vlora_va.kernels.einsum import atmm_einsum
-
 from vlora_va.testing.atmm_cases import CASES, empty_run_segments, make, tol
 
 DTYPES = [torch.float32, torch.float16]

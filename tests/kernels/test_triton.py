@@ -15,8 +15,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from vlora_va.testing.atmm_cases import CASES, empty_run_segments, make, tol  # noqa: E402
 from vlora_va.kernels import atmm_reference  # noqa: E402
+from vlora_va.testing.atmm_cases import CASES, empty_run_segments, make, tol  # noqa: E402
 
 # triton.language itself is decorated when triton is first imported, so the interpreter can only be switched
 # on in a fresh process: the outer run re-runs this file in a subprocess with TRITON_INTERPRET=1.

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 import torch
 
 from vlora_va.kernels import Segments, cpu, tuned, tuning

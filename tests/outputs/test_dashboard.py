@@ -28,16 +28,15 @@ import pytest
 import yaml
 import zmq
 
+from tests.serving.test_daemon import chunk_parts, config
 from vlora_va.contracts.config import ConfigError, parse_config
+from vlora_va.contracts.results import PersonActivity
 from vlora_va.contracts.security import is_local_host
 from vlora_va.outputs.attach import run_with_outputs
-from vlora_va.serving.daemon import Daemon
-from vlora_va.contracts.results import PersonActivity
 from vlora_va.outputs.dashboard import url_for
 from vlora_va.outputs.dashboard.hub import person_label
 from vlora_va.outputs.dashboard.server import HttpServer, readiness, start_http
-
-from tests.serving.test_daemon import chunk_parts, config
+from vlora_va.serving.daemon import Daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -21,8 +21,8 @@ import pytest
 from vlora_va.contracts.config import ConfigError, SinkConfig, parse_config
 from vlora_va.contracts.plugins import SINKS
 from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections, Latency, ResultRecord
-from vlora_va.serving.prometheus import DaemonMetrics
 from vlora_va.outputs.sinks import JsonlSink, QueuedSink, Sink, WebhookSink, ZmqPubSink, make_sink
+from vlora_va.serving.prometheus import DaemonMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

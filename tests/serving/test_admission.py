@@ -7,9 +7,8 @@ import math
 
 import pytest
 
-from vlora_va.serving.admission import TARGET_UTILISATION, OverloadControl
-
 from tests.serving.scheduling.conftest import request
+from vlora_va.serving.admission import TARGET_UTILISATION, OverloadControl
 
 T0 = 5000.0
 

@@ -10,17 +10,16 @@ import time
 import pytest
 import torch
 
-from vlora_va.serving import costs as C
-from vlora_va.serving import profiling as P
+from tests.serving.scheduling.conftest import profile as hand_profile
 from vlora_va.engine.adapters import load_adapter_dir
-from vlora_va.engine.executor import Engine
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.backbones import load_backbone
+from vlora_va.engine.executor import Engine
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.plan import BatchPlan, SizeGroup
 from vlora_va.engine.precision import device_name
-
+from vlora_va.serving import costs as C
+from vlora_va.serving import profiling as P
 from vlora_va.testing.tiny import TINY_IMAGE
-from tests.serving.scheduling.conftest import profile as hand_profile
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,12 @@ from vlora_va.contracts.config import parse_config
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk
 from vlora_va.engine.adapters import load_adapter_dir
+from vlora_va.engine.backbones import load_backbone
+from vlora_va.engine.executor import Engine
+from vlora_va.engine.modes import UNMERGED, LoRAMode
 from vlora_va.outputs.attach import run_with_outputs
 from vlora_va.serving.daemon import Daemon
-from vlora_va.engine.executor import Engine
-from vlora_va.engine.lora import UNMERGED, LoRAMode
-from vlora_va.engine.backbones import load_backbone
 from vlora_va.serving.scheduling import make_plan
-
 from vlora_va.testing.tiny import TINY_IMAGE
 
 

@@ -1,6 +1,6 @@
 """Issue 14, item 1: no message can kill or stall the daemon.
 
-10,000 generated hostile messages (tests/fuzz_messages.py: random bytes, truncations, wrong types in every
+10,000 generated hostile messages (vlora_va/testing/messages.py: random bytes, truncations, wrong types in every
 field, huge and non-finite numbers, huge headers, extra and missing parts, duplicated tasks, parts over
 ZeroMQ's size limit, ...) go to the real daemon over a real ZeroMQ socket, with a valid stream ("live")
 interleaved. Nothing here passes by surviving alone: the daemon must count exactly the malformed messages,
@@ -17,13 +17,23 @@ import time
 import pytest
 import zmq
 
+from tests.serving.test_daemon import RunningDaemon, config
 from vlora_va.contracts.wire import WireError, decode_chunk
 from vlora_va.serving.transport import CLOCK_MAX_SKEW_S
-from vlora_va.testing.messages import (DISCONNECT, FIELDS, MALFORMED, MessageGen, RowTail, Sender, make_seeing_detector,
-                                 payload_difference, reference_payloads, send_to_be_cut_off, wire_fields)
-
+from vlora_va.testing.messages import (
+    DISCONNECT,
+    FIELDS,
+    MALFORMED,
+    MessageGen,
+    RowTail,
+    Sender,
+    make_seeing_detector,
+    payload_difference,
+    reference_payloads,
+    send_to_be_cut_off,
+    wire_fields,
+)
 from vlora_va.testing.tiny import TINY_IMAGE
-from tests.serving.test_daemon import RunningDaemon, config
 
 N_MESSAGES = 10_000
 LIVE_EVERY = 500  # a live chunk every this many fuzz messages

@@ -7,10 +7,9 @@ import time
 
 import pytest
 
-from vlora_va.serving.control import control_endpoint, request
-
-from vlora_va.testing.tiny import make_adapter
 from tests.serving.test_daemon import RunningDaemon, chunk_parts, config
+from vlora_va.serving.control import control_endpoint, request
+from vlora_va.testing.tiny import make_adapter
 
 
 def control(d: RunningDaemon, op: str, **kw) -> dict:

@@ -12,7 +12,7 @@ from vlora_va.training.corrections import CorrectionsError, Fix, apply_fix, load
 from vlora_va.training.frames import Frame
 from vlora_va.training.spec import SpecError, load_spec
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 MERGED = [100.0, 50.0, 160.0, 150.0]  # the teacher's one box over two people side by side
 LEFT, RIGHT = [100.0, 50.0, 128.0, 150.0], [130.0, 52.0, 160.0, 150.0]
 

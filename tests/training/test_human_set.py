@@ -10,7 +10,7 @@ import pytest
 from vlora_va.training.evaluate import HUMAN_SET, HUMAN_SET_SHA256, human_clip_frames, load_human_set
 from vlora_va.training.spec import Range
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 FROZEN = "c929600b84f2835f28d328e0b97aed801e17a64577118976cc9d72759cc215e5"  # as in adapters/eval/README.md
 SIZES = {"pedestrians": (768, 576), "bikes": (640, 272)}
 ACTIVITIES = {"standing", "walking_left", "walking_right", "walking_toward", "walking_away"}

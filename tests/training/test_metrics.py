@@ -2,8 +2,16 @@ import math
 
 import pytest
 
-from vlora_va.training.metrics import (SCORE_THRESHOLDS, action_report, average_precision, best_f1_threshold,
-                                      best_person_threshold, detection_report, match_image, person_activity_report)
+from vlora_va.training.metrics import (
+    SCORE_THRESHOLDS,
+    action_report,
+    average_precision,
+    best_f1_threshold,
+    best_person_threshold,
+    detection_report,
+    match_image,
+    person_activity_report,
+)
 
 
 def box(x, y, w=10, h=20, cls="person", score=1.0, **kw):

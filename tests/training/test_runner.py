@@ -11,7 +11,7 @@ from vlora_va.training.evaluate import load_human_set
 from vlora_va.training.pipeline import NMS_CHOICES
 from vlora_va.training.runner import best_on_validation
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 VIDEO = ROOT / "sample_videos" / "pedestrians.mp4"
 
 

@@ -8,7 +8,7 @@ import pytest
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.training.teachers import DEFAULT_TEACHER_DIR
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 # Accuracy minimums for the eval tests below (well under the shipped adapters' figures on the same frames, well
 # above what a broken model gets). These tests skip where the teacher ONNX files are absent (a clean clone).
 MIN_PERSON_F1 = 0.8

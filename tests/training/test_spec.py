@@ -5,7 +5,7 @@ import pytest
 from vlora_va.training.cli import parse_range
 from vlora_va.training.spec import SpecError, load_spec
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", ["detect", "actions", "actions-persons"])

@@ -9,8 +9,7 @@ import torch
 from vlora_va.engine.heads import ActionHead, DetectionHead, Features
 from vlora_va.training.frames import letterbox, letterbox_params, model_input
 from vlora_va.training.metrics import person_activity_report
-from vlora_va.training.targets import (build_targets, detection_loss, middle_frame_targets, person_loss,
-                                      person_targets)
+from vlora_va.training.targets import build_targets, detection_loss, middle_frame_targets, person_loss, person_targets
 
 
 def test_letterbox_is_centred_and_padded_with_114():

@@ -4,8 +4,17 @@ import numpy as np
 import pytest
 
 from vlora_va.training.frames import Frame
-from vlora_va.training.teachers import (COCO80, CenterNetTeacher, HaarTeacher, HogPeopleTeacher, LabelCache, Teacher,
-                                        load_clip_manifest, load_coco_json, save_coco_json)
+from vlora_va.training.teachers import (
+    COCO80,
+    CenterNetTeacher,
+    HaarTeacher,
+    HogPeopleTeacher,
+    LabelCache,
+    Teacher,
+    load_clip_manifest,
+    load_coco_json,
+    save_coco_json,
+)
 
 
 class CountingTeacher(Teacher):
@@ -131,7 +140,7 @@ def test_merge_tiled_prefers_the_tiles_split_and_drops_cut_boxes():
 
 
 def test_tiles_must_be_a_positive_integer():
-    from vlora_va.training.teachers import CenterNetTeacher, DEFAULT_TEACHER_DIR
+    from vlora_va.training.teachers import DEFAULT_TEACHER_DIR, CenterNetTeacher
 
     if not (DEFAULT_TEACHER_DIR / "centernet.onnx").is_file():
         pytest.skip("CenterNet teacher (development asset) not present")

@@ -306,9 +306,8 @@ def test_training_under_either_naming_writes_the_same_adapter(tiny_backbone, tmp
     same layers there, save them under the canonical names, and give byte-identical files."""
     from vlora_va.engine.adapters import fit_module_names
     from vlora_va.engine.backbones import canonical_name, linear_names, load_backbone
-    from vlora_va.training.pipeline import save_detection
-
     from vlora_va.testing.tiny import as_naming
+    from vlora_va.training.pipeline import save_detection
 
     files, outputs = {}, {}
     x, _ = model_input(frames(2), SIDE)
@@ -343,8 +342,8 @@ def test_training_under_either_naming_writes_the_same_adapter(tiny_backbone, tmp
 
 
 def test_frozen_layers_then_the_norm_equal_the_upper_layers(tiny_backbone):
-    from vlora_va.training.features import frozen_layers
     from vlora_va.engine.vit import num_blocks
+    from vlora_va.training.features import frozen_layers
 
     model = T.build_model(tiny_backbone, LoraSpec(layers=[]))
     x, _ = model_input(frames(3), SIDE)

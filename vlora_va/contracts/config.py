@@ -27,7 +27,7 @@ DROP_POLICIES = ("drop_oldest", "drop_newest", "block")
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HW_DECODE = ("auto", "off", "cuda", "vaapi", "qsv", "drm", "videotoolbox", "d3d11va", "amf")  # FFmpeg device types
-# How the backbone computes (vlora_va/precision.py): auto picks per machine what its measured speed and each
+# How the backbone computes (vlora_va/engine/precision.py): auto picks per machine what its measured speed and each
 # adapter's accuracy gate allow; int8 = dynamic-int8 linear layers (CPU); bf16 = the bfloat16 dtype.
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 _PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "int8": "float32"}  # what daemon.dtype must then be
@@ -129,7 +129,7 @@ class TaskConfig:
 @dataclass(frozen=True)
 class StreamConfig:
     id: str
-    source: str  # a file path or an rtsp:// URL
+    source: str  # a file path or a URL whose scheme names its source kind (contracts.plugins.SOURCES)
     fps: float = 30.0
     chunk_seconds: float = 1.0
     loop: bool = False
@@ -150,7 +150,7 @@ class StreamConfig:
 
 @dataclass(frozen=True)
 class SinkConfig:
-    """One result sink (vlora_va/sinks.py). Every sink keeps at most queue_max rows waiting for delivery
+    """One result sink (vlora_va/outputs/sinks/). Every sink keeps at most queue_max rows waiting for delivery
     (more are dropped and counted) and gets close_timeout_s on exit to deliver them."""
 
     type: str  # a name in contracts.plugins.SINKS
@@ -177,7 +177,7 @@ class SinkConfig:
 @dataclass(frozen=True)
 class SecurityConfig:
     """security: in pipelines.yaml. curve: ZeroMQ CURVE on the data, control and results sockets
-    (contracts/security.py); None = plain sockets (fine on loopback and ipc)."""
+    (vlora_va/contracts/security.py); None = plain sockets (fine on loopback and ipc)."""
 
     curve: CurveConfig | None = None
 

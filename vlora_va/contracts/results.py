@@ -64,7 +64,7 @@ class PersonActivity:
     activity: str
     activity_score: float  # the learnt activity maps' probability of `activity`
     # what named the activity: "maps" (the learnt activity maps) or "track" (the person's boxes over the clip, by
-    # the motion rule of vlora_va/motion.py; activity_score then says how far the maps agree)
+    # the motion rule of vlora_va/engine/motion.py; activity_score then says how far the maps agree)
     activity_from: str = "maps"
 
     def to_json(self) -> dict:

@@ -6,7 +6,7 @@
 Frames are already resized/letterboxed to the model input by the ingest worker; only the frames some task
 needs are sent. Times are the SENDER's wall clock: `ready_wall` (the chunk's last frame captured) and
 `sent_wall` (handed to ZeroMQ); deadlines travel as budgets relative to `ready_wall` (`deadline_ms`), so two
-hosts' clocks are never compared directly (the daemon measures the offset, see vlora_va/transport.py).
+hosts' clocks are never compared directly (the daemon measures the offset, see vlora_va/serving/transport.py).
 
 The daemon never trusts a message: `decode_chunk` checks every field against the schema below and raises
 `WireError` naming the field and the problem.

@@ -14,7 +14,7 @@ Only safetensors are read: never pickle.
 
 Module names: adapters are written under the canonical names of transformers >= 5.18 (`attention.q_proj`, ...),
 whichever version trained them; files with the legacy names (`attention.attention.query`, ...) load too.
-`fit_module_names` translates an adapter's names to the backbone it meets (see models.py, "two namings").
+`fit_module_names` translates an adapter's names to the backbone it meets (see engine/backbones.py, "two namings").
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from vlora_va.common import jsonfmt
-from vlora_va.engine.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, build_head
 from vlora_va.engine.backbones import canonical_name, legacy_name, renamed_for
+from vlora_va.engine.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, build_head
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
 

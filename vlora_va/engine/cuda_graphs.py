@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from vlora_va.engine.lora import LoRAMode
+from vlora_va.engine.modes import LoRAMode
 from vlora_va.engine.plan import PlanKey, bucket
 
 log = logging.getLogger(__name__)

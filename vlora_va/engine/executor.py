@@ -25,8 +25,16 @@ from vlora_va.engine.adapters import Adapter, AdapterError, fit_module_names
 from vlora_va.engine.backbones import patch_size, tensor_digest
 from vlora_va.engine.backends import BackboneBackend
 from vlora_va.engine.heads import Clip, Features
-from vlora_va.engine.lora import (MIXTURE, LoRALinear, LoRAMode, clear_slot, enable_premerge,
-                                  inject_lora, load_adapter, premerge_bytes, switch_weights)
+from vlora_va.engine.lora import (
+    LoRALinear,
+    clear_slot,
+    enable_premerge,
+    inject_lora,
+    load_adapter,
+    premerge_bytes,
+    switch_weights,
+)
+from vlora_va.engine.modes import MIXTURE, LoRAMode
 from vlora_va.engine.plan import AdapterInfo, BatchPlan, Catalog, SizeGroup, resting_mode
 from vlora_va.engine.vit import block_of, fold_layer_scale, num_blocks
 
@@ -41,7 +49,7 @@ class Engine:
         if len(adapters) > max_slots:
             raise ValueError(f"{len(adapters)} adapters configured but daemon.max_slots is {max_slots}")
         self.device = torch.device(device)
-        # fp32 / bf16 / int8 (vlora_va/precision.py); None: what the dtype says. bf16 is the dtype; int8 swaps the GEMMs
+        # fp32 / bf16 / int8 (engine/precision.py); None: what the dtype says. bf16 is the dtype; int8 swaps the GEMMs
         self.precision, dtype = precision_mod.resolve(precision, dtype, self.device)
         self.dtype = dtype  # the backbone's (and its LoRA's); heads run in float32
         self.backbone_digest = tensor_digest(backbone.state_dict())  # the weights rows say they came from

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vlora_va.contracts.requests import Request
-
-from vlora_va.engine.lora import PREMERGED, UNMERGED, LoRAMode
+from vlora_va.engine.modes import PREMERGED, UNMERGED, LoRAMode
 
 
 @dataclass(frozen=True)

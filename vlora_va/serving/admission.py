@@ -100,8 +100,8 @@ class OverloadControl:
         if self.degrade == "frames":
             keep = max(min_frames, math.ceil(request.num_images * fraction))
             if keep < request.num_images:
-                return Verdict(thin(request, keep), f"overload: {keep} of {request.num_images} frames",
-                                 request.num_images)
+                reason = f"overload: {keep} of {request.num_images} frames"
+                return Verdict(thin(request, keep, reason), reason, request.num_images)
         if self.degrade in ("stride", "frames"):
             k = math.ceil(1.0 / max(fraction, 1e-3))
             if request.seq % k == 0:
@@ -131,11 +131,13 @@ class OverloadControl:
             self._reported[tier] = (f, now)
 
 
-def thin(request: Request, keep: int) -> Request:
-    """The request with `keep` of its frames, evenly spread (the middle of each of keep equal parts)."""
+def thin(request: Request, keep: int, reason: str = "") -> Request:
+    """The request with `keep` of its frames, evenly spread (the middle of each of keep equal parts); `reason` is
+    what its row will say (`degraded`)."""
     n = request.num_images
     idx = [int((2 * i + 1) * n // (2 * keep)) for i in range(keep)]
-    return replace(request, frames=[request.frames[i] for i in idx], frame_ts=[request.frame_ts[i] for i in idx])
+    return replace(request, frames=[request.frames[i] for i in idx], frame_ts=[request.frame_ts[i] for i in idx],
+                   degraded=reason or request.degraded)
 
 
 @dataclass
@@ -173,13 +175,11 @@ class Admission:
             # What one more image costs in the mode that serves most batches (no switch).
             mode = catalog.resting_mode()
             cost = self.costs.image_s(info.size, mode) * req.num_images
-            admitted = self.overload.admit(req, cost, now, info.min_frames)
-            if admitted.request is None:
-                out.refused.append((req, "shed", admitted.reason, "overload"))
+            verdict = self.overload.admit(req, cost, now, info.min_frames)
+            if verdict.request is None:
+                out.refused.append((req, "shed", verdict.reason, "overload"))
                 continue
-            if admitted.thinned_from:
-                admitted.request.degraded = admitted.reason
-            out.queue.append(admitted.request)
+            out.queue.append(verdict.request)  # possibly thinned: its row says so (degraded)
         return out
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlora_va.contracts.config import PipelineConfig
-
-from vlora_va.serving.costs import CostModel
 from vlora_va.engine.plan import Catalog
 from vlora_va.serving.admission import TARGET_UTILISATION
+from vlora_va.serving.costs import CostModel
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from pathlib import Path
 import zmq
 
 from vlora_va.contracts.security import CurveConfig, bind_server, close_server, curve_client
-
 from vlora_va.engine.adapters import Adapter, AdapterError, load_adapter_dir
 
 log = logging.getLogger(__name__)

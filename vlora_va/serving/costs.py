@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
-from vlora_va.engine.lora import MERGED, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.engine.modes import MERGED, PREMERGED, UNMERGED, LoRAMode
 
 CORRECTION_ALPHA = 0.25  # weight of the newest batch in the online correction
 # Without new batches the correction fades back to the profile: a daemon that sheds everything (because a

@@ -23,12 +23,12 @@ from typing import Callable
 
 import zmq
 
-from vlora_va.contracts.config import PipelineConfig
-from vlora_va.engine.executor import Engine
-from vlora_va.engine.lora import LoRAMode
-from vlora_va.engine.plan import BatchPlan, Catalog
-from vlora_va.contracts.plugins import POLICIES
 from vlora_va.common.logs import Throttle
+from vlora_va.contracts.config import PipelineConfig
+from vlora_va.contracts.plugins import POLICIES
+from vlora_va.engine.executor import Engine
+from vlora_va.engine.modes import LoRAMode
+from vlora_va.engine.plan import BatchPlan, Catalog
 from vlora_va.serving.adapter_slots import AdapterSlots
 from vlora_va.serving.admission import Admission
 from vlora_va.serving.capacity import estimate

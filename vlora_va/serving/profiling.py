@@ -22,7 +22,7 @@ import torch
 
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.plan import BatchPlan, Catalog, SizeGroup
 from vlora_va.engine.precision import device_name, precision_of
 from vlora_va.serving.costs import CostProfile, mode_name

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-
 MAX_STREAM_LABELS = 256  # streams with series of their own; more share one
 OTHER_STREAMS = "other"
 

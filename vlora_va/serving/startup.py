@@ -15,7 +15,7 @@ import torch
 
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.contracts.plugins import POLICIES
-from vlora_va.engine import precision
+from vlora_va.engine import precision, precision_auto
 from vlora_va.engine.adapters import Adapter, AdapterError, load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.executor import Engine
@@ -66,7 +66,7 @@ def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     sizes = {n: int(a.head_config.get("image_size", d.image_size)) for n, a in adapters.items()}
     # The precision that serves this pipeline's mix of image sizes fastest (no streams yet: one image per size).
     workload = offered_images(config, sizes)[0] or {s: 1.0 for s in set(sizes.values()) or {d.image_size}}
-    choice = precision.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
+    choice = precision_auto.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
                             profiling.profile_dir(d.profile_cache))
     log.info("backbone precision %s: %s", choice.precision, choice.reason)
     dtype = precision.dtype_of(choice.precision) if d.dtype == "auto" else pick_dtype(d.dtype, device)

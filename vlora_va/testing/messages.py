@@ -1,6 +1,6 @@
 """Seeded generator of hostile chunk messages for the daemon's transport (issue 14, item 1).
 
-Used by tests/vlora_va/test_fuzz.py (10^4 messages in CI) and bench/fuzz.py (10^6). Every message says what
+Used by tests/serving/test_fuzz.py (10^4 messages in CI) and bench/fuzz.py (10^6). Every message says what
 the daemon must do with it, decided by how the message was BUILT, never by asking contracts.wire (the oracle
 must not be the code under test):
 
@@ -12,7 +12,7 @@ must not be the code under test):
     disconnect   a part larger than ZeroMQ's maximum message size (ZMQ_MAXMSGSIZE): ZeroMQ drops the message
                  and cuts the sender off before the daemon sees anything; send it on a throwaway socket
 
-The field table `FIELDS` restates the wire schema (types and ranges) independently of contracts/wire.py; the
+The field table `FIELDS` restates the wire schema (types and ranges) independently of vlora_va/contracts/wire.py; the
 fuzz test checks that it names exactly the fields of the wire dataclasses, so a new field is fuzzed too.
 """
 
@@ -28,8 +28,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vlora_va.contracts.results import JsonlFollower
-from vlora_va.contracts.wire import (MAX_FRAMES, MAX_HEADER_BYTES, MAX_SEQ, MAX_TASKS, PROTOCOL_VERSION,
-                            largest_part_bytes)
+from vlora_va.contracts.wire import (
+    MAX_FRAMES,
+    MAX_HEADER_BYTES,
+    MAX_SEQ,
+    MAX_TASKS,
+    PROTOCOL_VERSION,
+    largest_part_bytes,
+)
 
 MALFORMED, ERROR_ROWS, OK, DISCONNECT = "malformed", "error-rows", "ok", "disconnect"
 KINDS = (MALFORMED, ERROR_ROWS, OK, DISCONNECT)
@@ -42,6 +48,7 @@ LIVE_PRIORITY = 1000  # the top tier: overload control sheds fuzz work (priority
 # The wire schema, restated: dotted path ("[]" = any list item) -> (type, lo, hi) or (type, min_len, max_len).
 MAX_WALL, MAX_MEDIA_S, MAX_SIDE, MAX_ORIG = 1e11, 1e9, 2048, 16384
 from vlora_va.serving.transport import CLOCK_MAX_SKEW_S  # noqa: E402
+
 FIELDS: dict[str, tuple] = {
     "v": ("const",),
     "stream": ("text",),
@@ -689,12 +696,12 @@ def send_to_be_cut_off(ctx, endpoint: str, parts: list[bytes], timeout_s: float)
 
 
 def make_seeing_detector(path, seed: int = 3):
-    """A detection adapter for the tiny test backbone (tests/vlora_va/conftest.py) whose untrained head fires:
+    """A detection adapter for the tiny test backbone (vlora_va/testing/tiny.py) whose untrained head fires:
     objectness prior ~27% instead of 1% and sharper logits, so its rows carry detections worth comparing."""
     import torch
 
-    from vlora_va.testing.tiny import make_adapter
     from vlora_va.engine.adapters import load_adapter_dir, save_adapter_dir
+    from vlora_va.testing.tiny import make_adapter
 
     make_adapter(path, "detection", ["person", "car"], seed=seed)
     a = load_adapter_dir("seeing", path, 32)
@@ -712,9 +719,9 @@ def reference_payloads(backbone_dir, adapter_dirs: dict, image_size: int, parts:
     """Each task of a chunk computed alone by a fresh engine, unmerged: what the daemon's rows must say."""
     from vlora_va.contracts.wire import decode_chunk
     from vlora_va.engine.adapters import load_adapter_dir
-    from vlora_va.engine.executor import Engine
-    from vlora_va.engine.lora import UNMERGED, LoRAMode
     from vlora_va.engine.backbones import load_backbone
+    from vlora_va.engine.executor import Engine
+    from vlora_va.engine.modes import UNMERGED, LoRAMode
     from vlora_va.serving.scheduling import make_plan
 
     backbone = load_backbone(str(backbone_dir))

@@ -10,7 +10,7 @@ rule from the detection teacher's output on *every* frame of the clip's time win
 3. Each person's activity:
    - "cycling" if a teacher bicycle box overlaps the person (IoU >= 0.1 or bicycle centre inside the
      person box's lower half) in >= 50% of the frames — checked first;
-   - otherwise the motion rule of `vlora_va/motion.py` on the track (feet displacement in box heights per
+   - otherwise the motion rule of `vlora_va/engine/motion.py` on the track (feet displacement in box heights per
      second, scale rate; standing below `still_speed`, a don't-care band up to walking speed, left / right by
      the feet, toward / away by the scale). The old rule (dy alone) called people on a path that climbs the
      image "away" while they grew.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import numpy as np
 
 from vlora_va.contracts.geometry import pair_iou
-
 from vlora_va.engine import motion
 
 ACTION_LABELS = ["no_person", "standing", "walking_left", "walking_right", "walking_toward", "walking_away", "cycling"]

@@ -16,6 +16,12 @@ from vlora_va.training.metrics import fmt_ratio
 from vlora_va.training.spec import Range, SpecError, load_spec
 
 _RANGE = re.compile(r"^(?P<video>.+?)(?::(?P<start>[\d.]+)?-(?P<end>[\d.]+)?)?(?:@(?P<step>[\d.]+))?$")
+# `vlora-va eval` where a teacher file is missing: what an adapter's teacher-relative report would have held, and
+# where the teacher files are looked for.
+TEACHER_FIGURES = {"detection": "F1@0.5, AP50, P and R per class against the teacher's labels",
+                   "action": "top-1 and confusion against the teacher's tracking-rule labels"}
+TEACHERS_HINT = ("(the teacher files are read from --teachers-dir, else $VLORA_VA_TEACHERS, "
+                 "else ../shared/assets/teachers)")
 
 
 def parse_range(text: str, default_step: float | None) -> Range:
@@ -137,7 +143,10 @@ def main_eval(argv: list[str] | None = None) -> int:
         if not Path(args.adapter).is_dir():
             ap.error(f"{args.adapter}: no such adapter directory")
         if args.draw:
-            args.draw.mkdir(parents=True, exist_ok=True)
+            try:
+                args.draw.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                ap.error(f"--draw {args.draw}: {e.strerror}")
         try:
             report = evaluate_adapter(args.adapter, ranges, args.backbone, args.teachers_dir, draw_dir=args.draw,
                                       human=human)
@@ -176,12 +185,6 @@ def main_eval(argv: list[str] | None = None) -> int:
     if any("teacher_missing" in rep for rep in report["reports"].values()):
         print(TEACHERS_HINT)
     return 0
-
-
-TEACHERS_HINT = "(the teacher files are read from --teachers-dir, else $VLORA_VA_TEACHERS, else ../shared/assets/teachers)"
-# What an adapter's teacher-relative report holds, named where it is skipped.
-TEACHER_FIGURES = {"detection": "F1@0.5, AP50, P and R per class against the teacher's labels",
-                   "action": "top-1 and confusion against the teacher's tracking-rule labels"}
 
 
 def _print_human(where: str, h: dict | None, what: str = "per person") -> None:

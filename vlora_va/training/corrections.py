@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlora_va.contracts.geometry import pair_iou
-
 from vlora_va.training.augment import crop_window
 from vlora_va.training.frames import Frame
 

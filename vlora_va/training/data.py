@@ -8,13 +8,19 @@ from pathlib import Path
 import numpy as np
 
 from vlora_va.ingest.chunker import spread
-
 from vlora_va.training.actions import main_subject, person_activities
 from vlora_va.training.corrections import apply_fix, load_corrections
 from vlora_va.training.frames import Frame, iter_frames, read_frames
 from vlora_va.training.spec import Range, Source, Spec
-from vlora_va.training.teachers import (CenterNetTeacher, HaarTeacher, HogPeopleTeacher, Teacher, default_cache_dir,
-                       load_clip_manifest, load_coco_json)
+from vlora_va.training.teachers import (
+    CenterNetTeacher,
+    HaarTeacher,
+    HogPeopleTeacher,
+    Teacher,
+    default_cache_dir,
+    load_clip_manifest,
+    load_coco_json,
+)
 
 
 def label_cache_dir(spec: Spec) -> Path:

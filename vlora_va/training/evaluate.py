@@ -28,14 +28,27 @@ from pathlib import Path
 import torch
 
 from vlora_va.engine.adapters import Adapter, fit_module_names, load_adapter_dir
-from vlora_va.engine.heads import Features
 from vlora_va.engine.backbones import linear_names, load_backbone, patch_size
-from vlora_va.training.data import (activity_clips, detection_labels, frame_lookup, label_cache_dir, make_teacher,
-                                    merge_labels, people_there, pick)
+from vlora_va.engine.heads import Features
+from vlora_va.training.data import (
+    activity_clips,
+    detection_labels,
+    frame_lookup,
+    label_cache_dir,
+    make_teacher,
+    merge_labels,
+    people_there,
+    pick,
+)
 from vlora_va.training.features import full_hidden
 from vlora_va.training.frames import Frame, iter_frames, model_input
-from vlora_va.training.metrics import (action_report, detection_report, human_detection_report, person_activity_iou_report,
-                      person_activity_report)
+from vlora_va.training.metrics import (
+    action_report,
+    detection_report,
+    human_detection_report,
+    person_activity_iou_report,
+    person_activity_report,
+)
 from vlora_va.training.spec import Range, Source, Spec
 from vlora_va.training.teachers import frame_key
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vlora_va.contracts.geometry import Letterbox
+from vlora_va.engine.backends.torch_eager import normalise
 from vlora_va.ingest.chunker import letterbox, letterbox_geometry
 
-from vlora_va.engine.backends.torch_eager import normalise
-from vlora_va.contracts.geometry import Letterbox
 
 @dataclass
 class Frame:

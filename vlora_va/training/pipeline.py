@@ -13,19 +13,32 @@ from pathlib import Path
 
 import torch
 
-from vlora_va.engine.adapters import save_adapter_dir
-from vlora_va.engine.heads import DECODE_ONLY
-from vlora_va.engine.backbones import resolve
-from vlora_va.engine.vit import num_blocks
 from vlora_va.contracts.geometry import Letterbox
+from vlora_va.engine.adapters import save_adapter_dir
+from vlora_va.engine.backbones import resolve
+from vlora_va.engine.heads import DECODE_ONLY
+from vlora_va.engine.vit import num_blocks
 from vlora_va.training import train as T
 from vlora_va.training.actions import MIRRORED, REVERSED
 from vlora_va.training.augment import zoom_views
-from vlora_va.training.data import (activity_clips, detection_labels, frame_lookup, frames_of, manifest_clips, merge_labels,
-                   people_there)
+from vlora_va.training.data import (
+    activity_clips,
+    detection_labels,
+    frame_lookup,
+    frames_of,
+    manifest_clips,
+    merge_labels,
+    people_there,
+)
 from vlora_va.training.features import FeatureCache, frozen_layers
 from vlora_va.training.frames import Frame, letterbox_params, letterboxed
-from vlora_va.training.metrics import action_report, best_f1_threshold, detection_report, mean_f1, person_activity_report
+from vlora_va.training.metrics import (
+    action_report,
+    best_f1_threshold,
+    detection_report,
+    mean_f1,
+    person_activity_report,
+)
 from vlora_va.training.spec import LoraSpec, Source, Spec, target_names
 from vlora_va.training.targets import build_targets, middle_frame_targets, person_targets
 

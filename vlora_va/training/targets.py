@@ -27,8 +27,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from vlora_va.engine.heads import PERSON_FIELDS, middle_frames
 from vlora_va.contracts.geometry import Letterbox
+from vlora_va.engine.heads import PERSON_FIELDS, middle_frames
 from vlora_va.training.actions import MIRRORED
 
 

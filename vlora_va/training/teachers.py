@@ -25,7 +25,6 @@ import cv2
 import numpy as np
 
 from vlora_va.contracts.geometry import pair_iou
-
 from vlora_va.training.frames import Frame
 
 log = logging.getLogger(__name__)
@@ -50,8 +49,9 @@ def default_cache_dir() -> Path:
 
 def nms(labels: list[dict], iou: float) -> list[dict]:
     """Class-wise greedy NMS over label dicts, best first."""
-    from vlora_va.engine.heads import batched_nms
     import torch
+
+    from vlora_va.engine.heads import batched_nms
 
     if not labels:
         return []

@@ -25,9 +25,9 @@ from torch import nn
 from tqdm import tqdm
 
 from vlora_va.engine.adapters import canonical_module_names, fit_target_modules
-from vlora_va.engine.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, ActionHead, DetectionHead, Features, build_head
 from vlora_va.engine.backbones import canonical_name, linear_names, load_backbone, patch_size, renamed_for
 from vlora_va.engine.backends.torch_eager import normalise
+from vlora_va.engine.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, ActionHead, DetectionHead, Features, build_head
 from vlora_va.training.features import upper_hidden
 from vlora_va.training.spec import LoraSpec, TrainSpec, target_names
 

@@ -11,8 +11,8 @@ import pytest
 
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
-from vlora_va.serving.costs import CostModel, CostProfile
 from vlora_va.engine.plan import AdapterInfo, Catalog
+from vlora_va.serving.costs import CostModel, CostProfile
 
 FRAME = np.zeros((4, 4, 3), dtype=np.uint8)
 _seq = itertools.count()

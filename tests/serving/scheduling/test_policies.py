@@ -7,12 +7,11 @@ import random
 
 import pytest
 
-from vlora_va.serving.costs import CostModel
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
-from vlora_va.contracts.plugins import POLICIES
-from vlora_va.serving.scheduling import Settings
-
 from tests.serving.scheduling.conftest import catalog, profile, request
+from vlora_va.contracts.plugins import POLICIES
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.serving.costs import CostModel
+from vlora_va.serving.scheduling import Settings
 
 NOW = 1000.0
 

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from vlora_va.engine.heads.features import Features
-from vlora_va.engine.lora import LoRAContext, LoRAMode
+from vlora_va.engine.lora import LoRAContext
+from vlora_va.engine.modes import LoRAMode
 
 
 class BackboneBackend(ABC):

@@ -24,7 +24,8 @@ from vlora_va.engine.backbones import patch_size
 from vlora_va.engine.backends import BackboneBackend
 from vlora_va.engine.cuda_graphs import Graphs
 from vlora_va.engine.heads.features import Features
-from vlora_va.engine.lora import DeviceLayout, LoRAContext, LoRAMode
+from vlora_va.engine.lora import LoRAContext
+from vlora_va.engine.modes import DeviceLayout, LoRAMode
 from vlora_va.engine.plan import bucket
 from vlora_va.engine.vit import base_model, blocks
 

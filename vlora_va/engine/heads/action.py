@@ -42,7 +42,7 @@ class ActionHead(Head):
     boxes from a detection head, adapters/STUDIES.md). See `decode_persons_from_boxes`. detail (boxes=4 only)
     gives that person head the detection head's detail branch on the middle frames' images (`Features.pixels`).
     activity_from="track" (boxes only) runs the person head on every frame of the clip, follows each person's box
-    through them, and names the activity by the motion rule (vlora_va/motion.py, the rule the training labels
+    through them, and names the activity by the motion rule (engine/motion.py, the rule the training labels
     come from) wherever the track covers >= TRACK_SHARE of the frames; the activity maps name it otherwise, and
     always name cycling (a rider moves like a walker). The maps, learnt from the teacher's tracks, tell a
     standing person from a walker less well than the person's own boxes over the clip do (adapters/STUDIES.md).

@@ -15,7 +15,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from vlora_va.contracts.security import is_local_host
-
 from vlora_va.outputs.dashboard import url_for
 from vlora_va.outputs.dashboard.hub import HISTORY_S, Hub, encode
 

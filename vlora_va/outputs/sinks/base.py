@@ -1,7 +1,7 @@
 """The sink plug-in point: `Sink`, the one interface every result sink implements, and `close_all`.
 
 A sink is where result records go. Every sink writes the same row, `ResultRecord.to_json()` (schema and example:
-contracts/results.py), and keeps this contract:
+vlora_va/contracts/results.py), and keeps this contract:
 
 A sink never holds up the daemon or the other sinks. `write` only appends to the sink's own bounded queue (a
 lock held for a deque append); rows that do not fit (`queue_max`) are dropped and counted, never waited on. The

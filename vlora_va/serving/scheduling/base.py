@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlora_va.contracts.requests import Request
-
-from vlora_va.serving.costs import CostModel
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.plan import BatchPlan, Catalog, SizeGroup
+from vlora_va.serving.costs import CostModel
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ which modes may serve the next batch, and which LoRA mode costs the start-up pro
 
 from __future__ import annotations
 
-from vlora_va.engine.lora import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.serving.scheduling.base import Option, Scheduler, dominant_adapter, edf
 
 SWITCH_HYSTERESIS = 0.03  # keep the current weights unless another option is this much cheaper
