@@ -1,6 +1,7 @@
 """The four plug-in points a user extends most, used together from this file alone: a head, a source, a sink and a
 scheduling policy, each defined here and registered by name (vlora_va.contracts.plugins), run through the real
-ingest worker, real ZeroMQ sockets and the real daemon. Nothing of the product is edited for them.
+ingest worker, real ZeroMQ sockets and the real daemon, in this process and then in `vlora-va run`'s own processes
+(the pipeline file names this file under `plugins:`). Nothing of the product is edited for them.
 
     pattern:// source (flat-colour frames) -> ingest worker -> daemon (policy "arrival", head "brightness")
     -> rows -> "memory" sink
@@ -10,10 +11,14 @@ number the test computes from the colour alone, so every row is checked against 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import av
@@ -21,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from vlora_va.contracts.config import parse_config
+from vlora_va.contracts.config import ConfigError, parse_config
 from vlora_va.contracts.plugins import HEADS, POLICIES, SINKS, SOURCES
 from vlora_va.engine.adapters import save_adapter_dir
 from vlora_va.engine.backends.torch_eager import IMAGENET_MEAN, IMAGENET_STD
@@ -34,6 +39,7 @@ from vlora_va.serving.daemon import Daemon
 from vlora_va.serving.scheduling import Scheduler
 from vlora_va.testing.tiny import TINY_IMAGE
 
+ROOT = Path(__file__).resolve().parents[1]
 FRAMES = 30  # 3 s at 10 fps: 3 chunks of 1 s
 WAIT_S = 120.0
 
@@ -100,10 +106,10 @@ class BrightnessHead(Head):
 
 
 class MemorySink(Sink):
-    """Keeps every row it is given, in order."""
+    """Keeps every row it is given, in order (and appends it to `path` as a JSON line, where one is given)."""
 
-    def __init__(self, label: str):
-        self.name, self.label = f"memory:{label}", label
+    def __init__(self, label: str, path: str | None = None):
+        self.name, self.label, self.path = f"memory:{label}", label, path
         self.rows: list[dict] = []
         self._lock = threading.Lock()
         MemorySink.opened.append(self)
@@ -112,7 +118,7 @@ class MemorySink(Sink):
 
     @classmethod
     def from_config(cls, cfg) -> "MemorySink":
-        return cls(cfg.options["label"])
+        return cls(cfg.options["label"], cfg.options.get("path"))
 
     def __enter__(self):
         return self
@@ -121,8 +127,12 @@ class MemorySink(Sink):
         pass
 
     def write(self, records) -> None:
+        rows = [r.to_json() for r in records]
         with self._lock:
-            self.rows.extend(r.to_json() for r in records)
+            self.rows.extend(rows)
+            if self.path:
+                with open(self.path, "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
 
     def stats(self) -> dict:
         with self._lock:
@@ -149,18 +159,24 @@ class ArrivalOrder(Scheduler):
         return [option]
 
 
+REGISTERED = ((HEADS, "brightness", BrightnessHead, ()), (SOURCES, "pattern", PatternSource, ()),
+              (SINKS, "memory", MemorySink, ("label", "path")), (POLICIES, "arrival", ArrivalOrder, ()))
+
+
+def register() -> None:
+    for registry, name, target, options in REGISTERED:
+        registry.register(name, target, options=options)
+
+
 @pytest.fixture
 def plugins():
-    registered = ((HEADS, "brightness", BrightnessHead, ()), (SOURCES, "pattern", PatternSource, ()),
-                  (SINKS, "memory", MemorySink, ("label",)), (POLICIES, "arrival", ArrivalOrder, ()))
-    for registry, name, target, options in registered:
-        registry.register(name, target, options=options)
+    register()
     MemorySink.opened.clear()
     ArrivalOrder.batches.clear()
     try:
         yield
     finally:
-        for registry, name, _, _ in registered:
+        for registry, name, _, _ in REGISTERED:
             registry.unregister(name)
 
 
@@ -222,8 +238,50 @@ sinks: [{{type: memory, label: here}}]
     assert sink.stats()["written"] == 3 and daemon.stats.ok == 3
 
 
+def test_the_plug_ins_serve_in_vlora_va_run_when_the_pipeline_names_this_file(tmp_path, tiny_backbone_dir):
+    """`vlora-va run` starts fresh processes (spawned): the pipeline's `plugins:` entry makes each of them import
+    this file, which then registers its plug-ins (below), before anything names them."""
+    out = tmp_path / "rows.jsonl"
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(f"""
+plugins: ["{Path(__file__).resolve()}"]
+daemon: {{endpoint: "ipc://{tmp_path}/d.sock", backbone: "{tiny_backbone_dir}", image_size: {TINY_IMAGE},
+          threads: 1, max_wait_ms: 5, profile_cache: "{tmp_path}/profiles", policy: arrival, precision: fp32}}
+adapters: {{bright: "{brightness_adapter(tmp_path / 'bright')}"}}
+streams:
+  - id: flat
+    source: "pattern://{TINY_IMAGE}x{TINY_IMAGE}?frames={FRAMES}&rate=10"
+    fps: 10
+    realtime: false
+    tasks: [{{name: mean, adapter: bright, frames_per_chunk: 4, deadline_ms: 60000}}]
+sinks: [{{type: memory, label: run, path: "{out}"}}]
+""")
+    proc = subprocess.run([sys.executable, "-m", "vlora_va.cli", "run", str(pipeline)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["chunk"])
+    assert [(r["chunk"], r["status"]) for r in rows] == [(k, "ok") for k in range(3)]
+    for row in rows:
+        for frame in row["brightness"]:
+            assert frame["mean"] == pytest.approx(brightness(colour(round(frame["ts"] * 10))), abs=1e-4)
+
+
+def test_an_unimportable_plug_in_is_an_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"plugins\[0\]: cannot import 'no_such_vlora_plugin'"):
+        parse_config("plugins: [no_such_vlora_plugin]\n" + MINIMAL, "p.yaml", tmp_path)
+
+
+MINIMAL = """adapters: {a: x}
+streams: [{id: s, source: v.mp4, tasks: [{adapter: a}]}]
+"""
+
+
 def test_the_brightness_reference_is_not_trivially_met():
     """Two frames of the pattern differ in brightness well beyond the tolerance: a row with the wrong frame fails."""
     values = [brightness(colour(i)) for i in range(FRAMES)]
     assert min(abs(a - b) for a, b in zip(values, values[1:])) > 1e-2
     assert torch.tensor(values).std() > 0.1
+
+
+if __name__.startswith("vlora_va_plugin_"):  # imported as a pipeline's plug-in file (contracts.plugins.load_plugins)
+    register()

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from vlora_va.common.logs import setup_logging
 from vlora_va.contracts.config import ConfigError, PipelineConfig, load_config
+from vlora_va.contracts.plugins import load_plugins
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ def signals_ignored_for_children():
 def daemon_process(config: PipelineConfig, stop, ready, drained, log_level: str, parent_pid: int) -> None:
     setup_logging(log_level, "daemon")
     _as_child(parent_pid, stop.set)
+    load_plugins(config.plugins)  # a spawned child starts with empty registries
     from vlora_va.engine.backbones import ModelError
     from vlora_va.outputs.attach import run_with_outputs
     from vlora_va.serving.daemon import Daemon
@@ -101,6 +103,7 @@ def ingest_process(config: PipelineConfig, stream_ids: list[str], stop, flushed,
                    worker: int, resume: dict, parent_pid: int) -> None:
     setup_logging(log_level, f"ingest-{worker}")
     _as_child(parent_pid, lambda: (stop.set(), release.set()))
+    load_plugins(config.plugins)  # a spawned child starts with empty registries
     from vlora_va.ingest.worker import run_ingest
 
     run_ingest(config, stream_ids, stop, flushed, release, resume)
@@ -356,7 +359,8 @@ class Supervisor:
         try:
             new = load_config(self.path)
         except ConfigError as e:
-            log.error("SIGHUP: %s; not reloaded: the running pipeline is unchanged", e)
+            for problem in e.errors:  # one line each: a log line never spans lines
+                log.error("SIGHUP: %s; not reloaded: the running pipeline is unchanged", problem)
             return
         old = self.config
         fixed = [name for name in ("daemon", "ingest", "sinks", "security") if getattr(new, name) != getattr(old, name)]

@@ -379,3 +379,33 @@ def test_dashboard_in_headless_chromium_on_the_real_pipeline(tmp_path):
             proc.wait(30)
     rows = [json.loads(r) for r in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert {r["stream"] for r in rows} == {"pedestrians", "bikes"}
+
+
+def test_a_plug_in_heads_result_is_shown_without_boxes():
+    """A result type the page does not know (a plug-in head's: neither detections nor persons) still shows the
+    stream's frame and its row; the hub must not fail on it (a failing observer is dropped for good)."""
+    from dataclasses import dataclass
+
+    from vlora_va.contracts.geometry import Letterbox
+    from vlora_va.contracts.requests import Request
+    from vlora_va.contracts.results import ResultRecord
+    from vlora_va.outputs.dashboard.hub import Hub
+
+    @dataclass(frozen=True)
+    class Brightness:
+        mean: float
+
+        def to_json(self) -> dict:
+            return {"mean": self.mean}
+
+    frame = np.full((56, 56, 3), 90, np.uint8)
+    req = Request("cam", 0, "bright", "bright", [frame], [0.5], Letterbox(1.0, 0.0, 0.0), (56, 56), 10.0, 10.0, 20.0)
+    rec = ResultRecord.served(req, Brightness(0.3), compute_start=10.1, compute_end=10.2, batch_images=1,
+                              mode="unmerged")
+    hub = Hub(["cam"], frame_s=0.1)
+    hub.rows([rec])
+    hub.frame(req, rec)
+    _, version, streams = hub.snapshot(0.0)
+    shown = streams["cam"]["frame"]
+    assert version == 1 and shown.meta["boxes"] == [] and shown.meta["task"] == "bright"
+    assert streams["cam"]["recent"][0]["status"] == "ok"

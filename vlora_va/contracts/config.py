@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from vlora_va.contracts.plugins import BACKBONE_BACKENDS, POLICIES, SINKS, SOURCES, source_scheme
+from vlora_va.contracts.plugins import BACKBONE_BACKENDS, POLICIES, SINKS, SOURCES, load_plugins, source_scheme
 from vlora_va.contracts.security import CurveConfig, KeyFileError, read_authorized, read_public, read_secret
 from vlora_va.contracts.wire import MAX_FRAME_SIDE, MAX_FRAMES, MAX_TASKS, NAME, STREAM_ID
 
@@ -73,7 +73,7 @@ class DaemonConfig:
     # Backbone compute precision: auto | fp32 | bf16 | int8 (CPU). auto: CUDA bf16; a CPU the fastest precision
     # measured here among those it runs natively and every adapter's accuracy gate passed (else fp32).
     precision: str = "auto"
-    threads: int = 0  # torch intra-op threads; 0 = all cores minus one per local ingest worker
+    threads: int = 0  # torch intra-op threads; 0 = all cores (os.cpu_count())
     max_batch_images: int = 16
     max_wait_ms: float = 20.0  # how long to wait for more requests before running a partial batch
     max_slots: int = 8  # adapters resident at once
@@ -192,6 +192,8 @@ class PipelineConfig:
     source_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # plug-in modules imported before the rest is checked (module names, or .py files made absolute)
+    plugins: tuple[str, ...] = ()
 
     def stream(self, stream_id: str) -> StreamConfig:
         for s in self.streams:
@@ -623,7 +625,29 @@ def _security(c: _Checker, raw: Any, base_dir: Path) -> SecurityConfig:
     return SecurityConfig(curve=CurveConfig(**kw))
 
 
-_TOP_KEYS = {"version", "daemon", "ingest", "adapters", "streams", "sinks", "security"}
+_TOP_KEYS = {"version", "plugins", "daemon", "ingest", "adapters", "streams", "sinks", "security"}
+
+
+def _plugins(c: _Checker, raw: Any, base_dir: Path) -> tuple[str, ...]:
+    """plugins: modules that register heads, sources, sinks or policies, imported now, before anything names them."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.error("plugins", "expected a list of module names or .py files")
+        return ()
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str) or not item:
+            c.error(f"plugins[{i}]", f"expected a module name or a .py file, got {item!r}")
+            continue
+        plugin = str(base_dir / item) if item.endswith(".py") and not Path(item).is_absolute() else item
+        try:
+            load_plugins([plugin])
+        except Exception as e:  # noqa: BLE001 - whatever the module raised, said with its key path
+            c.error(f"plugins[{i}]", f"cannot import {item!r}: {type(e).__name__}: {e}")
+            continue
+        out.append(plugin)
+    return tuple(out)
 
 
 def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike = ".") -> PipelineConfig:
@@ -638,6 +662,7 @@ def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike
     if top is None:
         c.raise_if_any()  # not a mapping: there is nothing more to read
     base = Path(base_dir)
+    plugins = _plugins(c, top.get("plugins"), base)  # first: what they register may be named below
     adapters = _adapters(c, top.get("adapters"), base)
     streams_raw = top.get("streams")
     if not isinstance(streams_raw, list) or not streams_raw:
@@ -656,7 +681,7 @@ def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike
     security = _security(c, top.get("security"), base)
     c.raise_if_any()
     return PipelineConfig(daemon=daemon, ingest=ingest, adapters=adapters, streams=tuple(streams), sinks=sinks,
-                          source_file=file, security=security)
+                          source_file=file, security=security, plugins=plugins)
 
 
 def load_config(path: str | os.PathLike) -> PipelineConfig:

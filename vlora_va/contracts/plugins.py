@@ -10,13 +10,18 @@
 Entries are import paths ("package.module:Name"), imported on first use, so this module imports nothing of the
 project: the config schema (contracts) and ingest check names here without loading the engine, and a name that is
 not registered is refused with the list of known ones. A plug-in registers itself, from any module, with
-`SINKS.register("name", "my.module:MySink")` (or the class itself) before the pipeline is loaded.
+`SINKS.register("name", "my.module:MySink")` (or the class itself) before the pipeline is loaded; a pipeline file
+names such modules under `plugins:` (`load_plugins`), so every process of `vlora-va run` imports them too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -107,3 +112,27 @@ BACKBONE_BACKENDS = Registry("backbone backend", {
 def source_scheme(uri: str) -> str:
     """The SOURCES key of a stream source: its URI scheme, or "file" for a plain path."""
     return uri.split("://", 1)[0].lower() if "://" in uri else "file"
+
+
+def load_plugins(plugins: tuple[str, ...] | list[str]) -> None:
+    """Import each plug-in module (it registers what it brings): a module name (`my_org.vlora_plugins`), or the
+    path of a .py file. Importing one twice does nothing. Raises ImportError (or what the module raised) naming it."""
+    for plugin in plugins:
+        if not plugin.endswith(".py"):
+            importlib.import_module(plugin)
+            continue
+        path = Path(plugin).resolve()
+        # One module name per file, the same in every process (a spawned child imports it again under it).
+        name = f"vlora_va_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None or not path.is_file():
+            raise ImportError(f"no such plug-in file: {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise

@@ -144,7 +144,7 @@ class Hub:
                                    "chunk": rec.chunk, "task": rec.task, "untrained": rec.untrained}
 
     def frame(self, req: Request, rec: ResultRecord) -> None:
-        """A served request (Daemon.taps): keep one of its frames, with what was found on it, at a reduced rate."""
+        """A served request (Rows.observe_served): keep one of its frames, with what was found on it, at a reduced rate."""
         if rec.result is None or not req.frames:
             return
         detection = isinstance(rec.result, DetectionResult)
@@ -165,7 +165,7 @@ class Hub:
         if detection:
             for d in rec.result.frames[i].detections if i < len(rec.result.frames) else ():
                 boxes.append({"box": _crop_box(d.box, lb.scale), "label": d.cls, "score": round(d.score, 2)})
-        elif rec.result.persons:
+        elif getattr(rec.result, "persons", None):  # a plug-in head's result may have neither boxes nor persons
             boxes += [person_label(p, lb.scale) for p in rec.result.persons]
         meta = {"chunk": req.seq, "ts": round(req.frame_ts[i], 3), "task": req.task, "boxes": boxes,
                 "untrained": rec.untrained, "width": int(pixels.shape[1]), "height": int(pixels.shape[0])}
