@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BIKES
-from tests.ingest.ingest_helpers import IMAGE_SIZE, WorkerThread, pipeline, stream, tasks
+from tests.ingest.ingest_helpers import IMAGE_SIZE, WorkerThread, pipeline, stream
 from vlora_va.contracts.config import ConfigError, TaskConfig, parse_config
 from vlora_va.contracts.plugins import SOURCES
 from vlora_va.ingest.chunker import PAD_VALUE, Chunker

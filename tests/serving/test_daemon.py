@@ -12,7 +12,6 @@ import urllib.request
 
 import numpy as np
 import pytest
-import torch
 import zmq
 
 from vlora_va.contracts.config import parse_config

@@ -30,7 +30,6 @@ from vlora_va.testing.messages import (
     make_seeing_detector,
     payload_difference,
     reference_payloads,
-    send_to_be_cut_off,
     wire_fields,
 )
 from vlora_va.testing.tiny import TINY_IMAGE
