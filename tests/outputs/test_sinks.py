@@ -242,6 +242,7 @@ class Receiver:
 
     def __init__(self):
         self.status, self.batches, self.keys, self.attempts = 200, [], [], 0
+        self.signed: list[tuple[str | None, bytes]] = []  # (X-Vlora-Signature, body) of each POST
         self.lock = threading.Lock()
         self.port = 0
         self.server = None
@@ -256,6 +257,7 @@ class Receiver:
                 with receiver.lock:
                     receiver.attempts += 1
                     receiver.keys.append(self.headers["Idempotency-Key"])
+                    receiver.signed.append((self.headers.get("X-Vlora-Signature"), body))
                     status = receiver.status
                     if status == 200:
                         assert self.headers["Content-Type"] == "application/json"
@@ -641,3 +643,29 @@ def test_a_row_that_cannot_be_serialised_is_dropped_and_counted_not_retried_fore
     lines = path.read_text().splitlines()
     st = sink.stats()
     assert st["dropped"] == 1 and st["errors"] >= 1 and len(lines) == 3
+
+
+def test_a_signed_webhook_lets_the_receiver_check_every_body(receiver, tmp_path):
+    """hmac_secret: every POST carries X-Vlora-Signature = sha256=HMAC-SHA256(secret, body); the receiver's own
+    computation over the body it got matches, a changed body or another secret does not; unsigned sinks add no
+    header."""
+    import hashlib
+    import hmac
+
+    cfg = parse_config(CONFIG.replace("headers: {Authorization: Bearer xyz}",
+                                      "headers: {Authorization: Bearer xyz}\n    hmac_secret: s3cret"),
+                       "p.yaml", tmp_path)
+    assert cfg.sinks[3].hmac_secret == "s3cret" and cfg.sinks[0].hmac_secret == ""
+    with webhook(receiver.url, hmac_secret="s3cret") as sink:
+        sink.write(records(0, 25))
+        assert wait_for(lambda: len(receiver.ids) == 25)
+    with webhook(receiver.url) as plain:
+        plain.write(records(100, 1))
+        assert wait_for(lambda: len(receiver.ids) == 26)
+    *signed, (unsigned_header, _) = receiver.signed
+    assert len(signed) == 3 and unsigned_header is None
+    for header, body in signed:
+        want = "sha256=" + hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(header, want)
+        assert header != "sha256=" + hmac.new(b"other", body, hashlib.sha256).hexdigest()
+        assert header != "sha256=" + hmac.new(b"s3cret", body + b" ", hashlib.sha256).hexdigest()

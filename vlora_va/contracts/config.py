@@ -170,6 +170,7 @@ class SinkConfig:
     timeout_s: float = 5.0  # per POST
     retry_max_s: float = 30.0  # backoff cap
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers
+    hmac_secret: str = ""  # sign every POST: X-Vlora-Signature: sha256=<HMAC-SHA256 of the body, hex>; "" = unsigned
     # a plug-in sink's own keys (those it registered with SINKS.register(..., options=...)), as written
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -488,7 +489,8 @@ _SINK_COMMON = {"type", "queue_max", "close_timeout_s"}
 SINK_KEYS = {
     "jsonl": _SINK_COMMON | {"path", "rotate_mb", "rotate_s", "keep", "fsync", "fsync_interval_s"},
     "stdout": set(_SINK_COMMON),
-    "webhook": _SINK_COMMON | {"url", "batch_max", "flush_interval_s", "timeout_s", "retry_max_s", "headers"},
+    "webhook": _SINK_COMMON | {"url", "batch_max", "flush_interval_s", "timeout_s", "retry_max_s", "headers",
+                               "hmac_secret"},
 }
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
@@ -533,7 +535,7 @@ def _sink(c: _Checker, raw: Any, path: str, base_dir: Path) -> SinkConfig | None
         kw.update(url=url or "", batch_max=get("batch_max", int, 1),
                   flush_interval_s=get("flush_interval_s", float, 0, 3600),
                   timeout_s=get("timeout_s", float, 0.05, 3600), retry_max_s=get("retry_max_s", float, 0.05, 86400),
-                  headers=_headers(c, d.get("headers"), f"{path}.headers"))
+                  headers=_headers(c, d.get("headers"), f"{path}.headers"), hmac_secret=get("hmac_secret", str))
         compared = not (c.failed(f"{path}.batch_max") or c.failed(f"{path}.queue_max"))
         if compared and kw["batch_max"] > kw["queue_max"]:
             c.error(f"{path}.batch_max", f"must be at most queue_max ({kw['queue_max']}), got {kw['batch_max']}")
