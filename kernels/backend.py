@@ -46,3 +46,8 @@ class AtmmBackend(ABC):
         device_params: optional cached (scale float32 [S], ranks int32 [S]) tensors on x's device. A backend
         ignores the options it has no use for.
         """
+
+
+def signed(scale: list[float], sign: float) -> list[float]:
+    """The per-slot scales with a pass's sign folded in (for backends that take no separate sign)."""
+    return scale if sign == 1.0 else [sign * v for v in scale]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from vlora_va.kernels import tuned
-from vlora_va.kernels.backend import AtmmBackend
+from vlora_va.kernels.backend import AtmmBackend, signed
 from vlora_va.kernels.segments import Segments
 
 
@@ -127,9 +127,8 @@ class CpuBackend(AtmmBackend):
 
     def apply(self, y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], sign: float = 1.0, *,
               config=None, device_params=None) -> None:
-
         strategy = config or lookup(x.shape[1], y.shape[1], seg, ranks)
-        atmm_cpu(y, x, A, B, seg, scale if sign == 1.0 else [sign * v for v in scale], ranks, strategy)
+        atmm_cpu(y, x, A, B, seg, signed(scale, sign), ranks, strategy)
 
 
 def lookup(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from vlora_va.kernels.backend import AtmmBackend
+from vlora_va.kernels.backend import AtmmBackend, signed
 from vlora_va.kernels.segments import Segments
 
 
@@ -54,4 +54,4 @@ class EinsumBackend(AtmmBackend):
 
     def apply(self, y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], sign: float = 1.0, *,
               config=None, device_params=None) -> None:
-        atmm_einsum(y, x, A, B, seg, scale if sign == 1.0 else [sign * v for v in scale], ranks)
+        atmm_einsum(y, x, A, B, seg, signed(scale, sign), ranks)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from vlora_va.kernels.backend import AtmmBackend
+from vlora_va.kernels.backend import AtmmBackend, signed
 from vlora_va.kernels.segments import NO_ADAPTER, Segments
 
 
@@ -56,7 +56,7 @@ class ReferenceBackend(AtmmBackend):
 
     def apply(self, y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], sign: float = 1.0, *,
               config=None, device_params=None) -> None:
-        atmm_reference(y, x, A, B, segments_to_idx(seg, x.device), [sign * v for v in scale], ranks)
+        atmm_reference(y, x, A, B, segments_to_idx(seg, x.device), signed(scale, sign), ranks)
 
 
 def segments_to_idx(seg: Segments, device) -> torch.Tensor:

@@ -196,12 +196,13 @@ def wait_for(what: str, condition, timeout: float = WAIT_S):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_a_head_a_source_a_sink_and_a_policy_from_this_file_run_through_the_daemon(plugins, tmp_path,
-                                                                                   tiny_backbone_dir):
-    cfg = parse_config(f"""
-daemon: {{endpoint: "ipc://{tmp_path}/d.sock", backbone: "{tiny_backbone_dir}", image_size: {TINY_IMAGE},
+def pipeline_text(tmp_path, backbone, ingest: str, sink: str) -> str:
+    """The pipeline both tests run: the pattern source through the brightness head under the arrival policy, into a
+    memory sink (`sink`: its keys); `ingest`: extra ingest keys."""
+    return f"""
+daemon: {{endpoint: "ipc://{tmp_path}/d.sock", backbone: "{backbone}", image_size: {TINY_IMAGE},
           threads: 1, max_wait_ms: 5, profile_cache: "{tmp_path}/profiles", policy: arrival, precision: fp32}}
-ingest: {{close_grace_s: 0}}
+ingest: {{{ingest}}}
 adapters: {{bright: "{brightness_adapter(tmp_path / 'bright')}"}}
 streams:
   - id: flat
@@ -209,8 +210,26 @@ streams:
     fps: 10
     realtime: false
     tasks: [{{name: mean, adapter: bright, frames_per_chunk: 4, deadline_ms: 60000}}]
-sinks: [{{type: memory, label: here}}]
-""", "plugins.yaml", tmp_path)
+sinks: [{{type: memory, {sink}}}]
+"""
+
+
+def check_rows(rows: list[dict]) -> None:
+    """One ok row per chunk, each frame's mean the reference for the frame its time names."""
+    rows = sorted(rows, key=lambda r: r["chunk"])
+    assert [(r["stream"], r["chunk"], r["task"], r["status"]) for r in rows] == [("flat", k, "mean", "ok")
+                                                                               for k in range(3)]
+    for row in rows:  # four frames of each chunk, spread over it (frames 1, 3, 6, 8 of ten)
+        assert len(row["brightness"]) == 4
+        for frame in row["brightness"]:
+            i = round(frame["ts"] * 10)
+            assert frame["mean"] == pytest.approx(brightness(colour(i)), abs=1e-4), (row["chunk"], i)
+
+
+def test_a_head_a_source_a_sink_and_a_policy_from_this_file_run_through_the_daemon(plugins, tmp_path,
+                                                                                   tiny_backbone_dir):
+    cfg = parse_config(pipeline_text(tmp_path, tiny_backbone_dir, "close_grace_s: 0", "label: here"),
+                       "plugins.yaml", tmp_path)
     daemon = Daemon(cfg)
     assert type(daemon.scheduler) is ArrivalOrder and daemon.catalog.adapters["bright"].task == "brightness"
     stop, ready, drained = threading.Event(), threading.Event(), threading.Event()
@@ -225,14 +244,7 @@ sinks: [{{type: memory, label: here}}]
     assert drained.wait(WAIT_S)
     serving.join(WAIT_S)
 
-    rows = sorted(sink.snapshot(), key=lambda r: r["chunk"])
-    assert [(r["stream"], r["chunk"], r["task"], r["status"]) for r in rows] == [("flat", k, "mean", "ok")
-                                                                               for k in range(3)]
-    for row in rows:  # four frames of each chunk, spread over it (frames 1, 3, 6, 8 of ten)
-        assert len(row["brightness"]) == 4
-        for frame in row["brightness"]:
-            i = round(frame["ts"] * 10)
-            assert frame["mean"] == pytest.approx(brightness(colour(i)), abs=1e-4), (row["chunk"], i)
+    check_rows(sink.snapshot())
     served = [key for batch in ArrivalOrder.batches for key in batch]
     assert sorted(served) == [("flat", k) for k in range(3)]  # the policy planned every batch
     assert sink.stats()["written"] == 3 and daemon.stats.ok == 3
@@ -243,27 +255,12 @@ def test_the_plug_ins_serve_in_vlora_va_run_when_the_pipeline_names_this_file(tm
     this file, which then registers its plug-ins (below), before anything names them."""
     out = tmp_path / "rows.jsonl"
     pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(f"""
-plugins: ["{Path(__file__).resolve()}"]
-daemon: {{endpoint: "ipc://{tmp_path}/d.sock", backbone: "{tiny_backbone_dir}", image_size: {TINY_IMAGE},
-          threads: 1, max_wait_ms: 5, profile_cache: "{tmp_path}/profiles", policy: arrival, precision: fp32}}
-adapters: {{bright: "{brightness_adapter(tmp_path / 'bright')}"}}
-streams:
-  - id: flat
-    source: "pattern://{TINY_IMAGE}x{TINY_IMAGE}?frames={FRAMES}&rate=10"
-    fps: 10
-    realtime: false
-    tasks: [{{name: mean, adapter: bright, frames_per_chunk: 4, deadline_ms: 60000}}]
-sinks: [{{type: memory, label: run, path: "{out}"}}]
-""")
+    pipeline.write_text(f"plugins: [\"{Path(__file__).resolve()}\"]\n"
+                        + pipeline_text(tmp_path, tiny_backbone_dir, "", f"label: run, path: \"{out}\""))
     proc = subprocess.run([sys.executable, "-m", "vlora_va.cli", "run", str(pipeline)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["chunk"])
-    assert [(r["chunk"], r["status"]) for r in rows] == [(k, "ok") for k in range(3)]
-    for row in rows:
-        for frame in row["brightness"]:
-            assert frame["mean"] == pytest.approx(brightness(colour(round(frame["ts"] * 10))), abs=1e-4)
+    check_rows([json.loads(line) for line in out.read_text().splitlines()])
 
 
 def test_an_unimportable_plug_in_is_an_error_naming_it(tmp_path):

@@ -8,6 +8,7 @@ with (`person_tracks` and its parts) is here too.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -224,7 +225,7 @@ class ActionHead(Head):
 
     def serve(self, feats: Features, clips: list[Clip]) -> list[ActivityResult]:
         """Clips of equal length through the head together; each clip's label (and persons)."""
-        starts = [sum(c.frames for c in clips[:i]) for i in range(len(clips))]
+        starts = list(itertools.accumulate((c.frames for c in clips[:-1]), initial=0))  # each clip's first row
         by_len: dict[int, list[int]] = {}
         for i, c in enumerate(clips):
             by_len.setdefault(c.frames, []).append(i)
