@@ -137,19 +137,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_daemon(args) -> int:
-    from vlora_va.engine.backbones import ModelError
-    from vlora_va.outputs.attach import run_with_outputs
-    from vlora_va.serving.daemon import Daemon
+    from vlora_va.outputs.attach import serve
 
     cfg = _load(args.config, args.endpoint, roles=("server",))
-    stop = _stop_on_signals()
-    try:
-        daemon = Daemon(cfg)
-    except (ModelError, RuntimeError, ValueError) as e:  # the backbone or the device it asks for is not here
-        log.error("%s", e)
-        return 1
-    run_with_outputs(daemon, stop)
-    return 0
+    return serve(cfg, _stop_on_signals())
 
 
 def cmd_ingest(args) -> int:

@@ -87,16 +87,11 @@ def daemon_process(config: PipelineConfig, stop, ready, drained, log_level: str,
     setup_logging(log_level, "daemon")
     _as_child(parent_pid, stop.set)
     load_plugins(config.plugins)  # a spawned child starts with empty registries
-    from vlora_va.engine.backbones import ModelError
-    from vlora_va.outputs.attach import run_with_outputs
-    from vlora_va.serving.daemon import Daemon
+    from vlora_va.outputs.attach import serve
 
-    try:
-        daemon = Daemon(config)
-    except (ModelError, RuntimeError, ValueError) as e:  # the backbone or the device it asks for is not here
-        log.error("the daemon cannot start: %s", e)
-        raise SystemExit(2) from None
-    run_with_outputs(daemon, stop, ready, drained)
+    status = serve(config, stop, ready, drained)
+    if status:
+        raise SystemExit(status)
 
 
 def ingest_process(config: PipelineConfig, stream_ids: list[str], stop, flushed, release, log_level: str,

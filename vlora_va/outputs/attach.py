@@ -4,14 +4,18 @@ process of `vlora-va run`, the tests and the benchmarks run; the serving layer i
 
 from __future__ import annotations
 
+import logging
 import threading
 from contextlib import ExitStack
 
 from vlora_va.contracts.config import PipelineConfig
+from vlora_va.engine.backbones import ModelError
 from vlora_va.outputs.dashboard.server import start_http
 from vlora_va.outputs.sinks import ZmqPubSink, close_all, make_sink
 from vlora_va.serving.daemon import Daemon
 from vlora_va.serving.prometheus import Totals
+
+log = logging.getLogger(__name__)
 
 
 def configured_sinks(config: PipelineConfig):
@@ -35,3 +39,17 @@ def run_with_outputs(daemon: Daemon, stop: threading.Event | None = None, ready:
     finally:
         if http is not None:
             http.close()
+
+
+def serve(config: PipelineConfig, stop: threading.Event | None = None, ready: threading.Event | None = None,
+          drained: threading.Event | None = None) -> int:
+    """A daemon for `config`, run with its outputs attached until stop (`vlora-va daemon`, and the daemon process of
+    `vlora-va run`). Returns 0, or 1 when it cannot start (the backbone or the device it asks for is not here: said
+    in one line)."""
+    try:
+        daemon = Daemon(config)
+    except (ModelError, RuntimeError, ValueError) as e:
+        log.error("the daemon cannot start: %s", e)
+        return 1
+    run_with_outputs(daemon, stop, ready, drained)
+    return 0
