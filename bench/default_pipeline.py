@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from soak import percentile, pipeline  # noqa: E402
 
+from vlora_va.contracts.results import is_result  # noqa: E402
 from vlora_va.engine.precision import AVX2_ENV  # noqa: E402
 
 READY = "daemon ready on"
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             (tmp / "run.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in out["lines"]) + "\n")
             cfg = yaml.safe_load(config.read_text())
             deadlines = {t["name"]: float(t["deadline_ms"]) for s in cfg["streams"] for t in s["tasks"]}
-            rows = [json.loads(line) for line in (tmp / "results.jsonl").read_text().splitlines() if line]
+            rows = [r for line in (tmp / "results.jsonl").read_text().splitlines() if line
+                    and is_result(r := json.loads(line))]
             run = {"isa": isa, "start": "cold" if i == 0 else "warm", **summarise(out, rows, deadlines),
                    "log": str(tmp / "run.log")}
             run["problems"] = verdict(run)

@@ -268,6 +268,8 @@ def run(args) -> dict:
         with open(tmp / "results.jsonl") as f:
             for line in f:
                 r = json.loads(line)
+                if r.get("type", "result") != "result":
+                    continue  # event rows: a stream going offline while the fuzz runs
                 key = (r["stream"], r["chunk"], r["task"])
                 got[key] += 1
                 by_status[r["status"]] += 1

@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlora_va.contracts.geometry import Letterbox  # noqa: E402
+from vlora_va.contracts.results import is_result  # noqa: E402
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk  # noqa: E402
 
 POLICIES = ["vlora", "edf", "merge-only", "unmerge-only", "dlora"]
@@ -291,7 +292,8 @@ def run_point(b: Backbone, backbone_id: str, adapters: dict, policy: str, w: Wor
         n_switches = switches(port)
     finally:
         daemon.stop()
-    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    rows = [r for line in results.read_text().splitlines() if is_result(r := json.loads(line))] \
+        if results.exists() else []
     counted_after = {(f"s{stream}", seq) for t, stream, seq, _ in plan if t >= WARMUP_S}
     counted = [r for r in rows if (r["stream"], r["chunk"]) in counted_after]
     figures = analyse(counted, len(counted_after), duration, n_switches)

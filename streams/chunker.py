@@ -13,7 +13,7 @@ of the outage), and that chunk's header says how much media time was missing bef
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from vlora_va.contracts.config import StreamConfig, TaskConfig
 from vlora_va.contracts.geometry import Letterbox, letterbox_geometry
 from vlora_va.contracts.plugins import SOURCES
+from vlora_va.contracts.scene import SnapshotConfig
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest
 from vlora_va.ingest.source import Frame
 
@@ -40,15 +41,28 @@ def spread(n: int, k: int) -> tuple[int, ...]:
     return tuple(int(round(i * (n - 1) / (k - 1))) for i in range(k))
 
 
+def stride(n: int, k: int) -> tuple[int, ...]:
+    """k of n frame indices on an even stride that runs on across chunk boundaries, as a tracker needs its frames:
+    stride(10, 5) == (0, 2, 4, 6, 8), so the next chunk's first frame is 2 frames after this one's last.
+    (spread(10, 5) == (0, 2, 4, 7, 9) spans the chunk instead, for clips.) Exactly even when k divides n."""
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot pick {k} of {n} frames")
+    return tuple(i * n // k for i in range(k))
+
+
 def plan_chunk(n: int, tasks: tuple[TaskConfig, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
     """(chunk indices to send, per task the positions of its frames among those sent).
 
-    Tasks share frames wherever they can: the task with the most frames spreads them over the chunk, and a
-    task with fewer spreads its own over those already picked. Fewer frames are converted and sent, and the
-    daemon runs the blocks two adapters leave untouched once per shared frame (shared prefix)."""
+    Tracked tasks (`track: true`) take their frames on an even stride (`stride`). The other tasks share frames
+    wherever they can: the task with the most frames spreads them over the chunk, and a task with fewer spreads
+    its own over those already picked. Fewer frames are converted and sent, and the daemon runs the blocks two
+    adapters leave untouched once per shared frame (shared prefix)."""
     picks: list[tuple[int, ...] | None] = [None] * len(tasks)
-    chosen: list[int] = []
-    for i in sorted(range(len(tasks)), key=lambda i: -tasks[i].frames_per_chunk):
+    for i, t in enumerate(tasks):
+        if t.track:
+            picks[i] = stride(n, t.frames_per_chunk)
+    chosen: list[int] = sorted(set().union(*(p for p in picks if p is not None)))
+    for i in sorted((i for i in range(len(tasks)) if not tasks[i].track), key=lambda i: -tasks[i].frames_per_chunk):
         k = tasks[i].frames_per_chunk
         if chosen and k <= len(chosen):
             picks[i] = tuple(chosen[j] for j in spread(len(chosen), k))
@@ -79,18 +93,37 @@ class ReadyChunk:
 
     header: ChunkHeader
     frames: list[np.ndarray]
+    jpegs: list[bytes] = field(default_factory=list)  # one per header.snapshots index
+
+
+def encode_snapshot(rgb: np.ndarray, max_width: int, quality: int) -> bytes:
+    """The frame as a JPEG at source resolution, scaled down to max_width where wider (event snapshots)."""
+    h, w = rgb.shape[:2]
+    if w > max_width:
+        rgb = cv2.resize(rgb, (max_width, round(h * max_width / w)), interpolation=cv2.INTER_AREA)
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise ValueError("JPEG encoding failed")
+    return buf.tobytes()
 
 
 class Chunker:
     """Feed it a stream's frames with `add`; every frames_per_chunk frames it returns a ReadyChunk."""
 
-    def __init__(self, stream: StreamConfig, image_size: int, pad_value: int = PAD_VALUE):
+    def __init__(self, stream: StreamConfig, image_size: int, pad_value: int = PAD_VALUE,
+                 snapshots: SnapshotConfig | None = None):
+        """snapshots: where the stream declares `snapshots: true`, how to encode the JPEG of each tracked frame
+        (events are drawn on them)."""
         if not stream.tasks:
             raise ValueError(f"stream {stream.id}: no tasks, nothing to send")
         self.stream, self.image_size, self.pad_value = stream, image_size, pad_value
         self.n = stream.frames_per_chunk
         self.send_idx, self.task_frames = plan_chunk(self.n, stream.tasks)
         self._wanted = set(self.send_idx)
+        self.snapshot = snapshots if stream.snapshots else None
+        # the frames whose JPEG travels with the chunk: those of the tracked tasks, which events happen on
+        self._snap_idx = sorted({self.send_idx[p] for t, ps in zip(stream.tasks, self.task_frames) if t.track
+                                 for p in ps}) if self.snapshot is not None else []
         self.seq = 0  # the next chunk's sequence number
         self._outage = 0.0  # media seconds missing before the chunk being built
         # A source that is not live (a file) read as fast as possible: its requests are never shed, the daemon's
@@ -103,6 +136,7 @@ class Chunker:
         self._size: tuple[int, int] | None = None
         self._images: list[np.ndarray] = []
         self._ts: list[float] = []
+        self._jpegs: list[bytes] = []
         self._letterbox: Letterbox | None = None
 
     def add(self, frame: Frame) -> ReadyChunk | None:
@@ -122,9 +156,12 @@ class Chunker:
             self._reset()
         self._size = size
         if self._count in self._wanted:
-            image, self._letterbox = letterbox(frame.to_rgb(), self.image_size, self.pad_value)
+            rgb = frame.to_rgb()
+            image, self._letterbox = letterbox(rgb, self.image_size, self.pad_value)
             self._images.append(image)
             self._ts.append(frame.ts)
+            if self._count in self._snap_idx:
+                self._jpegs.append(encode_snapshot(rgb, self.snapshot.max_width, self.snapshot.quality))
         self._count += 1
         if self._count < self.n:
             return None
@@ -143,5 +180,6 @@ class Chunker:
         header = ChunkHeader(
             stream=self.stream.id, seq=self.seq, fps=self.stream.fps, frame_ts=tuple(self._ts),
             frame_shape=(s, s, 3), orig_size=self._size, letterbox=self._letterbox, tasks=tasks,
-            ready_wall=ready_wall, outage_s=round(self._outage, 3))
-        return ReadyChunk(header, self._images)
+            ready_wall=ready_wall, outage_s=round(self._outage, 3),
+            snapshots=tuple(self.send_idx.index(i) for i in self._snap_idx))
+        return ReadyChunk(header, self._images, self._jpegs)

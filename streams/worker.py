@@ -27,7 +27,7 @@ import zmq
 
 from vlora_va.contracts.config import PipelineConfig, StreamConfig
 from vlora_va.contracts.security import curve_client
-from vlora_va.contracts.wire import encode_chunk
+from vlora_va.contracts.wire import HEARTBEAT_S, SourceStatus, encode_chunk
 from vlora_va.ingest.chunker import Chunker, ReadyChunk, plan_chunk
 from vlora_va.ingest.source import FrameSource, SourceError
 
@@ -56,6 +56,9 @@ class StreamStats:
     outages: int = 0  # chunks that came after missing media (a reconnect, or a stall)
     outage_s: float = 0.0  # media seconds missing in those outages, in all
     last_error: str | None = None
+    state: str = "live"  # what the heartbeat says (wire.SOURCE_STATES): live, ended (by itself) or failed
+    last_frame: float = 0.0  # time.monotonic() the source last delivered a frame (or the stream started)
+    waiting: bool = False  # the stream thread waits for room in the queue (the daemon is slow), not for its source
 
 
 class ChunkQueue:
@@ -150,7 +153,7 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     Once flushed, sets `flushed` and keeps the socket connected until `release` is set (or, without
     `release`, for IngestConfig.close_grace_s): see _hold_connection.
     resume: stream id -> its `Resume` state (a supervisor's, kept across restarts of this worker).
-    Returns per stream: chunks_sent, chunks_dropped, errors, reconnects, outages, outage_s (and chunks_made,
+    Returns per stream: chunks_sent, chunks_dropped, errors, reconnects, outages, outage_s, state (and chunks_made,
     last_error)."""
     streams = [config.stream(sid) for sid in stream_ids] if stream_ids is not None else list(config.streams)
     resume = resume or {}
@@ -176,6 +179,7 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
         halt.set()
         for t in threads:  # once flushed is said, no stream thread makes another chunk (a supervisor may start
             t.join(timeout=5.0)  # a new worker on their Resume states then)
+        _heartbeat(sock, stats)  # the streams' last word: ended (a file) is not offline
         if flushed is not None:
             flushed.set()
         if any(st.chunks_sent for st in stats.values()):  # nothing in flight otherwise
@@ -195,7 +199,8 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     for sid, st in stats.items():
         log.info("stream %s: finished: %d chunks sent, %d dropped, %d errors, %d reconnects, %d outages (%.1f s)",
                  sid, st.chunks_sent, st.chunks_dropped, st.errors, st.reconnects, st.outages, st.outage_s)
-    return {sid: asdict(st) for sid, st in stats.items()}
+    return {sid: {k: v for k, v in asdict(st).items() if k not in ("last_frame", "waiting")}
+            for sid, st in stats.items()}
 
 
 def _push_socket(ctx: zmq.Context, config: PipelineConfig, streams: list[StreamConfig]) -> zmq.Socket:
@@ -234,6 +239,7 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
                  halt: threading.Event, state=None) -> None:
     """Decode, chunk and queue one stream until it ends, fails, reaches max_chunks or halt is set. state: its
     `Resume` array (continued where a previous worker left it, and kept current)."""
+    stats.last_frame = time.monotonic()  # from the start: a source that never delivers goes offline too
     # Tasks that look at no more than half of a chunk's frames do not need the frames nothing refers to.
     sent = len(plan_chunk(stream.frames_per_chunk, stream.tasks)[0])
     source = FrameSource(stream.source, stream.fps, loop=stream.loop, realtime=stream.realtime,
@@ -242,10 +248,11 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
                          skip_nonref=config.ingest.skip_frames and 2 * sent <= stream.frames_per_chunk,
                          hw_decode=config.ingest.hw_decode)
     try:
-        chunker = Chunker(stream, config.daemon.image_size)
+        chunker = Chunker(stream, config.daemon.image_size, snapshots=config.snapshots)
         frames = _resumed(source, stream, chunker, state) if Resume.started(state) else source
         for frame in frames:
             stats.reconnects = source.reconnects
+            stats.last_frame = time.monotonic()
             chunk = chunker.add(frame)
             if chunk is None:
                 continue
@@ -259,7 +266,10 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
             chunk.header = replace(chunk.header, reconnects=source.reconnects, decoded=source.decoded)
             if state is not None:
                 state[0], state[2], state[3] = chunker.seq, frame.ts + 1.0 / stream.fps, frame.wall
+            stats.waiting = True  # waiting for the daemon (block policy), not for the source: not an outage
             queue.put(chunk, halt)
+            stats.waiting = False
+            stats.last_frame = time.monotonic()
             if stream.max_chunks and chunker.seq >= stream.max_chunks:
                 log.info("stream %s: max_chunks=%d reached", stream.id, stream.max_chunks)
                 break
@@ -268,14 +278,18 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
     except SourceError as e:
         stats.errors += 1
         stats.last_error = str(e)
+        stats.state = "failed"
         log.error("%s; this stream stops, the worker's other streams go on", e)
     except Exception as e:  # a bug must not take the other streams down
         stats.errors += 1
         stats.last_error = f"{type(e).__name__}: {e}"
+        stats.state = "failed"
         log.exception("stream %s: failed", stream.id)
     else:
-        if state is not None and not halt.is_set():
-            state[4] = 1.0  # ended by itself (end of file, max_chunks): a restarted worker leaves it alone
+        if not halt.is_set():
+            stats.state = "ended"  # a file that ended is not offline
+            if state is not None:
+                state[4] = 1.0  # ended by itself (end of file, max_chunks): a restarted worker leaves it alone
     finally:
         stats.reconnects = source.reconnects
         log.debug("stream %s: thread ends after %d chunks", stream.id, stats.chunks_made)
@@ -331,11 +345,15 @@ def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats
     # seq of each stream's last sent chunk (a resumed stream: the previous worker's)
     last_sent = {sid: int(resume[sid][1]) if sid in resume else -1 for sid in stats}
     next_log = time.monotonic() + LOG_EVERY_S
+    next_beat = 0.0
     window = {sid: 0 for sid in stats}
     while True:
         if time.monotonic() >= next_log:
             _log_throughput(stats, window, queue)
             next_log = time.monotonic() + LOG_EVERY_S
+        if time.monotonic() >= next_beat:
+            _heartbeat(sock, stats)
+            next_beat = time.monotonic() + HEARTBEAT_S
         chunk = queue.get(POLL_S)
         if chunk is None:
             if clock.finishing() and (len(queue) == 0 or clock.expired()):
@@ -347,7 +365,7 @@ def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats
         lost_outage = queue.take_lost_outage(h.stream)
         header = replace(h, dropped_before=h.seq - last_sent[h.stream] - 1, sent_wall=time.time(),
                          outage_s=round(h.outage_s + lost_outage, 3) if lost_outage else h.outage_s)
-        if not _send(sock, encode_chunk(header, chunk.frames), clock):
+        if not _send(sock, encode_chunk(header, chunk.frames, chunk.jpegs), clock):
             stats[h.stream].chunks_dropped += 1
             return
         if header.dropped_before:
@@ -359,6 +377,19 @@ def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats
             resume[h.stream][1] = h.seq
         stats[h.stream].chunks_sent += 1
         window[h.stream] += 1
+
+
+def _heartbeat(sock: zmq.Socket, stats: dict[str, StreamStats]) -> None:
+    """Each stream's SourceStatus, so the daemon can tell a live stream that stopped delivering frames (offline)
+    from one that ended. Never waits: a heartbeat that does not fit now is skipped (the next one follows)."""
+    now = time.monotonic()
+    for sid, st in stats.items():
+        age = 0.0 if st.waiting else now - st.last_frame if st.last_frame else 1e9
+        status = SourceStatus(stream=sid, state=st.state, frame_age_s=round(age, 3), sent_wall=time.time())
+        try:
+            sock.send(status.to_json(), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return
 
 
 def _send(sock: zmq.Socket, parts: list, clock: _FlushClock) -> bool:

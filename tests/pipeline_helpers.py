@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from vlora_va.contracts.results import is_result
 from vlora_va.testing.tiny import TINY_IMAGE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,13 @@ class Run:
         return self.log_path.read_text(errors="replace")
 
     def rows(self) -> list[dict]:
+        """The result rows written so far (event rows: `events`)."""
+        return [r for r in self.all_rows() if is_result(r)]
+
+    def events(self) -> list[dict]:
+        return [r for r in self.all_rows() if not is_result(r)]
+
+    def all_rows(self) -> list[dict]:
         if not self.sink.exists():
             return []
         out = []

@@ -131,7 +131,7 @@ def test_validate_and_run_print_every_problem_of_the_file(tmp_path):
           ("max_batch_images: 0", "adapter: actoins", "type: kafka")]
     expected = [f"{bad}:{at[0]}: daemon.max_batch_images: must be >= 1, got 0",
                 f"{bad}:{at[1]}: streams[0].tasks[1].adapter: unknown adapter 'actoins' (known: detect, actions)",
-                f"{bad}:{at[2]}: sinks[0].type: must be one of jsonl, stdout, webhook, got 'kafka'"]
+                f"{bad}:{at[2]}: sinks[0].type: must be one of jsonl, mqtt, stdout, webhook, got 'kafka'"]
     proc = run("validate", str(bad))
     assert proc.returncode == 2 and proc.stderr.splitlines() == [f"invalid: {e}" for e in expected], proc.stderr
     proc = run("run", str(bad))

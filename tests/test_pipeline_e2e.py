@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vlora_va.contracts.results import is_result
 from vlora_va.engine.backbones import DEFAULT_BACKBONE, cache_dir, fetched_ok
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,15 @@ def pipeline(tmp_path: Path, **stream_overrides) -> Path:
 
 
 def read_rows(tmp_path: Path) -> list[dict]:
+    """The result rows (event rows: read_events)."""
+    return [r for r in read_all(tmp_path) if is_result(r)]
+
+
+def read_events(tmp_path: Path) -> list[dict]:
+    return [r for r in read_all(tmp_path) if not is_result(r)]
+
+
+def read_all(tmp_path: Path) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
 
 

@@ -280,10 +280,15 @@ def cmd_keys(args) -> int:
 
 
 def cmd_draw(args) -> int:
+    from vlora_va.contracts.config import ConfigError, load_config
     from vlora_va.outputs.draw import draw
 
     try:
-        t, n = draw(args.results, args.video, args.stream, args.ts, args.out)
+        config = load_config(args.config) if args.config else None
+        t, n = draw(args.results, args.video, args.stream, args.ts, args.out, config=config)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 1
     except OSError as e:
         log.error("%s", _os_problem(e))
         return 1
@@ -368,8 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="directory for server.key, server.key_secret, client.key, client.key_secret")
     p.set_defaults(func=cmd_keys)
 
-    p = sub.add_parser("draw", help="draw one result frame's detections on the source video frame")
+    p = sub.add_parser("draw", help="draw one result frame's detections (track ids, events) on the source video frame")
     p.add_argument("results", help="a JSON Lines results file")
+    p.add_argument("--config", help="a pipelines.yaml: also draw the stream's lines and zones")
     p.add_argument("--video", required=True)
     p.add_argument("--stream", required=True)
     p.add_argument("--ts", type=float, help="media time in seconds (default: the first frame with detections)")

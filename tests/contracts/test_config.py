@@ -303,7 +303,7 @@ def test_every_independent_problem_is_reported_in_file_order():
     assert str(err).splitlines() == [
         "p.yaml:3: daemon.image_size: must be a multiple of the patch size 14, got 225",
         "p.yaml:19: streams[1].tasks[0].adapter: unknown adapter 'detekt' (known: detect, actions)",
-        "p.yaml:22: sinks[0].type: must be one of jsonl, stdout, webhook, got 'kafka'",
+        "p.yaml:22: sinks[0].type: must be one of jsonl, mqtt, stdout, webhook, got 'kafka'",
     ]
     assert (err.key_path, err.line, err.file) == ("daemon.image_size", 3, "p.yaml")  # the first problem's
 

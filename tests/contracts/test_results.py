@@ -76,16 +76,16 @@ def test_ok_detection_row():
     row = record(stream="pedestrians", chunk=0, task="detect", frame_ts=(0.5,), result=DETECTIONS,
                  latency=Latency(0.05049, 0.89571, 0.95123), batch_images=10, mode="premerged").to_json()
     assert row == {
-        "v": 2, "stream": "pedestrians", "chunk": 0, "task": "detect", "adapter": "detect", "status": "ok",
+        "v": 3, "type": "result", "stream": "pedestrians", "chunk": 0, "task": "detect", "adapter": "detect", "status": "ok",
         "frame_ts": [0.5],
         "frames": [{"ts": 0.5, "detections": [{"box": [282.4, 215.2, 318.0, 301.0], "class": "person", "score": 0.6679},
                                               {"box": [1.0, 2.0, 3.0, 4.0], "class": "car", "score": 0.5}]}],
         "latency_ms": {"queue": 50.5, "compute": 895.7, "total": 951.2},
         "deadline_ms": 2000.0, "deadline_met": True, "batch_images": 10, "mode": "premerged",
     }
-    assert RESULT_VERSION == 2
+    assert RESULT_VERSION == 3
     # the documented order: identity, status, what was looked at, the result, then the timing
-    assert list(row) == ["v", "stream", "chunk", "task", "adapter", "status", "frame_ts", "frames", "latency_ms",
+    assert list(row) == ["v", "type", "stream", "chunk", "task", "adapter", "status", "frame_ts", "frames", "latency_ms",
                          "deadline_ms", "deadline_met", "batch_images", "mode"]
     assert json.loads(json.dumps(row)) == row  # plain JSON types only
 
@@ -98,7 +98,7 @@ def test_activity_row_with_persons():
                  latency=Latency(0.0, 0.0, 2.68996), deadline_ms=3000.04, untrained=True, dropped_before=2,
                  extra={"frames_used": 4}).to_json()
     assert row == {
-        "v": 2, "stream": "cam", "chunk": 3, "task": "activity", "adapter": "actions-persons", "status": "ok",
+        "v": 3, "type": "result", "stream": "cam", "chunk": 3, "task": "activity", "adapter": "actions-persons", "status": "ok",
         "frame_ts": [0.0, 0.3333, 0.6667], "untrained": True,
         "label": "walking_left", "score": 0.5044, "scores": {"standing": 0.0812, "walking_left": 0.5044},
         "persons": [{"box": [10.0, 20.1, 30.0, 40.6], "score": 0.9123, "activity": "walking_left",
@@ -120,7 +120,7 @@ def test_activity_row_without_a_person_branch_has_no_persons_key():
 def test_shed_row_json_says_why_and_has_no_result():
     row = record(status="shed", reason="cannot meet its deadline: needs ~820 ms, 310 ms left", deadline_met=False,
                  deadline_ms=3000.0, latency=Latency(0.0, 0.0, 2.69)).to_json()
-    assert row == {"v": 2, "stream": "cam", "chunk": 3, "task": "det", "adapter": "detect", "status": "shed",
+    assert row == {"v": 3, "type": "result", "stream": "cam", "chunk": 3, "task": "det", "adapter": "detect", "status": "shed",
                    "reason": "cannot meet its deadline: needs ~820 ms, 310 ms left", "frame_ts": [0.5],
                    "latency_ms": {"queue": 0.0, "compute": 0.0, "total": 2690.0}, "deadline_ms": 3000.0,
                    "deadline_met": False}
@@ -173,7 +173,7 @@ def test_not_served_rows_say_why_and_never_meet_the_deadline():
     assert shed.deadline_met is False  # 101.5 is before the deadline: shedding still is not meeting it
     assert shed.latency == Latency(0.0, 0.0, 1.5)
     assert shed.to_json() == {
-        "v": 2, "stream": "cam", "chunk": 3, "task": "det", "adapter": "detect", "status": "shed",
+        "v": 3, "type": "result", "stream": "cam", "chunk": 3, "task": "det", "adapter": "detect", "status": "shed",
         "reason": "cannot meet its deadline: needs ~820 ms, 310 ms left", "frame_ts": [0.5, 0.75],
         "captured_at": "1970-01-01T00:01:40.000Z",
         "latency_ms": {"queue": 0.0, "compute": 0.0, "total": 1500.0}, "deadline_ms": 2000.0, "deadline_met": False,
@@ -216,3 +216,27 @@ def test_a_follower_returns_each_complete_line_once_and_waits_for_a_partial_one(
         f.flush()
         assert follower.new_lines() == ['{"b":2}', '{"c":3}']
         assert follower.new_lines() == []
+
+
+def test_a_tracked_detection_carries_its_track_id_and_others_do_not():
+    from vlora_va.contracts.results import Detection
+    assert Detection((1, 2, 3, 4), "person", 0.5, "run-t3").to_json()["track_id"] == "run-t3"
+    assert "track_id" not in Detection((1, 2, 3, 4), "person", 0.5).to_json()
+
+
+def test_an_event_row_has_its_type_version_and_only_the_fields_that_apply():
+    from vlora_va.contracts.events import EventRecord
+    line = EventRecord(id="run-1", event="line_crossed", stream="cam", ts=61.43219, captured_at=1764151530.123,
+                       task="detect", chunk=61, line="path", direction="in", track_id="run-t4", cls="person",
+                       box=(282.44, 215.2, 318.0, 301.0), counts={"in": {"person": 5}, "out": {}},
+                       counts_since=1764151469.0)
+    assert line.to_json() == {
+        "v": 3, "type": "event", "id": "run-1", "event": "line_crossed", "stream": "cam", "task": "detect",
+        "chunk": 61, "line": "path", "direction": "in", "track_id": "run-t4", "class": "person", "ts": 61.4322,
+        "captured_at": "2025-11-26T10:05:30.123Z", "box": [282.4, 215.2, 318.0, 301.0],
+        "counts": {"in": {"person": 5}, "out": {}}, "counts_since": "2025-11-26T10:04:29.000Z", "snapshot": None}
+    offline = EventRecord(id="run-2", event="stream_offline", phase="start", stream="cam", ts=7.5, captured_at=None)
+    assert offline.to_json() == {"v": 3, "type": "event", "id": "run-2", "event": "stream_offline", "phase": "start",
+                                 "stream": "cam", "ts": 7.5, "captured_at": None, "snapshot": None}
+    with pytest.raises(ValueError, match="phase"):
+        EventRecord(id="x", event="zone_left", phase="middle", stream="cam", ts=0.0, captured_at=None)

@@ -11,6 +11,7 @@ from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.wire import (
     MAX_FRAMES,
     MAX_HEADER_BYTES,
+    MAX_PARTS,
     MAX_TASKS,
     PROTOCOL_VERSION,
     ChunkHeader,
@@ -311,11 +312,11 @@ def test_a_v1_message_is_refused_by_version():
     ([b"[1, 2]"], "not a JSON object"),
     ([b"null"], "not a JSON object"),
     ([b" " * MAX_HEADER_BYTES + b"{}"], f"header is {MAX_HEADER_BYTES + 2} bytes, limit {MAX_HEADER_BYTES}"),
-    (parts_of(header_dict(), 2), "header announces 3 frames but the message carries 2 frame parts"),
-    (parts_of(header_dict(), 4), "header announces 3 frames but the message carries 4 frame parts"),
+    (parts_of(header_dict(), 2), "header announces 3 frames and 0 snapshots but the message carries 2 parts after the header"),
+    (parts_of(header_dict(), 4), "header announces 3 frames and 0 snapshots but the message carries 4 parts after the header"),
     ([json.dumps(header_dict()).encode(), *(f.tobytes()[:-10] for f in frames())],
      "frame 0: 2342 bytes, expected 28x28x3 = 2352 (truncated?)"),
-    ([b"{}"] + [b""] * (MAX_FRAMES + 1), f"message has {MAX_FRAMES + 2} parts, limit {MAX_FRAMES + 1}"),
+    ([b"{}"] + [b""] * MAX_PARTS, f"message has {MAX_PARTS + 1} parts, limit {MAX_PARTS}"),
 ])
 def test_malformed_messages_are_rejected_with_a_clear_reason(parts, message):
     with pytest.raises(WireError, match=re.escape(message)):
@@ -324,8 +325,8 @@ def test_malformed_messages_are_rejected_with_a_clear_reason(parts, message):
 
 def test_too_many_parts_is_refused_before_the_header_is_read():
     """A flood of parts costs nothing to refuse: the count is checked before any parsing."""
-    parts = [json.dumps(header_dict()).encode()] + [f.tobytes() for f in frames(MAX_FRAMES + 1)]
-    with pytest.raises(WireError, match=re.escape(f"message has {MAX_FRAMES + 2} parts")):
+    parts = [json.dumps(header_dict()).encode()] + [f.tobytes() for f in frames(MAX_PARTS)]
+    with pytest.raises(WireError, match=re.escape(f"message has {MAX_PARTS + 1} parts")):
         decode_chunk(parts)
 
 
@@ -364,3 +365,54 @@ def test_error_messages_stay_short_whatever_the_input(path, value):
     with pytest.raises(WireError) as err:
         decode_chunk(parts_of(d))
     assert len(str(err.value)) <= 300, f"{len(str(err.value))} characters: {str(err.value)[:120]}..."
+
+
+# ---------------------------------------------------------------- snapshots and heartbeats (issue 29)
+JPEG = b"\xff\xd8" + b"jpeg bytes" + b"\xff\xd9"
+
+
+def test_snapshot_jpegs_follow_the_frames_and_arrive_keyed_by_their_media_time():
+    h = make_header(snapshots=(0, 2))
+    chunk = decode_chunk([bytes(memoryview(p)) for p in encode_chunk(h, frames(), [JPEG, JPEG + b"2"])])
+    assert chunk.header.snapshots == (0, 2) and len(chunk.frames) == 3
+    assert chunk.jpegs == {0.0: JPEG, 0.2: JPEG + b"2"}
+    assert chunk.requests(100.2)[0].jpegs is chunk.jpegs
+    assert "snapshots" not in json.loads(make_header().to_json())  # left out when none: older daemons read it
+
+
+@pytest.mark.parametrize("snapshots, jpegs, message", [
+    ((0,), [b"not a jpeg"], "snapshot of frame 0: expected a JPEG"),
+    ((0,), [b""], "snapshot of frame 0: expected a JPEG"),
+    ((0,), [], "header announces 3 frames and 1 snapshots but the message carries 3 parts after the header"),
+    ((5,), [JPEG], "header.snapshots: expected distinct indices into the 3 frames sent"),
+    ((1, 1), [JPEG, JPEG], "header.snapshots: expected distinct indices into the 3 frames sent"),
+])
+def test_bad_snapshots_are_wire_errors(snapshots, jpegs, message):
+    d = header_dict()
+    d["snapshots"] = list(snapshots)
+    with pytest.raises(WireError, match=re.escape(message)):
+        decode_chunk([json.dumps(d).encode(), *(f.tobytes() for f in frames()), *jpegs])
+
+
+def test_a_heartbeat_round_trips_and_a_bad_one_names_its_field():
+    from vlora_va.contracts.wire import SourceStatus, decode_message
+    status = SourceStatus(stream="cam", state="ended", frame_age_s=1.5, sent_wall=100.0)
+    assert decode_message([status.to_json()]) == status
+    h, fs = make_header(), frames()
+    assert decode_message(encode_chunk(h, fs)).header == h  # a chunk is still a chunk
+    bad = json.loads(status.to_json())
+    bad["state"] = "sleeping"
+    with pytest.raises(WireError, match=r"status.state: expected one of live, ended, failed"):
+        decode_message([json.dumps(bad).encode()])
+    bad = json.loads(status.to_json())
+    bad["frame_age_s"] = -1
+    with pytest.raises(WireError, match=r"status.frame_age_s"):
+        decode_message([json.dumps(bad).encode()])
+    with pytest.raises(WireError, match="unknown field 'extra'"):
+        decode_message([json.dumps({**json.loads(status.to_json()), "extra": 1}).encode()])
+
+
+def test_snapshots_raise_the_largest_legal_part_only_where_a_stream_sends_them():
+    from vlora_va.contracts.wire import MAX_JPEG_BYTES
+    assert largest_part_bytes(224) == 224 * 224 * 3
+    assert largest_part_bytes(224, snapshots=True) == MAX_JPEG_BYTES

@@ -17,7 +17,7 @@ import numpy as np
 import zmq
 
 from vlora_va.contracts.config import DaemonConfig, IngestConfig, PipelineConfig, StreamConfig, TaskConfig
-from vlora_va.contracts.wire import Chunk, decode_chunk
+from vlora_va.contracts.wire import Chunk, SourceStatus, decode_message
 
 IMAGE_SIZE = 112  # small model frames keep the tests fast
 QUIET_S = 1.0  # once a worker has flushed, this long without a message means nothing is still in flight
@@ -53,12 +53,17 @@ class Receiver:
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{port}"
         self.chunks: list[Chunk] = []
+        self.statuses: list[SourceStatus] = []  # the heartbeats (kept apart: they are not chunks)
         self.received_wall: list[float] = []
 
     def receive(self, timeout: float) -> Chunk | None:
+        """The next chunk, or None when none came within timeout (a heartbeat is kept in `statuses`)."""
         if not self.sock.poll(int(timeout * 1000)):
             return None
-        chunk = decode_chunk(self.sock.recv_multipart(copy=False))
+        chunk = decode_message(self.sock.recv_multipart(copy=False))
+        if isinstance(chunk, SourceStatus):
+            self.statuses.append(chunk)
+            return None
         self.chunks.append(chunk)
         self.received_wall.append(time.time())
         return chunk

@@ -167,3 +167,42 @@ def test_a_file_read_as_fast_as_possible_is_best_effort_a_camera_never():
     assert Chunker(replace(base, realtime=False), IMAGE_SIZE).best_effort is True
     assert Chunker(replace(base, realtime=True), IMAGE_SIZE).best_effort is False
     assert Chunker(replace(base, realtime=False, source="rtsp://127.0.0.1:8554/x"), IMAGE_SIZE).best_effort is False
+
+
+# ---------------------------------------------------------------- tracked tasks and snapshots (issue 29)
+def test_stride_runs_evenly_across_chunk_boundaries():
+    from vlora_va.ingest.chunker import stride
+    assert stride(10, 5) == (0, 2, 4, 6, 8)  # the next chunk starts 2 frames after 8: even across the boundary
+    assert stride(10, 2) == (0, 5) and stride(10, 1) == (0,) and stride(10, 10) == tuple(range(10))
+    with pytest.raises(ValueError):
+        stride(10, 11)
+
+
+def test_a_tracked_task_keeps_its_stride_and_the_others_share_frames_around_it():
+    both = (TaskConfig("det", "detect", 5, 2000.0, track=True), TaskConfig("act", "actions", 8, 3000.0))
+    send, picks = plan_chunk(10, both)
+    assert [send[i] for i in picks[0]] == [0, 2, 4, 6, 8]
+    assert [send[i] for i in picks[1]] == list(spread(10, 8))  # untouched by the tracked task
+    # untracked, the same task would have been spread over the chunk instead
+    send, picks = plan_chunk(10, (TaskConfig("det", "detect", 5, 2000.0),))
+    assert [send[i] for i in picks[0]] == list(spread(10, 5)) == [0, 2, 4, 7, 9]
+
+
+def test_a_stream_with_snapshots_sends_a_jpeg_of_each_tracked_frame_at_source_resolution():
+    import cv2
+
+    from vlora_va.contracts.scene import SnapshotConfig
+    cfg = stream("cam", BIKES, fps=10, snapshots=True,
+                 tasks=(TaskConfig("det", "detect", 2, 2000.0, track=True), TaskConfig("act", "actions", 4, 3000.0)))
+    frames = real_frames(10, 10)
+    chunk = next(c for c in map(Chunker(cfg, IMAGE_SIZE, snapshots=SnapshotConfig(max_width=320)).add, frames) if c)
+    h = chunk.header
+    assert [h.frame_ts[i] for i in h.snapshots] == pytest.approx([frames[0].ts, frames[5].ts])
+    assert len(chunk.jpegs) == 2
+    image = cv2.imdecode(np.frombuffer(chunk.jpegs[1], np.uint8), cv2.IMREAD_COLOR)
+    assert image.shape == (136, 320, 3)  # 640 x 272 scaled to max_width 320
+    want = cv2.resize(frames[5].to_rgb(), (320, 136), interpolation=cv2.INTER_AREA)[:, :, ::-1]
+    assert np.abs(image.astype(int) - want).mean() < 4  # the frame itself, JPEG-compressed
+    # without snapshots: no JPEG
+    plain = next(c for c in map(Chunker(stream("cam", BIKES, fps=10, tasks=cfg.tasks), IMAGE_SIZE).add, frames) if c)
+    assert plain.header.snapshots == () and plain.jpegs == []

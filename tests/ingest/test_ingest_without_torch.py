@@ -16,7 +16,7 @@ import zmq
 
 from tests.conftest import BIKES, PEDESTRIANS, ROOT
 from tests.ingest.ingest_helpers import QUIET_S
-from vlora_va.contracts.wire import TaskRequest, decode_chunk
+from vlora_va.contracts.wire import Chunk, TaskRequest, decode_message
 from vlora_va.ingest.chunker import PAD_VALUE
 
 INGEST_VENV = ROOT / ".venv-ingest"
@@ -126,7 +126,9 @@ def test_the_real_ingest_worker_from_the_ingest_venv_feeds_a_real_pull_socket(in
         exited: float | None = None
         while time.monotonic() < deadline:  # until the worker has exited and nothing more is pending
             if sock.poll(100):
-                chunks.append(decode_chunk(sock.recv_multipart(copy=False)))
+                message = decode_message(sock.recv_multipart(copy=False))
+                if isinstance(message, Chunk):  # heartbeats (SourceStatus) come too
+                    chunks.append(message)
             elif proc.poll() is not None:
                 exited = exited or time.monotonic()
                 if time.monotonic() - exited >= QUIET_S:

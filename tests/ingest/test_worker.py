@@ -71,7 +71,7 @@ def test_two_streams_arrive_complete_and_in_order(receiver):
     check_stream_chunks(got["bikes"], "bikes", 10, (640, 272), 10.0, 10)
     check_stream_chunks(got["peds"], "peds", 4, (768, 576), 10.0, 10)
     assert stats["bikes"] == {"chunks_made": 10, "chunks_sent": 10, "chunks_dropped": 0, "errors": 0,
-                              "reconnects": 0, "outages": 0, "outage_s": 0.0, "last_error": None}
+                              "reconnects": 0, "outages": 0, "outage_s": 0.0, "last_error": None, "state": "ended"}
     assert all(c.header.outage_s == 0 for c in receiver.chunks)
     assert stats["peds"]["chunks_sent"] == 4
 

@@ -30,12 +30,16 @@ import zmq
 
 from tests.serving.test_daemon import chunk_parts, config
 from vlora_va.contracts.config import ConfigError, parse_config
-from vlora_va.contracts.results import PersonActivity
+from vlora_va.contracts.events import EventRecord
+from vlora_va.contracts.geometry import Letterbox
+from vlora_va.contracts.requests import Request
+from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections, PersonActivity, ResultRecord
+from vlora_va.contracts.scene import LineConfig, SnapshotConfig, ZoneConfig
 from vlora_va.contracts.security import is_local_host
 from vlora_va.outputs.attach import run_with_outputs
 from vlora_va.outputs.dashboard import url_for
-from vlora_va.outputs.dashboard.hub import person_label
-from vlora_va.outputs.dashboard.server import HttpServer, readiness, start_http
+from vlora_va.outputs.dashboard.hub import RECENT_EVENTS, Hub, person_label
+from vlora_va.outputs.dashboard.server import HttpServer, readiness, snapshot_file, start_http
 from vlora_va.serving.daemon import Daemon
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -409,3 +413,190 @@ def test_a_plug_in_heads_result_is_shown_without_boxes():
     shown = streams["cam"]["frame"]
     assert version == 1 and shown.meta["boxes"] == [] and shown.meta["task"] == "bright"
     assert streams["cam"]["recent"][0]["status"] == "ok"
+
+
+# ---------------------------------------------------------------- lines, zones, tracks, events (issue 29)
+GATE = LineConfig("gate", ((320.0, 40.0), (320.0, 440.0)))  # top to bottom: `in` is to the screen's left
+LAWN = ZoneConfig("lawn", ((400.0, 300.0), (600.0, 300.0), (600.0, 460.0), (400.0, 460.0)))
+T0 = 1_800_000_000.0
+
+
+def scene_daemon(tmp_path, tiny_backbone_dir, tiny_adapters) -> Daemon:
+    """The tiny daemon, its stream `cam` declaring a line and a zone, its snapshots under tmp_path/snaps."""
+    cfg = config(tmp_path, tiny_backbone_dir, tiny_adapters)
+    cam = dataclasses.replace(cfg.streams[0], lines=(GATE,), zones=(LAWN,))
+    return Daemon(dataclasses.replace(cfg, streams=(cam,), snapshots=SnapshotConfig(dir=str(tmp_path / "snaps"))))
+
+
+def served_frame(seq: int = 0) -> tuple[Request, ResultRecord]:
+    """A detection result on a 640 x 480 frame sent as 320 px letterboxed: a tracked person and an untracked car."""
+    frame = np.full((320, 320, 3), 70, np.uint8)
+    req = Request("cam", seq, "det", "detect", [frame], [seq + 0.5], Letterbox(0.5, 0.0, 40.0), (640, 480),
+                  T0, T0, T0 + 10)
+    dets = (Detection((100.0, 100.0, 160.0, 260.0), "person", 0.9, track_id="r1-4"),
+            Detection((440.0, 60.0, 600.0, 180.0), "car", 0.8))
+    rec = ResultRecord.served(req, DetectionResult((FrameDetections(seq + 0.5, dets),)), compute_start=T0 + 0.1,
+                              compute_end=T0 + 0.2, batch_images=1, mode="unmerged")
+    return req, rec
+
+
+def crossing(n: int, people_in: int, snapshot: str | None = None) -> EventRecord:
+    return EventRecord(id=f"r1-{n}", event="line_crossed", stream="cam", ts=float(n), captured_at=T0 + n, task="det",
+                       chunk=n, line="gate", direction="in", track_id="r1-4", cls="person", box=(100, 100, 160, 260),
+                       counts={"in": {"person": people_in}, "out": {"person": 1}}, counts_since=T0,
+                       snapshot=snapshot)
+
+
+def zone_entry(n: int) -> EventRecord:
+    return EventRecord(id=f"r1-{n}", event="zone_entered", phase="start", stream="cam", ts=float(n),
+                       captured_at=T0 + n, task="det", zone="lawn", track_id="r1-9", cls="person",
+                       counts={"inside": {"person": 2}, "entered": {"person": 2, "dog": 1}, "left": {"dog": 1}},
+                       counts_since=T0)
+
+
+def jpeg(path: Path, colour) -> bytes:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert cv2.imwrite(str(path), np.full((60, 80, 3), colour, np.uint8))
+    return path.read_bytes()
+
+
+def raw_get(port: int, path: str) -> tuple[int, bytes]:
+    """A GET with the path exactly as given (urllib would resolve `..` itself)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.putrequest("GET", path, skip_accept_encoding=True)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_hub_keeps_the_last_events_and_each_rules_totals_beside_the_results():
+    """Result and event rows in one write: the results' accounting is what it was, each event takes the next seq,
+    the event list keeps the last RECENT_EVENTS, a rule's totals are the latest event's (copied: the analytics
+    may change its dict afterwards), and boxes of confirmed tracks carry their track id."""
+    hub = Hub(["cam"])
+    req, rec = served_frame()
+    moved = EventRecord(id="r1-2", event="stream_moved", stream="cam", ts=2.0, captured_at=T0 + 2)  # unknown name
+    first = crossing(1, 3)
+    hub.rows([rec, first, moved])
+    first.counts["in"]["person"] = 99  # what the hub shows must not change with it
+    hub.frame(req, rec)
+    seq, _, streams = hub.snapshot(0.0)
+    cam = streams["cam"]
+    assert seq == 3 and cam["counts"]["ok"] == 1 and [p[0] for p in cam["points"]] == [1]
+    assert [(e["seq"], e["event"], e["rule"]) for e in hub.events(0, seq)] == [(2, "line_crossed", "gate"),
+                                                                              (3, "stream_moved", None)]
+    assert cam["line_counts"]["gate"]["counts"] == {"in": {"person": 3}, "out": {"person": 1}}
+    assert [b.get("track") for b in cam["frame"].meta["boxes"]] == ["r1-4", None]
+    assert cam["frame"].meta["scale"] == 0.5
+    hub.rows([zone_entry(n) for n in range(RECENT_EVENTS + 5)])
+    seq2, _, changed = hub.changes(seq, 1)
+    assert changed["cam"]["zone_counts"]["lawn"]["counts"]["inside"] == {"person": 2}  # the stream changed: sent
+    assert len(hub.events(0, seq2)) == RECENT_EVENTS and hub.events(seq2, seq2) == []
+    assert [e["seq"] for e in hub.events(seq2 - 2, seq2 - 1)] == [seq2 - 1]
+
+
+def test_snapshots_are_served_from_their_directory_only(tmp_path, tiny_backbone_dir, tiny_adapters):
+    """/snapshots/ serves the JPEGs under snapshots.dir; `..`, absolute paths (plain or percent-encoded), a
+    symlink pointing out and files of other kinds are refused. The event stream names each snapshot by that URL
+    (none for a path outside the directory)."""
+    daemon = scene_daemon(tmp_path, tiny_backbone_dir, tiny_adapters)
+    snaps = tmp_path / "snaps"
+    inside = jpeg(snaps / "cam" / "r1-1.jpg", (0, 0, 255))
+    secret = jpeg(tmp_path / "secret.jpg", (255, 0, 0))  # a JPEG, outside the directory
+    (snaps / "cam" / "notes.txt").write_text("not a snapshot")
+    (snaps / "out.jpg").symlink_to(tmp_path / "secret.jpg")
+    for rel in ("../secret.jpg", str(tmp_path / "secret.jpg"), "cam/../../secret.jpg", "out.jpg", "cam/notes.txt",
+                "cam/missing.jpg", ""):
+        assert snapshot_file(snaps, rel) is None, rel
+    assert snapshot_file(snaps, "cam/r1-1.jpg") == (snaps / "cam" / "r1-1.jpg").resolve()
+
+    server = HttpServer(daemon, "127.0.0.1", 0).start()
+    try:
+        status, body = raw_get(server.port, "/snapshots/cam/r1-1.jpg")
+        assert status == 200 and body == inside
+        for path in ("/snapshots/../secret.jpg", "/snapshots/%2e%2e/secret.jpg", "/snapshots/cam/..%2F..%2Fsecret.jpg",
+                     f"/snapshots/{tmp_path}/secret.jpg", f"/snapshots//{tmp_path}/secret.jpg",
+                     f"/snapshots/%2F{str(tmp_path)[1:]}/secret.jpg", "/snapshots/out.jpg", "/snapshots/cam/notes.txt"):
+            status, body = raw_get(server.port, path)
+            assert status == 404 and secret not in body and b"not a snapshot" not in body, (path, status)
+        server.hub.rows([crossing(1, 1, str(snaps / "cam" / "r1-1.jpg")),
+                         crossing(2, 2, str(tmp_path / "secret.jpg"))])
+        events = Events(server.port)
+        name, snap = events.next()
+        events.close()
+        assert name == "snapshot"
+        assert [e["snapshot"] for e in snap["events"]] == ["/snapshots/cam/r1-1.jpg", None]
+        (cam,) = snap["streams"]
+        assert cam["lines"] == [{"name": "gate", "points": [[320.0, 40.0], [320.0, 440.0]]}]
+        assert cam["zones"][0]["name"] == "lawn" and cam["line_counts"]["gate"]["counts"]["in"] == {"person": 2}
+    finally:
+        server.close()
+
+
+LINE_PIXEL = """() => {  // the reddest pixel across the gate line a quarter of the way down, on the page's canvas
+  const c = document.querySelector('[data-stream=cam] .frame'), w = c.clientWidth, h = c.clientHeight;
+  const k = Math.min(w / 320, h / 240), ox = (w - 320 * k) / 2, oy = (h - 240 * k) / 2, m = 0.5 * k;
+  const dpr = window.devicePixelRatio || 1, x = (ox + 320 * m) * dpr, y = (oy + 140 * m) * dpr;
+  const d = c.getContext('2d').getImageData(Math.round(x) - 3, Math.round(y), 7, 1).data;  // the line is 2 px wide
+  let best = [0, 0, 0];
+  for (let i = 0; i < d.length; i += 4) if (d[i] > best[0]) best = [d[i], d[i + 1], d[i + 2]];
+  return best;
+}"""
+
+
+def test_the_page_draws_lines_zones_and_tracks_and_lists_counts_and_events(tmp_path, tiny_backbone_dir,
+                                                                          tiny_adapters):
+    """In headless Chromium: the frame shows the stream's line and zone and the track id; the line's and the
+    zone's totals are listed; the events are listed newest first with their snapshot, and new ones arrive live
+    (the list keeps the last 20). Rows go through the hub as the daemon hands them over (results and events in
+    one list; the served request to the frame tap)."""
+    sync_playwright = _browser_or_skip()
+    daemon = scene_daemon(tmp_path, tiny_backbone_dir, tiny_adapters)
+    snapshot = tmp_path / "snaps" / "cam" / "r1-1.jpg"
+    jpeg(snapshot, (0, 0, 255))
+    server = HttpServer(daemon, "127.0.0.1", 0).start()
+    try:
+        req, rec = served_frame()
+        server.hub.rows([rec, crossing(1, 3, str(snapshot)), zone_entry(2),
+                         EventRecord(id="r1-3", event="stream_moved", stream="cam", ts=3.0, captured_at=T0 + 3)])
+        server.hub.frame(req, rec)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+            page = browser.new_page(viewport={"width": 1200, "height": 1400})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(server.url)
+            frame = "document.querySelector('[data-stream=cam] .frame').dataset"
+            page.wait_for_function(f"() => {frame}.version > 0", timeout=30_000)
+            assert page.evaluate(f"() => [{frame}.lines, {frame}.zones, {frame}.tracks, {frame}.boxes]") == \
+                ["1", "1", "1", "2"]
+            r, g, b = page.evaluate(LINE_PIXEL)
+            assert r > 200 and g > 170 and b < 120, (r, g, b)  # the line's yellow, over a grey frame
+            gate = page.locator("[data-stream=cam] [data-line=gate]").inner_text()
+            lawn = page.locator("[data-stream=cam] [data-zone=lawn]").inner_text()
+            assert "in person 3" in gate and "out person 1" in gate, gate
+            assert "inside 2 (person 2)" in lawn and "entered 3 (person 2, dog 1)" in lawn and "left 1" in lawn, lawn
+            rows = page.locator("#event-list tbody tr")
+            assert [rows.nth(i).get_attribute("data-event") for i in range(3)] == \
+                ["stream_moved", "zone_entered", "line_crossed"]  # newest first; an unknown name is listed too
+            cells = rows.nth(2).locator("td").all_inner_texts()
+            assert cells[1:7] == ["cam", "line_crossed", "line gate", "in", "#4", "person"], cells
+            assert rows.nth(1).locator("td").nth(2).inner_text() == "zone_entered (start)"
+            page.wait_for_function("() => { const i = document.querySelector('#event-list img');"
+                                   " return i && i.complete && i.naturalWidth === 80; }", timeout=10_000)
+            assert page.locator("#no-events").is_hidden()
+
+            server.hub.rows([crossing(n, 3 + n) for n in range(10, 30)])  # live: 20 more
+            page.wait_for_function("() => document.querySelector('#event-list tbody tr').dataset.seq === "
+                                   f"'{server.hub.seq}'", timeout=10_000)
+            assert rows.count() == 20
+            assert "in person 32" in page.locator("[data-stream=cam] [data-line=gate]").inner_text()
+            page.screenshot(path=str(tmp_path / "scene.png"), full_page=True)
+            browser.close()
+        assert not errors, errors
+    finally:
+        server.close()

@@ -488,7 +488,7 @@ def test_sink_config_parses_every_type_and_old_configs_stay_valid(tmp_path):
     ("{Authorization: Bearer xyz}", '{"Bad Name": x}', 24, "sinks[3].headers.Bad Name: not a valid HTTP header"),
     ("{Authorization: Bearer xyz}", '{X-A: "a\\r\\nHost: evil"}', 24, "cannot contain line breaks"),
     ("/var/log/r.jsonl", "out/results.jsonl", 10, "sinks[1].path: the same file as sinks[0]"),
-    ("type: stdout", "type: kafka", 15, "sinks[2].type: must be one of jsonl, stdout, webhook"),
+    ("type: stdout", "type: kafka", 15, "sinks[2].type: must be one of jsonl, mqtt, stdout, webhook"),
 ])
 def test_sink_config_errors_name_key_path_and_line(old, new, line, message):
     assert old in CONFIG
@@ -547,7 +547,7 @@ def test_a_registered_plugin_sink_is_configured_built_and_fed_like_a_built_in_on
     ("label: lab", "path: x.jsonl",
      "sinks[0].path: not an option of a memory sink (allowed: close_timeout_s, label, queue_max, type)"),
     ("label: lab", "colour: red", "sinks[0].colour: unknown key (allowed: "),
-    ("type: memory", "type: kafka", "sinks[0].type: must be one of jsonl, stdout, webhook, memory, got 'kafka'"),
+    ("type: memory", "type: kafka", "sinks[0].type: must be one of jsonl, mqtt, stdout, webhook, memory, got 'kafka'"),
 ])
 def test_plugin_sink_config_errors_name_the_allowed_keys_and_known_types(memory_sink_type, old, new, message):
     assert old in PLUGIN_CONFIG

@@ -16,6 +16,7 @@ import zmq
 
 from vlora_va.contracts.config import parse_config
 from vlora_va.contracts.geometry import Letterbox
+from vlora_va.contracts.results import is_result
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
@@ -96,7 +97,7 @@ class RunningDaemon:
 
 def read_rows(cfg):
     with open(cfg.sinks[0].path) as f:
-        return [json.loads(line) for line in f]
+        return [row for line in f if is_result(row := json.loads(line))]
 
 
 @pytest.fixture

@@ -20,6 +20,16 @@ from urllib.parse import urlsplit
 import yaml
 
 from vlora_va.contracts.plugins import BACKBONE_BACKENDS, POLICIES, SINKS, SOURCES, load_plugins, source_scheme
+from vlora_va.contracts.scene import (
+    LineConfig,
+    SnapshotConfig,
+    TrackingConfig,
+    ZoneConfig,
+    parse_lines,
+    parse_snapshots,
+    parse_tracking,
+    parse_zones,
+)
 from vlora_va.contracts.security import CurveConfig, KeyFileError, read_authorized, read_public, read_secret
 from vlora_va.contracts.wire import MAX_FRAME_SIDE, MAX_FRAMES, MAX_TASKS, NAME, STREAM_ID
 
@@ -34,6 +44,9 @@ _PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "int8": "float32"}  #
 # What sustained overload does to the lowest-priority work first (see DaemonConfig.degrade).
 DEGRADE_OPTIONS = ("shed", "frames", "stride")
 FSYNC_POLICIES = ("batch", "interval", "never")
+# A stream is offline after no frame for offline_after_s: at least a frame interval plus this (ingest's heartbeat
+# every wire.HEARTBEAT_S and the daemon's loop add to when a frame is known)
+OFFLINE_MARGIN_S = 0.5
 
 
 class ConfigError(ValueError):
@@ -124,6 +137,9 @@ class TaskConfig:
     frames_per_chunk: int
     deadline_ms: float
     priority: int = 0  # higher is served first under overload
+    # link boxes across chunks into tracks (vlora_va/analytics/): frames are taken on an even stride that runs
+    # across chunk boundaries, and the stream's lines and zones count this task's confirmed tracks
+    track: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +153,14 @@ class StreamConfig:
     max_chunks: int = 0  # stop after this many chunks; 0 = until the source ends
     priority: int = 0  # default priority of this stream's tasks
     tasks: tuple[TaskConfig, ...] = ()
+    lines: tuple[LineConfig, ...] = ()  # counted on the tracked task's confirmed tracks (contracts/scene.py)
+    zones: tuple[ZoneConfig, ...] = ()
+    offline_after_s: float = 10.0  # a live source that delivers no frame this long is offline (an event)
+    snapshots: bool = False  # events of this stream store a JPEG of their frame (ingest attaches them)
+
+    @property
+    def tracked_tasks(self) -> tuple[TaskConfig, ...]:
+        return tuple(t for t in self.tasks if t.track)
 
     @property
     def scheme(self) -> str:
@@ -170,7 +194,16 @@ class SinkConfig:
     timeout_s: float = 5.0  # per POST
     retry_max_s: float = 30.0  # backoff cap
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers
-    hmac_secret: str = ""  # sign every POST: X-Vlora-Signature: sha256=<HMAC-SHA256 of the body, hex>; "" = unsigned
+    # sign every POST: X-Vlora-Signature: sha256=<HMAC-SHA256 of the body, hex>; "" = unsigned (never printed)
+    hmac_secret: str = field(default="", repr=False)
+    # mqtt (topics: vlora_va/outputs/sinks/mqtt.py)
+    host: str = ""
+    port: int = 1883
+    topic_prefix: str = "vlora"
+    qos: int = 1
+    username: str = ""
+    password: str = field(default="", repr=False)  # never printed: not in repr, names, logs or errors
+    tls_ca: str = ""  # CA file to check the broker's certificate: TLS on; "" = plain TCP
     # a plug-in sink's own keys (those it registered with SINKS.register(..., options=...)), as written
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -195,6 +228,8 @@ class PipelineConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # plug-in modules imported before the rest is checked (module names, or .py files made absolute)
     plugins: tuple[str, ...] = ()
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    snapshots: SnapshotConfig = field(default_factory=SnapshotConfig)
 
     def stream(self, stream_id: str) -> StreamConfig:
         for s in self.streams:
@@ -405,7 +440,7 @@ def _task(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, str
           stream_priority: int) -> TaskConfig | None:
     """One task; None when it cannot be built (reported). adapters / stream_frames None: not checked against them
     (they are broken themselves)."""
-    d = c.mapping(raw, path, {"name", "adapter", "frames_per_chunk", "deadline_ms", "priority"})
+    d = c.mapping(raw, path, {"name", "adapter", "frames_per_chunk", "deadline_ms", "priority", "track"})
     if d is None:
         return None
     adapter = c.get(d, "adapter", path, str)
@@ -424,9 +459,11 @@ def _task(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, str
     if deadline > 3_600_000:
         c.error(f"{path}.deadline_ms", f"must be at most one hour (3600000), got {deadline:.0f}")
     priority = _priority(c, d, path, stream_priority)
+    track = c.get(d, "track", path, bool, False)
     if adapter is None or name is None:
         return None
-    return TaskConfig(name=name, adapter=adapter, frames_per_chunk=n, deadline_ms=deadline, priority=priority)
+    return TaskConfig(name=name, adapter=adapter, frames_per_chunk=n, deadline_ms=deadline, priority=priority,
+                      track=track)
 
 
 def _priority(c: _Checker, d: dict, path: str, default: int) -> int:
@@ -441,7 +478,8 @@ def _priority(c: _Checker, d: dict, path: str, default: int) -> int:
 
 def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, base_dir: Path) -> StreamConfig | None:
     """One stream; None when it cannot be built (reported). A broken task is reported and left out."""
-    allowed = {"id", "source", "fps", "chunk_seconds", "loop", "realtime", "max_chunks", "priority", "tasks"}
+    allowed = {"id", "source", "fps", "chunk_seconds", "loop", "realtime", "max_chunks", "priority", "tasks",
+               "lines", "zones", "offline_after_s", "snapshots"}
     d = c.mapping(raw, path, allowed)
     if d is None:
         return None
@@ -479,10 +517,23 @@ def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, b
     loop = c.get(d, "loop", path, bool, False)
     realtime = c.get(d, "realtime", path, bool, True)
     max_chunks = c.get(d, "max_chunks", path, int, 0, minimum=0)
+    lines = parse_lines(c, d.get("lines"), f"{path}.lines")
+    zones = parse_zones(c, d.get("zones"), f"{path}.zones")
+    # judged on what the file declares, not on what parsed: a broken line or task neither hides nor fakes this problem
+    declared = next((key for key in ("lines", "zones") if d.get(key)), None)
+    if declared and not any(isinstance(t, dict) and t.get("track") not in (None, False) for t in tasks_raw):
+        c.error(f"{path}.{declared}", "lines and zones count tracks: give one of this stream's tasks `track: true`")
+    offline_after_s = c.get(d, "offline_after_s", path, float, 10.0, minimum=0.1)
+    if not c.failed(f"{path}.fps") and offline_after_s < 1.0 / fps + OFFLINE_MARGIN_S:
+        c.error(f"{path}.offline_after_s", f"must be more than a frame interval (1/fps = {1.0 / fps:.2f} s) plus "
+                                           f"{OFFLINE_MARGIN_S} s, or a live stream would flap offline between "
+                                           f"frames; got {offline_after_s}")
+    snapshots = c.get(d, "snapshots", path, bool, False)
     if sid is None or source is None:
         return None
     return StreamConfig(id=sid, source=source, fps=fps, chunk_seconds=chunk_seconds, loop=loop, realtime=realtime,
-                        max_chunks=max_chunks, priority=priority, tasks=tuple(t for t in tasks if t is not None))
+                        max_chunks=max_chunks, priority=priority, tasks=tuple(t for t in tasks if t is not None),
+                        lines=lines, zones=zones, offline_after_s=offline_after_s, snapshots=snapshots)
 
 
 _SINK_COMMON = {"type", "queue_max", "close_timeout_s"}
@@ -491,6 +542,7 @@ SINK_KEYS = {
     "stdout": set(_SINK_COMMON),
     "webhook": _SINK_COMMON | {"url", "batch_max", "flush_interval_s", "timeout_s", "retry_max_s", "headers",
                                "hmac_secret"},
+    "mqtt": _SINK_COMMON | {"host", "port", "topic_prefix", "qos", "username", "password", "tls_ca"},
 }
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
@@ -539,9 +591,38 @@ def _sink(c: _Checker, raw: Any, path: str, base_dir: Path) -> SinkConfig | None
         compared = not (c.failed(f"{path}.batch_max") or c.failed(f"{path}.queue_max"))
         if compared and kw["batch_max"] > kw["queue_max"]:
             c.error(f"{path}.batch_max", f"must be at most queue_max ({kw['queue_max']}), got {kw['batch_max']}")
+    elif kind == "mqtt":
+        required = _mqtt_sink(c, d, path, base_dir, get, kw)
     elif kind is not None and kind not in SINK_KEYS:  # a plug-in: its own keys, as written (the sink checks them)
         kw["options"] = {k: v for k, v in d.items() if k not in _SINK_COMMON}
     return SinkConfig(**kw) if required is not None else None
+
+
+def _mqtt_sink(c: _Checker, d: dict, path: str, base_dir: Path, get, kw: dict) -> str | None:
+    """An mqtt sink's keys into kw; its host (None when missing or bad: reported)."""
+    host = c.get(d, "host", path, str)
+    if host is not None and (not host.strip() or "/" in host):
+        c.error(f"{path}.host", f"expected a host name or address, got {host!r}")
+        host = None
+    prefix = get("topic_prefix", str)
+    if not prefix or prefix.startswith("/") or prefix.endswith("/") or any(ch in prefix for ch in "+#\0"):
+        c.error(f"{path}.topic_prefix", f"must be a topic without wildcards (+ #) or a leading/trailing '/', "
+                                        f"got {prefix!r}")
+    qos = get("qos", int)
+    if qos not in (0, 1, 2):
+        c.error(f"{path}.qos", f"must be 0, 1 or 2, got {qos}")
+    password = "" if d.get("password") is None else d["password"]
+    if not isinstance(password, str):  # the value is never repeated: it is a secret
+        c.error(f"{path}.password", f"expected str, got {type(password).__name__}")
+        password = ""
+    tls_ca = get("tls_ca", str)
+    if tls_ca:
+        tls_ca = str(Path(tls_ca) if Path(tls_ca).is_absolute() else base_dir / tls_ca)
+        if not Path(tls_ca).is_file():
+            c.error(f"{path}.tls_ca", f"no such file: {tls_ca}")
+    kw.update(host=host or "", port=get("port", int, 1, 65535), topic_prefix=prefix, qos=qos,
+              username=get("username", str), password=password, tls_ca=tls_ca)
+    return host
 
 
 def _http_url(url: str) -> bool:
@@ -627,7 +708,8 @@ def _security(c: _Checker, raw: Any, base_dir: Path) -> SecurityConfig:
     return SecurityConfig(curve=CurveConfig(**kw))
 
 
-_TOP_KEYS = {"version", "plugins", "daemon", "ingest", "adapters", "streams", "sinks", "security"}
+_TOP_KEYS = {"version", "plugins", "daemon", "ingest", "adapters", "streams", "sinks", "security", "tracking",
+             "snapshots"}
 
 
 def _plugins(c: _Checker, raw: Any, base_dir: Path) -> tuple[str, ...]:
@@ -681,9 +763,12 @@ def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike
     daemon = _daemon(c, top.get("daemon"), base)
     ingest = _ingest(c, top.get("ingest"))
     security = _security(c, top.get("security"), base)
+    tracking = parse_tracking(c, top.get("tracking"))
+    snapshots = parse_snapshots(c, top.get("snapshots"), base)
     c.raise_if_any()
     return PipelineConfig(daemon=daemon, ingest=ingest, adapters=adapters, streams=tuple(streams), sinks=sinks,
-                          source_file=file, security=security, plugins=plugins)
+                          source_file=file, security=security, plugins=plugins, tracking=tracking,
+                          snapshots=snapshots)
 
 
 def load_config(path: str | os.PathLike) -> PipelineConfig:

@@ -88,6 +88,7 @@ SOURCES = Registry("source scheme", {
 })
 SINKS = Registry("sink type", {
     "jsonl": "vlora_va.outputs.sinks.jsonl:JsonlSink",
+    "mqtt": "vlora_va.outputs.sinks.mqtt:MqttSink",
     "stdout": "vlora_va.outputs.sinks.stdout:StdoutSink",
     "webhook": "vlora_va.outputs.sinks.webhook:WebhookSink",
 })

@@ -34,6 +34,7 @@ class Request:
     degraded: str = ""  # what overload did to it, e.g. "overload: 4 of 8 frames" (its row says so)
     best_effort: bool = False  # not live: never shed, served when live work leaves room (see wire.TaskRequest)
     outage_before_s: float = 0.0  # media seconds of this stream its source missed just before this chunk
+    jpegs: dict[float, bytes] = field(default_factory=dict, repr=False)  # media time -> the frame's JPEG (snapshots)
     frame_keys: tuple = field(init=False, repr=False)  # frame_key of each frame (made from the frames)
 
     def __post_init__(self):

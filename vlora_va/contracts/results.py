@@ -7,11 +7,11 @@ outcome in a `ResultRecord`; every sink writes `record.to_json()` (one JSON Line
 
 Example rows (JSON Lines, one object per line)::
 
-    {"v":2,"stream":"pedestrians","chunk":0,"task":"detect","adapter":"detect","status":"ok","frame_ts":[0.5],
+    {"v":3,"type":"result","stream":"pedestrians","chunk":0,"task":"detect","adapter":"detect","status":"ok","frame_ts":[0.5],
      "frames":[{"ts":0.5,"detections":[{"box":[282.4,215.2,318.0,301.0],"class":"person","score":0.6679}]}],
      "latency_ms":{"queue":50.5,"compute":895.7,"total":951.2},"deadline_ms":2000.0,"deadline_met":true,
      "batch_images":10,"mode":"premerged"}
-    {"v":2,"stream":"pedestrians","chunk":1,"task":"activity","adapter":"actions","status":"shed",
+    {"v":3,"type":"result","stream":"pedestrians","chunk":1,"task":"activity","adapter":"actions","status":"shed",
      "reason":"cannot meet its deadline: needs ~820 ms, 310 ms left","frame_ts":[...],
      "latency_ms":{"queue":0.0,"compute":0.0,"total":2690.0},"deadline_ms":3000.0,"deadline_met":false}
 """
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Union
 
-RESULT_VERSION = 2
+# 3: every row has "type" ("result" | "event", contracts/events.py); detections of tracked tasks have "track_id"
+RESULT_VERSION = 3
 STATUSES = ("ok", "shed", "error")
 
 
@@ -35,9 +36,13 @@ class Detection:
     box: tuple[float, float, float, float]  # x1, y1, x2, y2 in original-frame pixels
     cls: str
     score: float
+    track_id: str | None = None  # tracked tasks: the confirmed track this box belongs to (vlora_va/analytics/)
 
     def to_json(self) -> dict:
-        return {"box": [round(v, 1) for v in self.box], "class": self.cls, "score": round(self.score, 4)}
+        out = {"box": [round(v, 1) for v in self.box], "class": self.cls, "score": round(self.score, 4)}
+        if self.track_id is not None:
+            out["track_id"] = self.track_id
+        return out
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,8 @@ class ResultRecord:
     provenance: dict | None = None  # what produced it: adapter sha256 / version, backbone, pipeline config hash
     extra: dict = field(default_factory=dict)  # e.g. {"frames_used": 4} when overload thinned a clip
 
+    type = "result"  # every row has a type; event rows (contracts/events.py) say "event"
+
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"result status must be one of {STATUSES}, got {self.status!r}")
@@ -154,7 +161,7 @@ class ResultRecord:
             captured_at=req.ready, provenance=provenance)
 
     def to_json(self) -> dict:
-        row = {"v": RESULT_VERSION, "stream": self.stream, "chunk": self.chunk, "task": self.task,
+        row = {"v": RESULT_VERSION, "type": "result", "stream": self.stream, "chunk": self.chunk, "task": self.task,
                "adapter": self.adapter, "status": self.status}
         if self.reason:
             row["reason"] = self.reason
@@ -191,6 +198,12 @@ def iso_utc(t: float) -> str | None:
 
 
 # ---------------------------------------------------------------- reading rows back
+def is_result(row: dict) -> bool:
+    """Whether a row read back is a result row (not an event row, contracts/events.py). Rows of version 2 files
+    have no "type": they are all results."""
+    return row.get("type", "result") == "result"
+
+
 class JsonlFollower:
     """A JSON Lines results file read as it grows (a consumer's tail -f): `new_lines()` returns the complete
     lines appended since the last call; a line still being written waits for its newline. A file that does not

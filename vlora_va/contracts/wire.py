@@ -1,7 +1,12 @@
-"""The ingest → daemon wire format: one ZeroMQ multipart message per chunk.
+"""The ingest → daemon wire format: one ZeroMQ multipart message per chunk, and a one-part status now and then.
 
     part 0      UTF-8 JSON header (versioned, see `ChunkHeader`; every field declared in `HEADER_SCHEMA`)
     part 1..N   raw frame buffers, uint8 RGB, each `frame_shape` = [H, W, 3], C order
+    part N+1..  JPEGs of the frames `snapshots` names (source resolution, for event snapshots), if any
+
+    status      one part, UTF-8 JSON {"v", "kind": "status", "stream", "state", "frame_age_s", "sent_wall"}: ingest
+                says every HEARTBEAT_S whether each stream's source delivers frames (`SourceStatus`), so the
+                daemon tells a live stream that stopped from one that ended
 
 Frames are already resized/letterboxed to the model input by the ingest worker; only the frames some task
 needs are sent. Times are the SENDER's wall clock: `ready_wall` (the chunk's last frame captured) and
@@ -35,6 +40,10 @@ MAX_WALL = 1e11  # seconds since the epoch (year 5138): anything larger is garba
 MAX_MEDIA_S = 1e9
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # used with fullmatch: nothing before or after
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_JPEG_BYTES = 1024 * 1024  # one snapshot JPEG (1280 x 720 at quality 85 is ~0.2 MB)
+MAX_PARTS = 2 * MAX_FRAMES + 1  # header, frames, and a JPEG per frame at most
+HEARTBEAT_S = 0.25  # how often ingest sends each stream's SourceStatus
+SOURCE_STATES = ("live", "ended", "failed")  # delivering (or trying to) | ended by itself | given up
 
 
 class WireError(ValueError):
@@ -72,20 +81,37 @@ class ChunkHeader:
     outage_s: float = 0.0
     reconnects: int = 0  # this stream's source reconnects so far (ingest's count; left out when 0)
     decoded: int = 0  # source frames this stream's ingest decoded so far (left out when 0)
+    snapshots: tuple[int, ...] = ()  # indices into frame_ts of the frames whose JPEG follows the frames (or none)
     v: int = PROTOCOL_VERSION
 
     def to_json(self) -> bytes:
         d = asdict(self)
-        for optional in ("outage_s", "reconnects", "decoded"):
+        for optional in ("outage_s", "reconnects", "decoded", "snapshots"):
             if not d[optional]:
                 del d[optional]
         return json.dumps(d, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """Ingest's word on one stream's source: `state` (SOURCE_STATES) and how long ago its last frame came."""
+
+    stream: str
+    state: str
+    frame_age_s: float  # seconds since the source last delivered a frame (at sent_wall); large when never
+    sent_wall: float
+    kind: str = "status"
+    v: int = PROTOCOL_VERSION
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
 
 
 @dataclass
 class Chunk:
     header: ChunkHeader
     frames: list[np.ndarray] = field(default_factory=list)  # read-only views on the received buffers
+    jpegs: dict[float, bytes] = field(default_factory=dict)  # media time -> JPEG of that frame (snapshots)
 
     def requests(self, received: float, clock_offset: float = 0.0) -> list[Request]:
         """One Request per task of the chunk. clock_offset: daemon clock minus the sender's clock (seconds), so
@@ -99,19 +125,22 @@ class Chunk:
                     frames=[self.frames[i] for i in t.frames], frame_ts=[h.frame_ts[i] for i in t.frames],
                     letterbox=h.letterbox, orig_size=h.orig_size, ready=ready, received=received,
                     deadline=ready + t.deadline_ms / 1000.0, priority=t.priority, dropped_before=h.dropped_before,
-                    best_effort=t.best_effort, outage_before_s=h.outage_s)
+                    best_effort=t.best_effort, outage_before_s=h.outage_s, jpegs=self.jpegs)
             for t in h.tasks
         ]
 
 
-def encode_chunk(header: ChunkHeader, frames: Sequence[np.ndarray]) -> list[Any]:
-    """Multipart parts for send_multipart(copy=False). The frame arrays must not be mutated until sent."""
+def encode_chunk(header: ChunkHeader, frames: Sequence[np.ndarray], jpegs: Sequence[bytes] = ()) -> list[Any]:
+    """Multipart parts for send_multipart(copy=False). The frame arrays must not be mutated until sent. jpegs: one
+    per index in header.snapshots."""
     if len(frames) != len(header.frame_ts):
         raise ValueError(f"{len(frames)} frames but {len(header.frame_ts)} timestamps")
+    if len(jpegs) != len(header.snapshots):
+        raise ValueError(f"{len(jpegs)} JPEGs but {len(header.snapshots)} snapshot indices")
     for f in frames:
         if f.shape != tuple(header.frame_shape) or f.dtype != np.uint8 or not f.flags.c_contiguous:
             raise ValueError(f"frame must be C-contiguous uint8 {header.frame_shape}, got {f.dtype} {f.shape}")
-    return [header.to_json(), *frames]
+    return [header.to_json(), *frames, *jpegs]
 
 
 # ---------------------------------------------------------------- the header schema
@@ -223,7 +252,17 @@ HEADER_SCHEMA = _obj({
     "outage_s": _num(0.0, MAX_MEDIA_S),
     "reconnects": _int(0, MAX_SEQ),
     "decoded": _int(0, MAX_SEQ),
-}, optional={"dropped_before": 0, "outage_s": 0.0, "reconnects": 0, "decoded": 0})
+    "snapshots": _list(_int(0, MAX_FRAMES - 1), 0, MAX_FRAMES),
+}, optional={"dropped_before": 0, "outage_s": 0.0, "reconnects": 0, "decoded": 0, "snapshots": ()})
+
+STATUS_SCHEMA = _obj({
+    "v": _const(PROTOCOL_VERSION),
+    "kind": _const("status"),
+    "stream": _text(STREAM_ID, "a stream id of 1-64 letters, digits, '_.-'"),
+    "state": _text(re.compile("|".join(SOURCE_STATES)), f"one of {', '.join(SOURCE_STATES)}"),
+    "frame_age_s": _num(0.0, MAX_WALL),
+    "sent_wall": _num(0.0, MAX_WALL),
+})
 
 
 def _relations(d: dict) -> None:
@@ -243,6 +282,10 @@ def _relations(d: dict) -> None:
         if bad or len(set(t["frames"])) != len(t["frames"]):
             raise WireError(f"{where}.frames: expected distinct indices into the {len(ts)} frames sent, "
                             f"got {list(t['frames'])[:8]}")
+    snaps = d["snapshots"]
+    if any(j >= len(ts) for j in snaps) or len(set(snaps)) != len(snaps):
+        raise WireError(f"header.snapshots: expected distinct indices into the {len(ts)} frames sent, "
+                        f"got {list(snaps)[:8]}")
 
 
 def parse_header(raw) -> ChunkHeader:
@@ -263,29 +306,63 @@ def parse_header(raw) -> ChunkHeader:
         stream=d["stream"], seq=d["seq"], fps=d["fps"], frame_ts=d["frame_ts"], frame_shape=d["frame_shape"],
         orig_size=d["orig_size"], letterbox=Letterbox(**d["letterbox"]),
         tasks=tuple(TaskRequest(**t) for t in d["tasks"]), ready_wall=d["ready_wall"], sent_wall=d["sent_wall"],
-        dropped_before=d["dropped_before"], outage_s=d["outage_s"], reconnects=d["reconnects"], decoded=d["decoded"])
+        dropped_before=d["dropped_before"], outage_s=d["outage_s"], reconnects=d["reconnects"], decoded=d["decoded"],
+        snapshots=tuple(d["snapshots"]))
+
+
+def _json_object(raw, what: str) -> dict:
+    if len(raw) > MAX_HEADER_BYTES:
+        raise WireError(f"{what} is {len(raw)} bytes, limit {MAX_HEADER_BYTES}")
+    try:
+        d = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise WireError(f"{what} is not valid UTF-8 JSON: {str(e)[:120]}") from None
+    if not isinstance(d, dict):
+        raise WireError(f"{what} is not a JSON object")
+    return d
+
+
+def decode_message(parts: Sequence[Any]) -> Chunk | SourceStatus:
+    """A chunk, or a one-part status (its JSON says "kind": "status"); raises WireError like decode_chunk."""
+    if len(parts) == 1:
+        raw = parts[0].buffer if hasattr(parts[0], "buffer") else memoryview(parts[0])
+        d = _json_object(raw, "message")
+        if d.get("kind") == "status":
+            if d.get("v") != PROTOCOL_VERSION:
+                raise WireError(f"unsupported protocol version {str(d.get('v'))[:20]} (this daemon speaks "
+                                f"{PROTOCOL_VERSION})")
+            return SourceStatus(**STATUS_SCHEMA(d, "status"))
+    return decode_chunk(parts)
 
 
 def decode_chunk(parts: Sequence[Any]) -> Chunk:
     """Parse and check a received multipart message (bytes, memoryviews or zmq.Frame objects)."""
     if not parts:
         raise WireError("empty message")
-    if len(parts) > MAX_FRAMES + 1:
-        raise WireError(f"message has {len(parts)} parts, limit {MAX_FRAMES + 1}")
+    if len(parts) > MAX_PARTS:
+        raise WireError(f"message has {len(parts)} parts, limit {MAX_PARTS}")
     buffers = [p.buffer if hasattr(p, "buffer") else memoryview(p) for p in parts]
     header = parse_header(buffers[0])
     n = len(header.frame_ts)
-    if len(buffers) - 1 != n:
-        raise WireError(f"header announces {n} frames but the message carries {len(buffers) - 1} frame parts")
+    if len(buffers) - 1 != n + len(header.snapshots):
+        raise WireError(f"header announces {n} frames and {len(header.snapshots)} snapshots but the message carries "
+                        f"{len(buffers) - 1} parts after the header")
     h, w, c = header.frame_shape
     frames = []
-    for i, buf in enumerate(buffers[1:]):
+    for i, buf in enumerate(buffers[1:n + 1]):
         if buf.nbytes != h * w * c:
             raise WireError(f"frame {i}: {buf.nbytes} bytes, expected {h}x{w}x{c} = {h * w * c} (truncated?)")
         frames.append(np.frombuffer(buf, dtype=np.uint8).reshape(h, w, c))
-    return Chunk(header, frames)
+    jpegs = {}
+    for i, buf in zip(header.snapshots, buffers[n + 1:]):
+        if not 0 < buf.nbytes <= MAX_JPEG_BYTES or bytes(buf[:2]) != b"\xff\xd8":
+            raise WireError(f"snapshot of frame {i}: expected a JPEG of at most {MAX_JPEG_BYTES} bytes, got "
+                            f"{buf.nbytes} bytes")
+        jpegs[header.frame_ts[i]] = bytes(buf)
+    return Chunk(header, frames, jpegs)
 
 
-def largest_part_bytes(image_size: int) -> int:
-    """The largest legal message part for frames of image_size: ZeroMQ's per-part size limit."""
-    return max(MAX_HEADER_BYTES, image_size * image_size * 3)
+def largest_part_bytes(image_size: int, snapshots: bool = False) -> int:
+    """The largest legal message part for frames of image_size (and snapshot JPEGs, where some stream sends
+    them): ZeroMQ's per-part size limit."""
+    return max(MAX_HEADER_BYTES, image_size * image_size * 3, MAX_JPEG_BYTES if snapshots else 0)

@@ -39,7 +39,7 @@ from vlora_va.serving.rows import Rows
 from vlora_va.serving.scheduling import Settings
 from vlora_va.serving.startup import build_engine, cost_model, warm_up
 from vlora_va.serving.status import Status
-from vlora_va.serving.transport import Malformed, Received, Transport
+from vlora_va.serving.transport import Heard, Malformed, Received, Transport
 
 log = logging.getLogger(__name__)
 
@@ -106,16 +106,25 @@ class Daemon:
             if plan is not None:
                 self._execute(plan)
         transport.hold(self.scheduler.queued_images)
+        self.rows.tick(time.time())
         self.status_report.tick()
         return len(items)
 
-    def _receive(self, item: Received | Malformed) -> None:
+    def _receive(self, item: Received | Heard | Malformed) -> None:
         if isinstance(item, Malformed):
             self.metrics.malformed()
             self._log_malformed.error(time.monotonic(), "malformed message rejected (%d parts): %s", item.parts,
                                       item.reason)
             return
+        if isinstance(item, Heard):
+            s = item.status
+            self.rows.analytics.heard(s.stream, s.state, s.frame_age_s, item.received)
+            return
         self._count(item)
+        if item.requests:
+            first = item.requests[0]
+            self.rows.analytics.frames(item.stream, first.ready, max(first.frame_ts, default=0.0))
+        self.rows.expect([(r.stream, r.task, r.seq) for r in item.requests])
         admitted = self.admission.admit(item.requests, self.catalog, self.adapters.failed, self.adapters.loading,
                                         time.time())
         self.adapters.hold(admitted.held)
@@ -181,7 +190,8 @@ class Daemon:
         if self.estimate is not None:
             (log.info if self.estimate.fits else log.warning)("capacity: %s", self.estimate.message)
         transport = Transport(d.endpoint, d.image_size, QUEUE_BATCHES * d.max_batch_images,
-                              curve=self.config.security.curve)
+                              curve=self.config.security.curve,
+                              snapshots=any(s.snapshots for s in self.config.streams))
         control = self._control()
         try:
             with ExitStack() as stack:

@@ -1,6 +1,12 @@
 """The daemon's accounting: every event is counted once, here, into Prometheus metrics (served at /metrics by the
 daemon's HTTP server, vlora_va/outputs/dashboard, when daemon.http_port is set) and the running totals the log and the
 tests read.
+
+Event rows (contracts/events.py) feed the scene series: `vlora_events_total{stream,event}` (any event name, known or
+not), `vlora_line_crossings_total{stream,line,direction,class}` and `vlora_zone_occupancy{stream,zone,class}`. The
+last two follow the rule's running totals that each event carries (`counts`), not the number of events: a rule's
+cooldown holds events back, never counts, so a crossing whose event was held back is counted at the rule's next
+event.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class Totals:
     switches: int = 0
     ingest_dropped: int = 0
     max_queue_images: int = 0  # high-water mark of requests waiting
+    events: int = 0  # event rows (line crossings, zone entries, stream offline, ...)
     shed_by: dict = field(default_factory=dict)  # (stream, task) -> shed rows
 
     @property
@@ -84,6 +91,16 @@ class DaemonMetrics:
         self._sink_queue = Gauge("vlora_sink_queue_rows", "Rows accepted by a sink and not yet delivered", ["sink"],
                                  registry=r)
         self.sinks: dict[str, dict] = {}  # sink name -> its last stats()
+        self._events = Counter("vlora_events", "Event rows written, by event name", ["stream", "event"], registry=r)
+        self._crossings = Counter("vlora_line_crossings", "Line crossings of confirmed tracks (a line's running "
+                                  "totals)", ["stream", "line", "direction", "class"], registry=r)
+        self._occupancy = Gauge("vlora_zone_occupancy", "Confirmed tracks inside a zone now, by class",
+                                ["stream", "zone", "class"], registry=r)
+        self._tracks = Gauge("vlora_tracks_active", "Confirmed tracks a stream's tracked tasks follow now", ["stream"],
+                             registry=r)
+        # (stream id, line) -> (counts_since, {(direction, class): total counted}): what the crossings series holds
+        self._line_totals: dict[tuple[str, str], tuple] = {}
+        self._zone_classes: dict[tuple[str, str], set[str]] = {}  # classes with an occupancy series, per zone
 
     # ------------------------------------------------------------------ events
     def chunk(self, stream: str, requests: int, dropped_before: int) -> None:
@@ -146,6 +163,63 @@ class DaemonMetrics:
             self._shed.labels(stream, task, cause or "deadline").inc()
         else:
             t.errors += 1
+
+    def events(self, records: list) -> None:
+        """Event rows written (EventRecords; result rows in the list are ignored): counted by name, and the line
+        and zone series set from the running totals they carry."""
+        for rec in records:
+            if getattr(rec, "type", None) != "event":
+                continue
+            stream = self.stream_label(rec.stream)
+            self.totals.events += 1
+            self._events.labels(stream, rec.event).inc()
+            if rec.line is not None:
+                self._line_event(stream, rec)
+            if rec.zone is not None:
+                self._zone_event(stream, rec)
+
+    def _line_event(self, stream: str, rec) -> None:
+        """The crossings counters advance by what the line's totals gained since its last event. An event without
+        totals counts itself (and is remembered, so totals that arrive later do not count it twice)."""
+        key = (rec.stream, rec.line)  # the stream's own id: beyond MAX_STREAM_LABELS streams share a label, not totals
+        since, seen = self._line_totals.get(key, (None, {}))
+        counts = rec.counts if isinstance(rec.counts, dict) else None
+        if counts is None:
+            if rec.event == "line_crossed" and rec.direction and rec.cls:
+                k = (rec.direction, rec.cls)
+                seen[k] = seen.get(k, 0) + 1
+                self._crossings.labels(stream, rec.line, rec.direction, rec.cls).inc()
+                self._line_totals[key] = (since, seen)
+            return
+        if rec.counts_since != since:  # the totals started again (e.g. the rule was reset): a new baseline of 0
+            since, seen = rec.counts_since, {}
+        for direction in ("in", "out"):
+            by_class = counts.get(direction)
+            for cls, n in (by_class.items() if isinstance(by_class, dict) else ()):
+                if not isinstance(n, (int, float)) or isinstance(n, bool):
+                    continue
+                gained = n - seen.get((direction, cls), 0)
+                if gained > 0:
+                    self._crossings.labels(stream, rec.line, direction, cls).inc(gained)
+                    seen[(direction, cls)] = n
+        self._line_totals[key] = (since, seen)
+
+    def _zone_event(self, stream: str, rec) -> None:
+        """Occupancy is the zone's "inside" totals of its latest event; a class no longer listed is 0 again."""
+        inside = rec.counts.get("inside") if isinstance(rec.counts, dict) else None
+        if not isinstance(inside, dict):
+            return
+        classes = self._zone_classes.setdefault((rec.stream, rec.zone), set())
+        for cls in classes - set(inside):
+            self._occupancy.labels(stream, rec.zone, cls).set(0)
+        for cls, n in inside.items():
+            if isinstance(n, (int, float)) and not isinstance(n, bool):
+                self._occupancy.labels(stream, rec.zone, cls).set(n)
+                classes.add(cls)
+
+    def tracks_active(self, stream: str, n: int) -> None:
+        """How many confirmed tracks a stream's tracked tasks follow now."""
+        self._tracks.labels(self.stream_label(stream)).set(n)
 
     def batch(self, mode: str, images: int, seconds: float, switched: bool) -> None:
         t = self.totals

@@ -1,14 +1,15 @@
-"""Rows: the one row every request gets, and where it goes.
+"""Rows: the one row every request gets, the events they make, and where they go.
 
     served plan + payloads ─┐
-    refused (admission)     ├─► ResultRecord (+ provenance) ─► counted (prometheus) ─► every sink ─► observers
-    shed (scheduler)        │
-    errors (adapters, engine)┘
+    refused (admission)     ├─► ResultRecord (+ provenance) ─► analytics (tracked tasks: in chunk order, track
+    shed (scheduler)        │   ids, line/zone events; streams going offline) ─► counted (prometheus)
+    errors (adapters, engine)┘  ─► every sink ─► observers
 
 Every request the daemon accepted ends here exactly once: `served` (the engine's result), or not (`refuse`, `shed`:
-shed or error, with the reason). Each row says what produced it (`provenance`). Sinks are handed the rows of each
-write together; observers (the dashboard) see them after the sinks and must be quick: one that fails is logged and
-dropped, never fatal.
+shed or error, with the reason). Each row says what produced it (`provenance`). A tracked task's row may wait for
+the rows of its stream's earlier chunks (vlora_va/analytics/order.py); event rows (contracts/events.py) follow the
+row that made them. Sinks are handed the rows of each write together; observers (the dashboard) see them after the
+sinks and must be quick: one that fails is logged and dropped, never fatal.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import time
 from typing import Callable
 
+from vlora_va.analytics.pipeline import Analytics, Item
 from vlora_va.common.logs import Throttle
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.contracts.requests import Request
@@ -43,6 +45,7 @@ class Rows:
         self._row_observers: list[RowObserver] = []
         self._log_errors = Throttle(log, "error rows")
         self._provenance = self._make_provenance()
+        self.analytics = Analytics(config)
 
     # ------------------------------------------------------------------ where rows go
     def attach(self, sinks: list) -> None:
@@ -94,10 +97,12 @@ class Rows:
                                        mode=mode, trained=catalog.adapters[r.adapter].trained,
                                        provenance=self.provenance(r.adapter))
                    for r, p in zip(plan.requests, payloads)]
-        self._write([(rec, None) for rec in records])
+        written = self._write([(rec, None, req) for rec, req in zip(records, plan.requests)])
+        served = [(req, rec) for rec, _, req in written if req is not None and rec.type == "result"
+                  and rec.status == "ok"]
         for fn in list(self._served_observers):
             try:
-                for req, rec in zip(plan.requests, records):
+                for req, rec in served:
                     fn(req, rec)
             except Exception:  # noqa: BLE001 - an observer must not take serving down
                 log.exception("a result observer failed and is removed")
@@ -107,7 +112,7 @@ class Rows:
     def refuse(self, refused: list[tuple[Request, str, str, str | None]]) -> None:
         """Requests not served: (request, "shed" | "error", reason, shed cause or None) each."""
         now = time.time()
-        self._write([(ResultRecord.not_served(r, status, reason, now, self.provenance(r.adapter)), cause)
+        self._write([(ResultRecord.not_served(r, status, reason, now, self.provenance(r.adapter)), cause, r)
                      for r, status, reason, cause in refused])
 
     def shed(self, shed: list[Shed]) -> None:
@@ -118,15 +123,33 @@ class Rows:
         """Requests that cannot be served, for one reason."""
         self.refuse([(r, "error", reason, None) for r in requests])
 
-    def _write(self, rows: list[tuple[ResultRecord, str | None]]) -> None:
+    def expect(self, keys: list[tuple[str, str, int]]) -> None:
+        """(stream, task, chunk) of the requests the daemon accepted (before admission: each gets a row)."""
+        self.analytics.expect(keys)
+
+    def tick(self, now: float) -> None:
+        """What time passing makes: streams going offline or coming back (events), the active tracks gauge."""
+        events = self.analytics.tick(now)
+        if events:
+            self._write([(e, None, None) for e in events])
+        for stream, n in self.analytics.tracks_active().items():
+            self.metrics.tracks_active(stream, n)
+
+    def _write(self, rows: list[Item]) -> list[Item]:
+        """Hand rows on (through analytics: tracked rows may wait, events join); returns what was written."""
+        if any((rec.stream, rec.task) in self.analytics.tasks for rec, _, _ in rows):
+            rows = self.analytics.rows(rows)  # tracked tasks: in chunk order, with track ids and events
         if not rows:
-            return
-        for rec, cause in rows:
+            return rows
+        for rec, cause, _ in rows:
+            if rec.type != "result":
+                continue
             self.metrics.row(rec.stream, rec.task, rec.status, rec.deadline_met, rec.latency.total_s, cause)
             if rec.status == "error":
                 self._log_errors.error(time.monotonic(), "stream %s chunk %d task %s: %s", rec.stream, rec.chunk,
                                        rec.task, rec.reason)
-        records = [rec for rec, _ in rows]
+        records = [rec for rec, _, _ in rows]
+        self.metrics.events([rec for rec in records if rec.type == "event"])
         for sink in self.sinks:
             sink.write(records)
         for fn in list(self._row_observers):
@@ -135,3 +158,4 @@ class Rows:
             except Exception:  # noqa: BLE001 - an observer must not take serving down
                 log.exception("a row observer failed and is removed")
                 self._row_observers.remove(fn)
+        return rows

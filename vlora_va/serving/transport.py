@@ -28,7 +28,7 @@ import zmq
 
 from vlora_va.contracts.requests import Request
 from vlora_va.contracts.security import CurveConfig, bind_server, close_server
-from vlora_va.contracts.wire import MAX_FRAMES, WireError, decode_chunk, largest_part_bytes
+from vlora_va.contracts.wire import MAX_PARTS, SourceStatus, WireError, decode_message, largest_part_bytes
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,14 @@ class Received:
     clock_offset: float
     reconnects: int = 0  # ingest's counts for this stream so far
     decoded: int = 0
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A stream's source status from ingest (wire.SourceStatus), with when the daemon read it."""
+
+    status: SourceStatus
+    received: float
 
 
 class ClockOffset:
@@ -102,8 +110,9 @@ class ClockOffset:
 
 class Transport:
     def __init__(self, endpoint: str, image_size: int, max_images: int, rcvhwm: int = 4,
-                 curve: CurveConfig | None = None):
-        """curve: the daemon's CURVE keys (security.curve): only authorised ingest workers get through."""
+                 curve: CurveConfig | None = None, snapshots: bool = False):
+        """curve: the daemon's CURVE keys (security.curve): only authorised ingest workers get through.
+        snapshots: some stream sends JPEGs with its chunks (larger message parts are then legal)."""
         self.endpoint, self.max_images = endpoint, max_images
         self.clock = ClockOffset()
         self.held_images = 0  # images the daemon holds outside the inbox (its queue): see hold()
@@ -116,7 +125,7 @@ class Transport:
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, rcvhwm)  # small: backpressure reaches ingest, whose drop policy decides
         self._sock.setsockopt(zmq.RCVBUF, 1 << 20)  # the kernel buffer too: chunks hidden there are only latency
-        self._sock.setsockopt(zmq.MAXMSGSIZE, largest_part_bytes(image_size))
+        self._sock.setsockopt(zmq.MAXMSGSIZE, largest_part_bytes(image_size, snapshots))
         self._sock.setsockopt(zmq.LINGER, 0)
         self._auth = bind_server(self._ctx, self._sock, endpoint, curve, "daemon.endpoint")
         self._thread = threading.Thread(target=self._run, name="transport", daemon=True)
@@ -144,7 +153,7 @@ class Transport:
         self.held_images = images
 
     def take(self, timeout_s: float) -> list:
-        """Everything in the inbox (Received / Malformed), waiting up to timeout_s for the first."""
+        """Everything in the inbox (Received / Heard / Malformed), waiting up to timeout_s for the first."""
         with self._cond:
             if not self._inbox and timeout_s > 0:
                 self._cond.wait(timeout_s)
@@ -184,12 +193,12 @@ class Transport:
                 self._cond.notify_all()
 
     def _recv_parts(self) -> list:
-        """One multipart message, keeping at most MAX_FRAMES + 2 parts (the rest is read and dropped, so an
+        """One multipart message, keeping at most MAX_PARTS + 1 parts (the rest is read and dropped, so an
         endless message cannot grow memory; decode then rejects it)."""
         parts = [self._sock.recv(copy=False)]
         while parts[-1].more:
             part = self._sock.recv(copy=False)
-            if len(parts) < MAX_FRAMES + 2:
+            if len(parts) <= MAX_PARTS:
                 parts.append(part)
             elif not part.more:
                 break
@@ -197,7 +206,9 @@ class Transport:
 
     def _decode(self, parts: list, received: float):
         try:
-            chunk = decode_chunk(parts)
+            chunk = decode_message(parts)
+            if isinstance(chunk, SourceStatus):
+                return Heard(chunk, received)
             h = chunk.header
             if abs(received - h.sent_wall) > CLOCK_MAX_SKEW_S:
                 return Malformed(len(parts), f"header.sent_wall: the sender's clock is {(h.sent_wall - received) / 86400:+.0f} "

@@ -79,8 +79,10 @@ FIELDS: dict[str, tuple] = {
     "outage_s": ("num", 0.0, MAX_MEDIA_S),
     "reconnects": ("int", 0, MAX_SEQ),
     "decoded": ("int", 0, MAX_SEQ),
+    "snapshots": ("list", 0, MAX_FRAMES),  # the JPEG parts that follow the frames: absent in generated messages
 }
-OPTIONAL = {"dropped_before", "outage_s", "reconnects", "decoded", "tasks[].priority", "tasks[].best_effort"}
+OPTIONAL = {"dropped_before", "outage_s", "reconnects", "decoded", "snapshots", "tasks[].priority",
+            "tasks[].best_effort"}
 # legal values of the optional header fields that ingest leaves out when 0
 OPTIONAL_VALUES = {"outage_s": (0.0, 1.5, MAX_MEDIA_S), "reconnects": (0, 3, MAX_SEQ), "decoded": (0, 30, MAX_SEQ)}
 NAME_CHARS = string.ascii_letters + string.digits + "_.-"
@@ -633,6 +635,8 @@ class RowTail:
             self.count += 1
             if self.keep or f'"stream":"{self.watch}"' in line or f'"stream": "{self.watch}"' in line:
                 row = json.loads(line)
+                if row.get("type", "result") != "result":
+                    continue  # event rows (a stream going offline) are not what this watches
                 if self.keep:
                     self.rows.append(row)
                 if row["stream"] == self.watch:

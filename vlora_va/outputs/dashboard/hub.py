@@ -1,14 +1,16 @@
-"""What the dashboard shows, handed from the daemon's thread to the server's: bounded per-stream history and the
-latest frame of each stream.
+"""What the dashboard shows, handed from the daemon's thread to the server's: bounded per-stream history, the
+latest frame of each stream, each stream's line and zone totals and the last events of all streams.
 
-The daemon's thread only appends (`rows`: every row written; `frame`: a served request, with its frames) under
-one lock held for microseconds; at most one frame per stream every `frame_s` seconds is copied (a crop of the
-letterboxed frame ingest sent: no second decode). Everything slower (JPEG encoding, JSON) happens on the
-server's thread, and only while a page is connected.
+The daemon's thread only appends (`rows`: every row written, results and events; `frame`: a served request, with
+its frames) under one lock held for microseconds; at most one frame per stream every `frame_s` seconds is copied
+(a crop of the letterboxed frame ingest sent: no second decode). Everything slower (JPEG encoding, JSON) happens
+on the server's thread, and only while a page is connected.
 
 A point (one row, for the charts) is `[seq, t, task, status, total_ms, deadline_ms]` with status `ok` (in
 deadline), `late`, `shed` or `error`; `seq` increases over all streams, so a page that got a snapshot can
-drop what it already has from the next update.
+drop what it already has from the next update. Event rows take a seq from the same counter: an event is
+`{seq, t, ts, stream, event, phase, kind ("line" | "zone" | None), rule, direction, track, class, snapshot}`, and
+its `counts` replace its line's or zone's totals on the stream.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vlora_va.contracts.events import EventRecord
 from vlora_va.contracts.requests import Request
 from vlora_va.contracts.results import ActivityResult, DetectionResult, PersonActivity, ResultRecord
 
@@ -30,6 +33,7 @@ RECENT_ROWS = 8  # recent results listed per stream
 JPEG_QUALITY = 75
 COUNTED_CHUNKS = 64  # chunks remembered per stream, so a chunk's ingest drops / outage count once
 MAX_STREAMS = 64  # streams a page shows (and the hub keeps a frame of): more evict the oldest
+RECENT_EVENTS = 20  # events listed, all streams together
 
 
 @dataclass
@@ -55,10 +59,14 @@ class _Stream:
     frame: _Frame | None = None
     frame_taken: float = -1e9  # monotonic
     has_detection: bool = False  # its frames come with detections; activity rows only label them
+    line_counts: dict = field(default_factory=dict)  # line name -> {"counts": {"in": {cls: n}, "out": ...}, "since"}
+    zone_counts: dict = field(default_factory=dict)  # zone name -> {"counts": {"inside", "entered", "left"}, "since"}
+    scene_seq: int = 0  # seq of the last event that changed those totals
 
     def summary(self) -> dict:
         return {"counts": dict(self.counts), "ingest_dropped": self.ingest_dropped, "outages": self.outages,
-                "outage_s": round(self.outage_s, 1), "last_chunk": self.last_chunk, "activity": self.activity}
+                "outage_s": round(self.outage_s, 1), "last_chunk": self.last_chunk, "activity": self.activity,
+                "line_counts": dict(self.line_counts), "zone_counts": dict(self.zone_counts)}
 
 
 def _status(rec: ResultRecord) -> str:
@@ -84,6 +92,12 @@ def _describe(rec: ResultRecord) -> str:
     return "ok"
 
 
+def _totals(counts: dict) -> dict:
+    """A copy of an event's running totals, two levels deep (by direction, by class): the dict is the rule's, and
+    the server's thread reads the copy while the daemon's may change the original."""
+    return {k: dict(v) for k, v in counts.items() if isinstance(v, dict)}
+
+
 def _crop_box(box, scale: float) -> list[float]:
     return [round(v * scale, 1) for v in box]
 
@@ -105,6 +119,7 @@ class Hub:
         self._frame_version = 0
         self._streams: dict[str, _Stream] = {}
         self._order: list[str] = []
+        self._events: deque = deque(maxlen=RECENT_EVENTS)
         for sid in stream_ids:
             self._stream(sid)
 
@@ -118,11 +133,15 @@ class Hub:
         return st
 
     # ------------------------------------------------------------------ daemon thread
-    def rows(self, records: list[ResultRecord]) -> None:
-        """Every row the daemon writes (ok, shed, error): history, counts, recent results."""
+    def rows(self, records: list[ResultRecord | EventRecord]) -> None:
+        """Every row the daemon writes: result rows (ok, shed, error) make the history, counts and recent results;
+        event rows the event list and the line and zone totals."""
         now = time.time()
         with self._lock:
             for rec in records:
+                if getattr(rec, "type", "result") == "event":
+                    self._event(rec, now)
+                    continue
                 st = self._stream(rec.stream)
                 self._seq += 1
                 status = _status(rec)
@@ -142,6 +161,21 @@ class Hub:
                 if status in ("ok", "late") and isinstance(rec.result, ActivityResult):
                     st.activity = {"label": rec.result.label, "score": round(rec.result.score, 3),
                                    "chunk": rec.chunk, "task": rec.task, "untrained": rec.untrained}
+
+    def _event(self, rec: EventRecord, now: float) -> None:
+        """One event row (any event name: the list is open), under the lock."""
+        st = self._stream(rec.stream)
+        self._seq += 1
+        kind = "line" if rec.line is not None else "zone" if rec.zone is not None else None
+        self._events.append({"seq": self._seq, "t": round(rec.captured_at if rec.captured_at is not None else now, 3),
+                             "ts": round(rec.ts, 3), "stream": rec.stream, "event": rec.event, "phase": rec.phase,
+                             "kind": kind, "rule": rec.line if kind == "line" else rec.zone,
+                             "direction": rec.direction, "track": rec.track_id, "class": rec.cls,
+                             "snapshot": rec.snapshot})
+        if kind is not None and isinstance(rec.counts, dict):
+            held = st.line_counts if kind == "line" else st.zone_counts
+            held[rec.line if kind == "line" else rec.zone] = {"counts": _totals(rec.counts), "since": rec.counts_since}
+            st.scene_seq = self._seq
 
     def frame(self, req: Request, rec: ResultRecord) -> None:
         """A served request (Rows.observe_served): keep one of its frames, with what was found on it, at a reduced rate."""
@@ -164,11 +198,15 @@ class Hub:
         boxes = []
         if detection:
             for d in rec.result.frames[i].detections if i < len(rec.result.frames) else ():
-                boxes.append({"box": _crop_box(d.box, lb.scale), "label": d.cls, "score": round(d.score, 2)})
+                box = {"box": _crop_box(d.box, lb.scale), "label": d.cls, "score": round(d.score, 2)}
+                if getattr(d, "track_id", None) is not None:  # a confirmed track of a tracked task
+                    box["track"] = d.track_id
+                boxes.append(box)
         elif getattr(rec.result, "persons", None):  # a plug-in head's result may have neither boxes nor persons
             boxes += [person_label(p, lb.scale) for p in rec.result.persons]
         meta = {"chunk": req.seq, "ts": round(req.frame_ts[i], 3), "task": req.task, "boxes": boxes,
-                "untrained": rec.untrained, "width": int(pixels.shape[1]), "height": int(pixels.shape[0])}
+                "untrained": rec.untrained, "width": int(pixels.shape[1]), "height": int(pixels.shape[0]),
+                "scale": lb.scale}  # crop pixels per original-frame pixel: lines and zones are in original pixels
         with self._lock:
             self._frame_version += 1
             st.frame = _Frame(self._frame_version, pixels, meta)
@@ -200,10 +238,16 @@ class Hub:
                 st = self._streams[sid]
                 points = [p for p in _newer(st.points, after_seq)]
                 frame = st.frame if st.frame is not None and st.frame.version > after_frame else None
-                if points or frame is not None or after_seq == 0:
+                if points or frame is not None or st.scene_seq > after_seq or after_seq == 0:
                     out[sid] = {**st.summary(), "points": points,
                                 "recent": [r for r in st.recent if r["seq"] > after_seq], "frame": frame}
             return self._seq, self._frame_version, out
+
+    def events(self, after_seq: int, upto_seq: int) -> list[dict]:
+        """The events held (the last RECENT_EVENTS) with after_seq < seq <= upto_seq, oldest first: with the seq of
+        a snapshot / changes call, exactly the events that call covers."""
+        with self._lock:
+            return [e for e in self._events if after_seq < e["seq"] <= upto_seq]
 
 
 def _newer(points: deque, after_seq: int):

@@ -1,5 +1,6 @@
 """The daemon's HTTP server (aiohttp, on its own thread and event loop): dashboard, /events, /metrics, /healthz,
-/readyz. It reads the daemon (status(), the metrics registry, the Hub fed by its taps) and never blocks it."""
+/readyz, and the events' snapshot JPEGs under /snapshots/ (only files inside `snapshots.dir`). It reads the daemon
+(status(), the metrics registry, the Hub fed by its taps) and never blocks it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from vlora_va.contracts.security import is_local_host
 from vlora_va.outputs.dashboard import url_for
@@ -109,6 +110,43 @@ def _source(url: str) -> str:
     return f"{u.scheme}://{u.hostname or ''}{f':{u.port}' if u.port else ''}{u.path}"
 
 
+def _scene(stream) -> dict:
+    """A stream's lines and zones as the page draws them (original-frame pixels)."""
+    return {"lines": [{"name": line.name, "points": [list(p) for p in line.points]} for line in stream.lines],
+            "zones": [{"name": z.name, "points": [list(p) for p in z.points], "dwell_s": z.dwell_s}
+                      for z in stream.zones]}
+
+
+# ---------------------------------------------------------------- snapshots
+SNAPSHOT_TYPES = (".jpg", ".jpeg")  # what the daemon writes; nothing else under the directory is served
+
+
+def snapshot_file(directory: Path, rel: str) -> Path | None:
+    """The file that /snapshots/<rel> names, or None when rel names anything but a JPEG inside directory: an
+    absolute path, one that leaves it (`..`, or a symlink pointing out), another kind of file, or nothing."""
+    if not rel or rel.startswith(("/", "\\")) or "\x00" in rel:
+        return None
+    try:
+        root = directory.resolve()
+        path = (root / rel).resolve()  # follows `..` and symlinks: what would really be read
+    except (OSError, ValueError, RuntimeError):
+        return None
+    if not path.is_relative_to(root) or path.suffix.lower() not in SNAPSHOT_TYPES or not path.is_file():
+        return None
+    return path
+
+
+def snapshot_url(directory: Path, snapshot: str | None) -> str | None:
+    """The page's URL for an event's snapshot path; None when there is none or it is not under directory."""
+    if not snapshot:
+        return None
+    try:
+        rel = Path(snapshot).resolve().relative_to(directory.resolve())
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return "/snapshots/" + quote(rel.as_posix())
+
+
 # ---------------------------------------------------------------- the server
 class _Threaded:
     """An asyncio server on its own thread: start() returns once it listens (or raises why it cannot)."""
@@ -166,8 +204,10 @@ class HttpServer(_Threaded):
         self.hub = Hub([s.id for s in config.streams], frame_s)
         self._streams_info = {s.id: {"source": _source(s.source), "fps": s.fps,
                                      "tasks": [{"name": t.name, "adapter": t.adapter, "deadline_ms": t.deadline_ms,
-                                                "frames": t.frames_per_chunk} for t in s.tasks]}
+                                                "frames": t.frames_per_chunk} for t in s.tasks],
+                                     **_scene(s)}
                               for s in config.streams}
+        self.snapshots_dir = Path(config.snapshots.dir)
         self._clients: set[asyncio.Queue] = set()
         self._system_history: deque = deque(maxlen=int(HISTORY_S / TICK_S))
         self._system: dict = {}
@@ -189,6 +229,7 @@ class HttpServer(_Threaded):
             app.router.add_get("/", self._index)
             app.router.add_get("/events", self._events)
             app.router.add_static("/static/", STATIC, append_version=False)
+            app.router.add_get("/snapshots/{path:.+}", self._snapshot_file)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -253,6 +294,16 @@ class HttpServer(_Threaded):
 
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache",
                                                                   "Content-Security-Policy": CSP})
+
+    async def _snapshot_file(self, request):
+        """An event's snapshot JPEG; 404 for any path that is not a JPEG inside snapshots.dir."""
+        from aiohttp import web
+
+        path = snapshot_file(self.snapshots_dir, request.match_info["path"])
+        if path is None:
+            return web.Response(status=404, text="no such snapshot\n")
+        return web.FileResponse(path, headers={"Content-Type": "image/jpeg", "Cache-Control": "max-age=86400",
+                                               "X-Content-Type-Options": "nosniff"})
 
     # ------------------------------------------------------------------ live updates
     async def _events(self, request):
@@ -329,16 +380,23 @@ class HttpServer(_Threaded):
     def _snapshot(self) -> dict:
         system = self._system or self._tick_system()
         now = time.time()
-        _, _, streams = self.hub.snapshot(now - HISTORY_S)
+        seq, _, streams = self.hub.snapshot(now - HISTORY_S)
         return {"now": now, "history_s": HISTORY_S, "tick_s": TICK_S, "system": system,
                 "system_history": list(self._system_history),
-                "streams": [self._stream_json(sid, st) for sid, st in streams.items()]}
+                "streams": [self._stream_json(sid, st) for sid, st in streams.items()],
+                "events": self._events_json(0, seq)}
 
     def _update(self, system: dict) -> dict:
+        after = self._sent[0]
         seq, version, streams = self.hub.changes(*self._sent)
         self._sent = (seq, version)
         return {"now": time.time(), "system": system, "system_point": self._system_history[-1],
-                "streams": [self._stream_json(sid, st) for sid, st in streams.items()]}
+                "streams": [self._stream_json(sid, st) for sid, st in streams.items()],
+                "events": self._events_json(after, seq)}
+
+    def _events_json(self, after_seq: int, upto_seq: int) -> list[dict]:
+        return [{**e, "snapshot": snapshot_url(self.snapshots_dir, e["snapshot"])}
+                for e in self.hub.events(after_seq, upto_seq)]
 
     def _stream_json(self, sid: str, st: dict) -> dict:
         return {"id": sid, **self._streams_info.get(sid, {"source": "", "tasks": []}), **st,

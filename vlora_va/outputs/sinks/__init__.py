@@ -1,10 +1,11 @@
 """Result sinks: where result records go. The interface and its contract are in base.py (`Sink`); the built-in
-types are registered in contracts.plugins.SINKS (jsonl, stdout, webhook), and `make_sink` builds the sink a
+types are registered in contracts.plugins.SINKS (jsonl, mqtt, stdout, webhook), and `make_sink` builds the sink a
 `sinks[]` entry describes from that registry, so a plug-in sink is built exactly like a built-in one.
 
     base.py     Sink (the interface), close_all
     queued.py   QueuedSink: bounded queue, delivery thread, retry, bounded close (what every slow sink shares)
     jsonl.py    JsonlSink      stdout.py  StdoutSink      webhook.py  WebhookSink
+    mqtt.py     MqttSink (imported on first use, from the registry: only it needs paho-mqtt)
     zmq_pub.py  ZmqPubSink (daemon.results_endpoint; not a sinks[] type)
 """
 

@@ -5,8 +5,11 @@
 const PALETTE = ["#58a6ff", "#e3b341", "#3fb950", "#f778ba", "#79c0ff", "#ffa657", "#a5d6ff", "#d2a8ff"];
 const COLORS = { ok: "#3fb950", late: "#d29922", shed: "#f85149", error: "#a371f7" };
 const RECENT = 8;
+const EVENTS = 20;  // events listed, all streams together (the server holds as many)
+const LINE_COLOR = "#ffd33d", ZONE_COLOR = "#58c4ff";
 
-const state = { historyS: 120, offset: 0, streams: new Map(), system: null, sysHistory: [], modes: new Map() };
+const state = { historyS: 120, offset: 0, streams: new Map(), system: null, sysHistory: [], modes: new Map(),
+  lastEvent: 0 };
 
 function $(sel, root = document) { return root.querySelector(sel); }
 function el(tag, cls, text) {
@@ -17,6 +20,8 @@ function el(tag, cls, text) {
 }
 function serverNow() { return Date.now() / 1000 + state.offset; }
 function fmt(v, digits = 0) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits); }
+// "k3x9a-4" -> "4": a track's number within the daemon's run (the full id is in the rows and the events' titles)
+function shortTrack(id) { const t = String(id); return t.slice(t.lastIndexOf("-") + 1); }
 function colorOf(name) {
   let h = 0;
   for (const c of String(name)) h = (h * 31 + c.charCodeAt(0)) >>> 0;
@@ -119,19 +124,61 @@ function drawOutcomes(canvas, s) {
   scale(ctx, `${top}/s`);
 }
 
-// A frame with its boxes (in the frame's own pixels) drawn over it.
+// A label on its own dark background, its left end at (x, y) (text baseline at the bottom).
+function tag(ctx, text, x, y, color) {
+  const tw = ctx.measureText(text).width + 6;
+  ctx.fillStyle = "rgba(0, 0, 0, .6)"; ctx.fillRect(x, y - 13, tw, 14);
+  ctx.fillStyle = color; ctx.fillText(text, x + 3, y - 1);
+}
+
+// The stream's zones (filled outlines) and lines (with an arrow to their `in` side: the walker's right, for
+// someone walking the line from its first point to its second), given in original-frame pixels and mapped to
+// canvas pixels by P. Returns how many of each were drawn.
+function drawScene(ctx, s, P) {
+  ctx.lineWidth = 2;
+  for (const z of s.zones) {
+    ctx.beginPath();
+    z.points.forEach((p, i) => (i ? ctx.lineTo(...P(p)) : ctx.moveTo(...P(p))));
+    ctx.closePath();
+    ctx.fillStyle = "rgba(88, 196, 255, .15)"; ctx.fill();
+    ctx.strokeStyle = ZONE_COLOR; ctx.stroke();
+    const [x, y] = P(z.points.reduce((a, p) => (p[1] < a[1] ? p : a)));  // the name at the topmost corner
+    tag(ctx, z.name, x, y + 14, ZONE_COLOR);
+  }
+  for (const l of s.lines) {
+    const [a, b] = l.points.map(P), len = Math.hypot(b[0] - a[0], b[1] - a[1]) || 1;
+    const nx = -(b[1] - a[1]) / len, ny = (b[0] - a[0]) / len;  // towards the `in` side
+    const mx = (a[0] + b[0]) / 2, my = (a[1] + b[1]) / 2, tx = mx + nx * 22, ty = my + ny * 22;
+    ctx.strokeStyle = ctx.fillStyle = LINE_COLOR;
+    ctx.beginPath(); ctx.moveTo(...a); ctx.lineTo(...b); ctx.moveTo(mx, my); ctx.lineTo(tx, ty); ctx.stroke();
+    ctx.beginPath();  // the arrow's head
+    ctx.moveTo(tx + nx * 6, ty + ny * 6); ctx.lineTo(tx - ny * 5, ty + nx * 5); ctx.lineTo(tx + ny * 5, ty - nx * 5);
+    ctx.closePath(); ctx.fill();
+    ctx.fillText("in", tx + nx * 15 - 5, ty + ny * 15 + 6);  // beyond the tip, about centred
+    tag(ctx, l.name, mx - nx * 12 + 2, my - ny * 12, LINE_COLOR);
+  }
+  return { lines: s.lines.length, zones: s.zones.length };
+}
+
+// A frame with the stream's lines and zones and its boxes (in the frame's own pixels) drawn over it.
 function drawFrame(s) {
   const canvas = s.el.frame, f = s.frame;
   if (!f || !s.img || !s.img.complete) return;
   const { ctx, w, h } = sized(canvas);
   const k = Math.min(w / f.width, h / f.height), ox = (w - f.width * k) / 2, oy = (h - f.height * k) / 2;
   ctx.drawImage(s.img, ox, oy, f.width * k, f.height * k);
-  ctx.font = "600 11px system-ui, sans-serif"; ctx.textBaseline = "bottom"; ctx.lineWidth = 2;
+  ctx.font = "600 11px system-ui, sans-serif"; ctx.textBaseline = "bottom";
+  const m = (f.scale || 0) * k;  // canvas pixels per original-frame pixel
+  const scene = m ? drawScene(ctx, s, p => [ox + p[0] * m, oy + p[1] * m]) : { lines: 0, zones: 0 };
+  ctx.lineWidth = 2;
+  let tracks = 0;
   for (const b of f.boxes) {
     const [x1, y1, x2, y2] = b.box.map((v, i) => (i % 2 ? oy : ox) + v * k);
     const c = colorOf(b.label);
     ctx.strokeStyle = c; ctx.strokeRect(x1, y1, x2 - x1, y2 - y1);
-    const text = `${b.label} ${b.score.toFixed(2)}`, tw = ctx.measureText(text).width + 6;
+    if (b.track) tracks += 1;
+    const text = `${b.label} ${b.score.toFixed(2)}${b.track ? ` #${shortTrack(b.track)}` : ""}`;
+    const tw = ctx.measureText(text).width + 6;
     const ty = y1 > 14 ? y1 : y1 + 14, tx = Math.max(0, Math.min(x1 - 1, w - tw));  // the label stays in view
     ctx.fillStyle = c; ctx.fillRect(tx, ty - 14, tw, 14);
     ctx.fillStyle = "#000"; ctx.fillText(text, tx + 3, ty - 1);
@@ -139,6 +186,9 @@ function drawFrame(s) {
   canvas.dataset.version = String(f.version);
   canvas.dataset.chunk = String(f.chunk);
   canvas.dataset.boxes = String(f.boxes.length);
+  canvas.dataset.tracks = String(tracks);
+  canvas.dataset.lines = String(scene.lines);
+  canvas.dataset.zones = String(scene.zones);
   s.el.noFrame.hidden = true;
 }
 
@@ -149,9 +199,11 @@ function card(info) {
   $(".sid", node).textContent = info.id;
   $(".src", node).textContent = info.source || "";
   const s = {
-    id: info.id, tasks: info.tasks || [], points: [], recent: [], frame: null, img: null, el: {
+    id: info.id, tasks: info.tasks || [], lines: info.lines || [], zones: info.zones || [], points: [], recent: [],
+    frame: null, img: null, el: {
       root: node, frame: $(".frame", node), activity: $(".activity", node), noFrame: $(".no-frame", node),
-      counters: $(".counters", node), latency: $(".latency", node), outcomes: $(".outcomes", node),
+      counters: $(".counters", node), scene: $(".scene-counts", node), latency: $(".latency", node),
+      outcomes: $(".outcomes", node),
       recent: $(".recent", node), chunk: $(".chunk", node), legend: $(".legend.tasks", node),
     },
   };
@@ -208,6 +260,7 @@ function renderStream(s) {
   s.el.chunk.textContent = info.last_chunk >= 0 ? ` · chunk ${info.last_chunk}` : "";
   const a = info.activity;
   s.el.activity.textContent = a ? `${a.label} ${fmt(a.score, 2)}${a.untrained ? " (untrained)" : ""}` : "";
+  renderScene(s);
   s.el.recent.replaceChildren(...s.recent.slice().reverse().map(r => {
     const li = el("li");
     li.append(el("span", `st-${r.status}`, `${r.status.padEnd(5)} `), `#${r.chunk} ${r.task} ${Math.round(r.ms)} ms · ${r.text}`);
@@ -216,6 +269,69 @@ function renderStream(s) {
   }));
   drawLatency(s.el.latency, s);
   drawOutcomes(s.el.outcomes, s);
+}
+
+// Running totals of the stream's lines (in / out by class) and zones (inside now, entered, left), from the
+// counts its last event of each carried; a rule with no event yet shows 0.
+function byClass(m) {
+  const list = Object.entries(m || {}).filter(([, n]) => n).map(([c, n]) => `${c} ${n}`);
+  return list.length ? list.join(", ") : "0";
+}
+function sum(m) { return Object.values(m || {}).reduce((a, n) => a + n, 0); }
+function renderScene(s) {
+  const info = s.info || {}, lc = info.line_counts || {}, zc = info.zone_counts || {};
+  const names = (configured, held) => [...new Set([...configured.map(r => r.name), ...Object.keys(held)])];
+  const items = [];
+  for (const name of names(s.lines, lc)) {
+    const c = (lc[name] || {}).counts || {}, li = el("li");
+    li.dataset.line = name;
+    li.append(el("b", "line-name", name), ` in ${byClass(c.in)} · out ${byClass(c.out)}`);
+    items.push(li);
+  }
+  for (const name of names(s.zones, zc)) {
+    const c = (zc[name] || {}).counts || {}, li = el("li");
+    li.dataset.zone = name;
+    const part = k => `${sum(c[k])}${sum(c[k]) ? ` (${byClass(c[k])})` : ""}`;
+    li.append(el("b", "zone-name", name),
+      ` inside ${part("inside")} · entered ${part("entered")} · left ${part("left")}`);
+    items.push(li);
+  }
+  s.el.scene.replaceChildren(...items);
+}
+
+// ------------------------------------------------------------------ events (all streams, newest first)
+function eventRow(e) {
+  const tr = el("tr");
+  tr.dataset.event = e.event; tr.dataset.seq = String(e.seq);
+  const when = new Date(e.t * 1000).toLocaleTimeString([], { hour12: false });
+  const track = el("td", "", e.track ? `#${shortTrack(e.track)}` : "");
+  if (e.track) track.title = e.track;
+  tr.append(el("td", "", when), el("td", "", e.stream), el("td", "", e.phase ? `${e.event} (${e.phase})` : e.event),
+    el("td", "", e.rule ? `${e.kind} ${e.rule}` : ""), el("td", "", e.direction || ""), track,
+    el("td", "", e.class || ""));
+  tr.title = `media time ${fmt(e.ts, 1)} s`;
+  const snap = el("td", "snap");
+  if (e.snapshot) {
+    const a = el("a"), img = el("img");
+    a.href = e.snapshot; a.target = "_blank"; a.rel = "noopener";
+    img.src = e.snapshot; img.alt = `snapshot: ${e.event}`; img.loading = "lazy";
+    img.onerror = () => a.remove();  // deleted since (snapshots.max_mb / max_age_s)
+    a.append(img); snap.append(a);
+  }
+  tr.append(snap);
+  return tr;
+}
+
+function mergeEvents(list, fresh) {
+  const body = $("#event-list tbody");
+  if (fresh) { body.replaceChildren(); state.lastEvent = 0; }
+  for (const e of list || []) {
+    if (e.seq <= state.lastEvent) continue;  // a snapshot and the next update can both carry an event
+    state.lastEvent = e.seq;
+    body.prepend(eventRow(e));  // kept, not rebuilt: its snapshot loads once
+  }
+  while (body.rows.length > EVENTS) body.deleteRow(-1);
+  $("#no-events").hidden = body.rows.length > 0;
 }
 
 // ------------------------------------------------------------------ system
@@ -292,6 +408,7 @@ function onSnapshot(data) {
   state.historyS = data.history_s; state.offset = data.now - Date.now() / 1000;
   state.system = data.system; state.sysHistory = data.system_history || [];
   for (const info of data.streams) mergeStream(info, true);
+  mergeEvents(data.events, true);
   renderSystem();
 }
 
@@ -306,6 +423,7 @@ function onUpdate(data) {
   const seen = new Set();
   for (const info of data.streams) { mergeStream(info, false); seen.add(info.id); }
   for (const s of state.streams.values()) if (!seen.has(s.id)) renderStream(s);  // charts scroll with time
+  mergeEvents(data.events, false);
   renderSystem();
 }
 

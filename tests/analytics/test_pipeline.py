@@ -1,0 +1,173 @@
+"""The daemon's analytics (vlora_va/analytics/pipeline.py): tracked rows in chunk order with track ids, line and zone
+events, snapshots, and streams going offline and coming back."""
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+
+from vlora_va.analytics.liveness import Liveness
+from vlora_va.analytics.order import ChunkOrder
+from vlora_va.analytics.pipeline import Analytics, new_run_id
+from vlora_va.contracts.config import DaemonConfig, IngestConfig, PipelineConfig, StreamConfig, TaskConfig
+from vlora_va.contracts.geometry import Letterbox
+from vlora_va.contracts.requests import Request
+from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections, Latency, ResultRecord
+from vlora_va.contracts.scene import LineConfig, SnapshotConfig, ZoneConfig
+
+# A vertical line drawn top to bottom at x = 300: walking right to left is `in`.
+LINE = LineConfig("path", ((300.0, 100.0), (300.0, 400.0)), min_distance_px=8.0, cooldown_s=0.0)
+ZONE = ZoneConfig("lawn", ((0.0, 0.0), (200.0, 0.0), (200.0, 500.0), (0.0, 500.0)), dwell_s=0.0, cooldown_s=0.0)
+
+
+def config(tmp_path, snapshots=False, offline_after_s=10.0) -> PipelineConfig:
+    tasks = (TaskConfig("detect", "detect", 2, 2000.0, track=True), TaskConfig("activity", "actions", 8, 3000.0))
+    stream = StreamConfig(id="cam", source="x.mp4", fps=10.0, tasks=tasks, lines=(LINE,), zones=(ZONE,),
+                          snapshots=snapshots, offline_after_s=offline_after_s)
+    return PipelineConfig(daemon=DaemonConfig(), ingest=IngestConfig(), adapters={}, streams=(stream,), sinks=(),
+                          snapshots=SnapshotConfig(dir=str(tmp_path / "snaps")))
+
+
+def walker_x(t: float) -> float:
+    """Walks right to left at 40 px/s from x = 420: crosses x = 300 near t = 3 s, enters the zone (x < 200) near
+    t = 5.5 s."""
+    return 420.0 - 40.0 * t
+
+
+def box(t: float) -> tuple:
+    x = walker_x(t)
+    return (x - 15, 250.0, x + 15, 330.0)
+
+
+def row(seq: int, status: str = "ok", task: str = "detect") -> ResultRecord:
+    ts = (seq + 0.0, seq + 0.5)
+    if status != "ok":
+        return ResultRecord(stream="cam", chunk=seq, task=task, adapter="detect", status=status, frame_ts=ts,
+                            latency=Latency(), deadline_ms=2000.0, deadline_met=False, reason="shed for the test",
+                            captured_at=1000.0 + seq)
+    result = DetectionResult(tuple(FrameDetections(t, (Detection(box(t), "person", 0.8),)) for t in ts))
+    return ResultRecord(stream="cam", chunk=seq, task=task, adapter="detect", status="ok", frame_ts=ts,
+                        latency=Latency(), deadline_ms=2000.0, deadline_met=True, result=result,
+                        captured_at=1000.0 + seq)
+
+
+def track_ids(rec: ResultRecord) -> set:
+    return {d.track_id for f in rec.result.frames for d in f.detections if d.track_id}
+
+
+def test_chunk_order_holds_a_row_until_the_rows_before_it_have_left():
+    order = ChunkOrder()
+    for seq in (3, 4, 5):
+        order.expect(seq)
+    assert order.done(4, "r4") == [] and len(order) == 1
+    assert order.done(3, "r3") == ["r3", "r4"]
+    assert order.done(5, "r5") == ["r5"]
+    assert order.done(9, "r9") == ["r9"]  # never announced: leaves at once, in its place
+
+
+def test_tracked_rows_leave_in_chunk_order_whatever_order_batches_finish_in(tmp_path):
+    analytics = Analytics(config(tmp_path), run_id="run")
+    for seq in range(4):
+        analytics.order["cam", "detect"].expect(seq)
+    out = analytics.rows([(row(1), None, None), (row(3), None, None)])
+    assert out == []  # chunk 0 is not answered yet
+    out = analytics.rows([(row(0), None, None)])
+    assert [r.chunk for r, _, _ in out if r.type == "result"] == [0, 1]
+    out = analytics.rows([(row(2), None, None)])
+    assert [r.chunk for r, _, _ in out if r.type == "result"] == [2, 3]
+    # an untracked task's rows pass at once
+    assert analytics.rows([(row(7, task="activity"), None, None)])[0][0].chunk == 7
+
+
+def test_a_walker_crossing_the_line_and_entering_the_zone_makes_events_with_counts(tmp_path):
+    analytics = Analytics(config(tmp_path), run_id="run")
+    written = []
+    for seq in range(8):
+        written += analytics.rows([(row(seq), None, None)])
+    events = [r.to_json() for r, _, _ in written if r.type == "event"]
+    results = [r for r, _, _ in written if r.type == "result"]
+    ids = set().union(*(track_ids(r) for r in results))
+    assert len(ids) == 1 and ids.pop().startswith("run-t")
+    assert [(e["event"], e.get("line") or e.get("zone"), e.get("direction")) for e in events] == [
+        ("line_crossed", "path", "in"), ("zone_entered", "lawn", None)]
+    crossed, entered = events
+    assert crossed["counts"] == {"in": {"person": 1}, "out": {}} and crossed["class"] == "person"
+    assert 2.5 <= crossed["ts"] <= 3.5 and crossed["chunk"] in (2, 3) and crossed["snapshot"] is None
+    assert entered["phase"] == "start" and entered["counts"]["inside"] == {"person": 1}
+    assert len({e["id"] for e in events}) == 2 and all(e["id"].startswith("run-") for e in events)
+    json.dumps(events)  # every event row is JSON
+
+
+def test_a_shed_chunk_in_the_middle_does_not_split_the_track_or_lose_the_crossing(tmp_path):
+    analytics = Analytics(config(tmp_path), run_id="run")
+    written = []
+    for seq in range(8):
+        written += analytics.rows([(row(seq, status="shed" if seq == 3 else "ok"), None, None)])
+    results = [r for r, _, _ in written if r.type == "result"]
+    assert [r.status for r in results].count("shed") == 1
+    assert len(set().union(*(track_ids(r) for r in results if r.status == "ok"))) == 1
+    assert [r.event for r, _, _ in written if r.type == "event"] == ["line_crossed", "zone_entered"]
+
+
+def test_an_event_stores_a_snapshot_of_its_frame_with_the_box_drawn(tmp_path):
+    analytics = Analytics(config(tmp_path, snapshots=True), run_id="run")
+    frame = np.full((576, 768, 3), 90, np.uint8)
+    jpeg = cv2.imencode(".jpg", frame)[1].tobytes()
+    written = []
+    for seq in range(5):
+        req = Request(stream="cam", seq=seq, task="detect", adapter="detect", frames=[], frame_ts=[seq, seq + 0.5],
+                      letterbox=Letterbox(1.0, 0.0, 0.0), orig_size=(768, 576), ready=0.0, received=0.0,
+                      deadline=1.0, jpegs={seq + 0.0: jpeg, seq + 0.5: jpeg})
+        written += analytics.rows([(row(seq), None, req)])
+    event = next(r for r, _, _ in written if r.type == "event")
+    image = cv2.imread(event.snapshot)
+    assert image.shape == (576, 768, 3)
+    x1, y1, x2, y2 = (int(v) for v in event.box)
+    assert abs(int(image[y1, (x1 + x2) // 2, 2]) - 90) > 60  # the box's edge is drawn (orange), not the grey
+    assert abs(int(image[(y1 + y2) // 2, (x1 + x2) // 2, 2]) - 90) < 10  # its inside is left as it was
+
+
+def test_offline_after_no_frames_online_again_and_ended_files_are_not_offline():
+    live = Liveness({"cam": 1.0, "file": 1.0})
+    live.heard("cam", "live", 0.1, received=100.0)
+    live.heard("file", "live", 0.1, received=100.0)
+    assert live.changes(100.5) == []  # online from the start is not news
+    live.heard("cam", "live", 1.5, received=101.5)  # ingest still talks, the camera delivers nothing
+    live.heard("file", "ended", 1.5, received=101.5)
+    assert live.changes(101.5) == [("cam", False, 100.0)]  # its last frame: 101.5 - 1.5
+    assert live.changes(102.0) == []  # said once
+    live.heard("cam", "live", 0.0, received=103.0)
+    assert live.changes(103.0) == [("cam", True, 103.0)]
+    assert live.changes(120.0) == [("cam", False, 103.0)]  # ingest itself went silent: its last word ages
+
+
+def test_a_stream_going_offline_is_an_event_and_ends_its_tracks_zone_presences(tmp_path):
+    analytics = Analytics(config(tmp_path, offline_after_s=1.0), run_id="run")
+    for seq in range(8):
+        analytics.rows([(row(seq), None, None)])
+        analytics.frames("cam", 1000.0 + seq, seq + 0.5)
+    analytics.heard("cam", "live", 0.2, received=1007.5)
+    assert analytics.tick(1007.6) == []
+    events = [e.to_json() for e in analytics.tick(1009.0)]
+    assert [(e["event"], e.get("phase")) for e in events] == [("stream_offline", "start"), ("zone_left", "end")]
+    assert events[0]["ts"] == 7.5 and analytics.tracks_active() == {"cam": 0}
+    analytics.heard("cam", "live", 0.0, received=1010.0)
+    assert [e.event for e in analytics.tick(1010.0)] == ["stream_online"]
+
+
+def test_run_ids_differ():
+    assert len({new_run_id() for _ in range(50)}) == 50
+
+
+@pytest.mark.parametrize("bad", [b"", b"not a jpeg"])
+def test_a_broken_snapshot_is_counted_and_the_event_still_goes_out(tmp_path, bad):
+    analytics = Analytics(config(tmp_path, snapshots=True), run_id="run")
+    written = []
+    for seq in range(5):
+        req = Request(stream="cam", seq=seq, task="detect", adapter="detect", frames=[], frame_ts=[seq, seq + 0.5],
+                      letterbox=Letterbox(1.0, 0.0, 0.0), orig_size=(768, 576), ready=0.0, received=0.0,
+                      deadline=1.0, jpegs={seq + 0.0: bad, seq + 0.5: bad})
+        written += analytics.rows([(row(seq), None, req)])
+    events = [r for r, _, _ in written if r.type == "event"]
+    assert events and all(e.snapshot is None for e in events) and analytics.snapshots.failed == len(events)

@@ -1,0 +1,200 @@
+"""Tracks across chunks: one multi-object tracker per stream and tracked task.
+
+    a tracked task's rows, in chunk order ─► per frame (media time): one box per object (cross-class NMS)
+    ─► Roboflow `trackers` (ByteTrack by default; SORT, OC-SORT) fed the frame's timestamp ─► confirmed tracks get a
+    `track_id` "<run id>-<n>", and one class (the score-weighted vote over the track's boxes)
+
+Why these choices:
+- The tracker is fed media timestamps, not frame counts, so a shed or dropped chunk or an outage is a longer step
+  its motion model predicts across; a track not matched for `lost_after_s` (media time) ends. Time that goes
+  backwards (a looping file, a restarted source) ends every track and starts afresh.
+- Only confirmed tracks (matched in `min_hits` frames in a row) carry a track_id; the others stay in the row
+  without one and count nowhere.
+- One object, one box: the detection head scores classes independently, so the parked van is found as a truck and
+  often also as a car. Before tracking, boxes of different classes that overlap by `class_nms_iou` are one object
+  and the surer box stays; the track's class is then the class with the largest score sum over its boxes, so a
+  track never flips class from frame to frame.
+- track_ids are unique across daemon restarts (the run id prefix) and across streams (one counter per daemon).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections
+from vlora_va.contracts.scene import TrackingConfig
+
+log = logging.getLogger(__name__)
+
+TRACKER_CLASSES = {"bytetrack": "ByteTrackTracker", "sort": "SORTTracker", "ocsort": "OCSORTTracker"}
+
+
+def make_tracker(cfg: TrackingConfig, fps: float):
+    """A fresh tracker of the configured kind. `trackers` counts its lost-track buffer in 30-fps frames; with
+    timestamps it ends a track after buffer / 30 seconds, so lost_after_s maps to lost_after_s * 30."""
+    import supervision  # noqa: F401 - trackers imports it; imported here so a missing install names itself
+    import trackers
+
+    cls = getattr(trackers, TRACKER_CLASSES[cfg.tracker])
+    kw = dict(lost_track_buffer=max(1, round(cfg.lost_after_s * 30)), frame_rate=fps,
+              minimum_consecutive_frames=cfg.min_hits)
+    if cfg.tracker in ("bytetrack", "sort"):
+        kw["track_activation_threshold"] = cfg.activation_score
+    if cfg.tracker in ("bytetrack", "ocsort"):
+        kw["high_conf_det_threshold"] = cfg.activation_score
+    return cls(**kw)
+
+
+def one_box_per_object(dets: list[Detection], iou: float) -> list[Detection]:
+    """Greedy cross-class NMS: a box overlapping a surer box of another class by `iou` or more is dropped (boxes
+    of the same class were already suppressed by the head). Kept boxes stay in their input order."""
+    if len(dets) < 2 or len({d.cls for d in dets}) < 2:
+        return list(dets)
+    boxes = np.array([d.box for d in dets], dtype=np.float64)
+    overlap = iou_matrix(boxes, boxes) >= iou
+    cls = np.array([d.cls for d in dets])
+    clash = overlap & (cls[:, None] != cls[None, :])
+    keep = np.ones(len(dets), bool)
+    for i in sorted(range(len(dets)), key=lambda i: -dets[i].score):  # surest first
+        if keep[i]:
+            keep[clash[i] & (np.arange(len(dets)) != i) & keep & _less_sure(dets, i)] = False
+    return [d for d, k in zip(dets, keep) if k]
+
+
+def _less_sure(dets: list[Detection], i: int) -> np.ndarray:
+    scores = np.array([d.score for d in dets])
+    return (scores < scores[i]) | ((scores == scores[i]) & (np.arange(len(dets)) > i))
+
+
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    ix = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
+    iy = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
+    inter = ix * iy
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+def box_iou(a, b) -> float:
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+class TrackIds:
+    """Daemon-wide track ids: "<run id>-<n>", n counting from 1 across all streams."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self._n = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self.run_id}-{next(self._n)}"
+
+
+@dataclass
+class _Track:
+    id: str
+    votes: dict[str, float]
+    last_ts: float
+
+    @property
+    def cls(self) -> str:
+        return max(self.votes, key=self.votes.get)
+
+
+@dataclass(frozen=True)
+class TrackedFrame:
+    ts: float
+    detections: tuple[Detection, ...]  # every box kept; confirmed ones with track_id (and their track's class)
+    ended: tuple[tuple[str, str], ...]  # (track_id, class) of the confirmed tracks that ended before this frame
+
+
+class StreamTracker:
+    """The tracker of one stream's tracked task. `frames(result)` takes a served row's detections (chunks in order)
+    and returns them with track ids; `gap(ts)` says media time passed without frames (a shed chunk)."""
+
+    def __init__(self, cfg: TrackingConfig, fps: float, ids: TrackIds):
+        self.cfg, self.fps, self.ids = cfg, fps, ids
+        self._tracker = make_tracker(cfg, fps)
+        self._tracks: dict[int, _Track] = {}  # the tracker's own id -> ours
+        self._last_ts: float | None = None
+
+    @property
+    def active(self) -> int:
+        return len(self._tracks)
+
+    def track(self, result: DetectionResult) -> tuple[DetectionResult, list[TrackedFrame]]:
+        """The result with confirmed boxes carrying track ids, and per frame what the rules need."""
+        frames = [self._frame(f) for f in result.frames]
+        return DetectionResult(tuple(FrameDetections(f.ts, f.detections) for f in frames)), frames
+
+    def end_all(self) -> list[tuple[str, str]]:
+        """End every track (time went backwards, or the stream restarted)."""
+        ended = [(t.id, t.cls) for t in self._tracks.values()]
+        self._tracks.clear()
+        self._tracker = make_tracker(self.cfg, self.fps)
+        self._last_ts = None
+        return ended
+
+    def expire(self, ts: float) -> list[tuple[str, str]]:
+        """End the tracks not seen for lost_after_s by media time ts (no frame arrived: shed chunks, an outage)."""
+        return self._pop([k for k, t in self._tracks.items() if ts - t.last_ts > self.cfg.lost_after_s])
+
+    def _pop(self, keys) -> list[tuple[str, str]]:
+        out = []
+        for k in keys:
+            t = self._tracks.pop(k)
+            out.append((t.id, t.cls))
+        return out
+
+    def _frame(self, frame: FrameDetections) -> TrackedFrame:
+        ended: list[tuple[str, str]] = []
+        if self._last_ts is not None and frame.ts <= self._last_ts:
+            ended += self.end_all()  # a looping file or a restarted source: its media time starts again
+        self._last_ts = frame.ts
+        dets = [d for d in frame.detections if d.score >= self.cfg.min_score]
+        dets = one_box_per_object(dets, self.cfg.class_nms_iou)
+        tracked_ids = self._update(dets, frame.ts)
+        out = []
+        for d, tid in zip(dets, tracked_ids):
+            if tid < 0:
+                out.append(d)
+                continue
+            t = self._tracks.get(tid)
+            if t is None:
+                t = self._tracks[tid] = _Track(self.ids.next(), defaultdict(float), frame.ts)
+            t.votes[d.cls] += d.score
+            t.last_ts = frame.ts
+            out.append(Detection(d.box, t.cls, d.score, t.id))
+        # tracks the tracker let go of (lost longer than lost_after_s) end now
+        alive = {int(t.tracker_id) for t in self._tracker.tracks if t.tracker_id >= 0}
+        ended += self._pop([k for k in self._tracks if k not in alive])
+        untracked = [d for d in frame.detections if d.score < self.cfg.min_score]
+        return TrackedFrame(frame.ts, tuple(out) + tuple(untracked), tuple(ended))
+
+    def _update(self, dets: list[Detection], ts: float) -> list[int]:
+        """The tracker's id for each detection (-1: not a confirmed track), in the order of dets."""
+        import supervision as sv
+
+        n = len(dets)
+        sd = sv.Detections(xyxy=np.array([d.box for d in dets], dtype=np.float32).reshape(n, 4),
+                           confidence=np.array([d.score for d in dets], dtype=np.float32),
+                           data={"index": np.arange(n)})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # duplicate-timestamp notices: handled above
+            res = self._tracker.update(sd, timestamp=ts)
+        ids = [-1] * n
+        if len(res):
+            for i, tid in zip(res.data["index"], res.tracker_id):
+                ids[int(i)] = int(tid)
+        return ids
