@@ -69,7 +69,7 @@ def summarise(out: dict, rows: list[dict], deadlines: dict[str, float]) -> dict:
     capacity = re.search(r"capacity: (.*)", log)
     per_task = {}
     for task, deadline_ms in deadlines.items():
-        mine = [r for r in rows if r["task"] == task]
+        mine = [r for r in rows if f"{r['stream']}/{r['task']}" == task]
         ok = [r for r in mine if r["status"] == "ok"]
         lat = sorted(r["latency_ms"]["total"] for r in ok)
         per_task[task] = {
@@ -88,6 +88,14 @@ def summarise(out: dict, rows: list[dict], deadlines: dict[str, float]) -> dict:
         "capacity": capacity.group(1) if capacity else None, "fits": bool(capacity and "fits" in capacity.group(1)),
         "ingest_dropped": sum(r.get("dropped_before", 0) for r in rows), "tasks": per_task,
     }
+
+
+def happened(rows: list[dict], events: list[dict]) -> dict:
+    """What the tracked task saw: event rows by name (line crossings by line and direction), distinct tracks."""
+    crossings = collections.Counter(f"{e['line']} {e['direction']}" for e in events if e["event"] == "line_crossed")
+    tracks = {d["track_id"] for r in rows for f in r.get("frames", []) for d in f["detections"] if "track_id" in d}
+    return {"events": dict(collections.Counter(e["event"] for e in events)), "crossings": dict(crossings),
+            "tracks": len(tracks), "snapshots": sum(bool(e.get("snapshot")) for e in events)}
 
 
 def verdict(run: dict) -> list[str]:
@@ -122,6 +130,9 @@ def markdown(result: dict) -> str:
                       f"{t['latency_p99_ms']} / {t['latency_max_ms']} | {t['deadline_ms']:.0f} | {t['misses']} | "
                       f"{t['later_than_2x']} | {v['ingest_dropped'] if i == 0 else ''} | "
                       f"{('PASS' if not v['problems'] else 'FAIL: ' + '; '.join(v['problems'])) if i == 0 else ''} |")
+    md += ["", "Events (tracked task: pedestrians/detect):", ""]
+    md += [f"- {v['isa']} {v['start']}: {v['tracks']} tracks; events {v['events']}; line crossings {v['crossings']}; "
+           f"{v['snapshots']} snapshots" for v in result["runs"]]
     return "\n".join(md) + "\n"
 
 
@@ -147,11 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             out = run_once(config, env)
             (tmp / "run.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in out["lines"]) + "\n")
             cfg = yaml.safe_load(config.read_text())
-            deadlines = {t["name"]: float(t["deadline_ms"]) for s in cfg["streams"] for t in s["tasks"]}
-            rows = [r for line in (tmp / "results.jsonl").read_text().splitlines() if line
-                    and is_result(r := json.loads(line))]
+            deadlines = {f"{s['id']}/{t['name']}": float(t["deadline_ms"]) for s in cfg["streams"] for t in s["tasks"]}
+            every = [json.loads(line) for line in (tmp / "results.jsonl").read_text().splitlines() if line]
+            rows = [r for r in every if is_result(r)]
             run = {"isa": isa, "start": "cold" if i == 0 else "warm", **summarise(out, rows, deadlines),
-                   "log": str(tmp / "run.log")}
+                   **happened(rows, [r for r in every if not is_result(r)]), "log": str(tmp / "run.log")}
             run["problems"] = verdict(run)
             runs.append(run)
             print(json.dumps({k: v for k, v in run.items() if k != "tasks"}), flush=True)

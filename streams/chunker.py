@@ -21,7 +21,7 @@ import numpy as np
 from vlora_va.contracts.config import StreamConfig, TaskConfig
 from vlora_va.contracts.geometry import Letterbox, letterbox_geometry
 from vlora_va.contracts.plugins import SOURCES
-from vlora_va.contracts.scene import SnapshotConfig
+from vlora_va.contracts.scene import SnapshotConfig, scene_outside_frame
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest
 from vlora_va.ingest.source import Frame
 
@@ -122,6 +122,7 @@ class Chunker:
         self._wanted = set(self.send_idx)
         self.snapshot = snapshots if stream.snapshots else None
         # the frames whose JPEG travels with the chunk: those of the tracked tasks, which events happen on
+        self._checked: tuple[int, int] | None = None  # the frame size the lines and zones were checked against
         self._snap_idx = sorted({self.send_idx[p] for t, ps in zip(stream.tasks, self.task_frames) if t.track
                                  for p in ps}) if self.snapshot is not None else []
         self.seq = 0  # the next chunk's sequence number
@@ -130,6 +131,13 @@ class Chunker:
         # backpressure slows the reading instead.
         self.best_effort = not stream.realtime and not SOURCES.load(stream.scheme).live
         self._reset()
+
+    def _check_scene(self, size: tuple[int, int]) -> None:
+        """Lines and zones must lie inside the frame: `vlora-va validate` checks files; a live stream's size is known
+        only now, at its first frame (and again when it changes). Said in the log; the stream goes on."""
+        self._checked = size
+        for problem in scene_outside_frame(self.stream.lines, self.stream.zones, *size):
+            log.error("stream %s: %s: it can never be crossed or entered there", self.stream.id, problem)
 
     def _reset(self) -> None:
         self._count = 0  # frames of the current chunk seen so far
@@ -149,6 +157,8 @@ class Chunker:
                 self._reset()
             self._outage += frame.outage_s
         size = (frame.width, frame.height)
+        if size != self._checked:
+            self._check_scene(size)
         if self._size is not None and size != self._size:
             # A camera changed resolution: one chunk must share one letterbox, so start afresh.
             log.warning("stream %s: frame size changed %dx%d -> %dx%d; dropping a partial chunk of %d frames",

@@ -1,7 +1,9 @@
-"""The ingest worker: a few streams in one process, one ZeroMQ PUSH socket to the daemon.
+"""The ingest worker: a few streams in one process, one ZeroMQ PUSH socket of chunks to the daemon (and one of
+heartbeats).
 
     stream thread (one per stream)          main thread
     FrameSource -> Chunker -> ChunkQueue -> sender -> PUSH socket -> daemon's PULL
+                                                   -> heartbeat PUSH socket (each stream's state, every 0.25 s)
 
 Decoding runs in the stream threads (PyAV and OpenCV release the GIL). The queue is bounded
 (IngestConfig.send_hwm) and its drop policy decides what a slow daemon costs: `drop_oldest` keeps
@@ -39,11 +41,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ZMQ_SNDHWM = 2  # messages zmq may hold; more waiting happens in ChunkQueue where drops are possible
-FLUSH_TIMEOUT_S = 5.0  # once finishing (stop set or all streams ended): time left for queued chunks
+FLUSH_TIMEOUT_S = 5.0  # once stop is set: time left for queued chunks
+ENDED_FLUSH_TIMEOUT_S = 30.0  # once every stream ended by itself: time for each queued chunk to leave
 POLL_S = 0.1  # how often blocked loops look at the stop event
 LOG_EVERY_S = 5.0
 MIN_SNDBUF = 64 * 1024
 RELEASE_TIMEOUT_S = 600.0  # the longest a finished worker waits for the daemon's drained signal
+FINAL_HEARTBEAT_WAIT_S = 10.0  # the streams' final state waits this long for room
+HEARTBEAT_HWM = 4  # heartbeats queued in zmq at most (a newer one says more than an older one)
 
 
 @dataclass
@@ -167,6 +172,7 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     halt = threading.Event()  # tells stream threads to finish; set from the caller's stop or on our exit
     ctx = zmq.Context(io_threads=1)
     sock = _push_socket(ctx, config, streams)
+    beat = Heartbeat(_push_socket(ctx, config, [], hwm=HEARTBEAT_HWM), stats)
     log.info("ingest worker: %d stream(s) %s -> %s (queue %d chunks, %s)", len(streams),
              ", ".join(s.id for s in streams), config.daemon.endpoint, queue.maxsize, queue.policy)
     threads = [threading.Thread(target=_stream_main, name=f"ingest-{s.id}", daemon=True,
@@ -175,11 +181,12 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
         t.start()
     clock = _FlushClock(stop, halt, threads)
     try:
-        _send_loop(sock, queue, stats, clock, resume)
+        _send_loop(sock, queue, stats, clock, beat, resume)
         halt.set()
         for t in threads:  # once flushed is said, no stream thread makes another chunk (a supervisor may start
             t.join(timeout=5.0)  # a new worker on their Resume states then)
-        _heartbeat(sock, stats)  # the streams' last word: ended (a file) is not offline
+        if any(st.chunks_sent for st in stats.values()):  # a daemon is there to hear the streams' last word
+            beat.send(wait_s=FINAL_HEARTBEAT_WAIT_S)  # (an ended file is not offline)
         if flushed is not None:
             flushed.set()
         if any(st.chunks_sent for st in stats.values()):  # nothing in flight otherwise
@@ -187,6 +194,7 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     finally:
         halt.set()
         sock.close(linger=int(clock.left() * 1000))
+        beat.sock.close(linger=0)
         ctx.term()
         for t in threads:
             t.join(timeout=1.0)
@@ -203,12 +211,13 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
             for sid, st in stats.items()}
 
 
-def _push_socket(ctx: zmq.Context, config: PipelineConfig, streams: list[StreamConfig]) -> zmq.Socket:
+def _push_socket(ctx: zmq.Context, config: PipelineConfig, streams: list[StreamConfig],
+                 hwm: int = ZMQ_SNDHWM) -> zmq.Socket:
     client = curve_client(config.security.curve)  # CURVE: the daemon accepts only authorised workers
     sock = ctx.socket(zmq.PUSH)
     if client is not None:
         client.secure(sock)
-    sock.setsockopt(zmq.SNDHWM, ZMQ_SNDHWM)
+    sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing in zmq until the daemon is really connected
     # Kernel socket buffers autotune to megabytes: dozens of small chunks could hide there, out of reach
     # of the drop policy, as latency. One chunk's worth keeps the waiting in ChunkQueue.
@@ -314,12 +323,16 @@ def _resumed(source, stream: StreamConfig, chunker: Chunker, state):
 
 
 class _FlushClock:
-    """Once the worker starts finishing (stop set, or every stream ended), queued chunks get
-    FLUSH_TIMEOUT_S to leave: an absent daemon must not keep a finished worker alive forever."""
+    """Once the worker starts finishing, queued chunks get a time to leave: an absent daemon must not keep a
+    finished worker alive forever. Stop requested: FLUSH_TIMEOUT_S. Every stream ended by itself (files):
+    ENDED_FLUSH_TIMEOUT_S, given again each time a chunk leaves: a daemon serving a file read as fast as possible
+    takes a chunk only when a batch is done (seconds at a time on a CPU), and the file's last chunks must still
+    reach it."""
 
     def __init__(self, stop: StopEvent | None, halt: threading.Event, threads: list[threading.Thread]):
         self.stop, self.halt, self.threads = stop, halt, threads
         self.deadline: float | None = None
+        self.timeout_s = FLUSH_TIMEOUT_S
 
     def finishing(self) -> bool:
         if self.deadline is None:
@@ -328,32 +341,36 @@ class _FlushClock:
                 self.halt.set()
             elif any(t.is_alive() for t in self.threads):
                 return False
-            self.deadline = time.monotonic() + FLUSH_TIMEOUT_S
+            else:
+                self.timeout_s = ENDED_FLUSH_TIMEOUT_S
+            self.deadline = time.monotonic() + self.timeout_s
         return True
 
     def expired(self) -> bool:
         return self.finishing() and time.monotonic() > self.deadline
+
+    def progress(self) -> None:
+        """A chunk left: the daemon is reading; the streams having ended, the rest get the whole time again."""
+        if self.deadline is not None and self.timeout_s == ENDED_FLUSH_TIMEOUT_S:
+            self.deadline = time.monotonic() + self.timeout_s
 
     def left(self) -> float:
         return max(0.0, self.deadline - time.monotonic()) if self.deadline is not None else 0.0
 
 
 def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats], clock: _FlushClock,
-               resume: dict | None = None) -> None:
+               beat: "Heartbeat", resume: dict | None = None) -> None:
     """Send queued chunks until the worker is finishing and the queue is empty (or the flush time is up)."""
     resume = resume or {}
     # seq of each stream's last sent chunk (a resumed stream: the previous worker's)
     last_sent = {sid: int(resume[sid][1]) if sid in resume else -1 for sid in stats}
     next_log = time.monotonic() + LOG_EVERY_S
-    next_beat = 0.0
     window = {sid: 0 for sid in stats}
     while True:
         if time.monotonic() >= next_log:
             _log_throughput(stats, window, queue)
             next_log = time.monotonic() + LOG_EVERY_S
-        if time.monotonic() >= next_beat:
-            _heartbeat(sock, stats)
-            next_beat = time.monotonic() + HEARTBEAT_S
+        beat.due()
         chunk = queue.get(POLL_S)
         if chunk is None:
             if clock.finishing() and (len(queue) == 0 or clock.expired()):
@@ -365,9 +382,10 @@ def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats
         lost_outage = queue.take_lost_outage(h.stream)
         header = replace(h, dropped_before=h.seq - last_sent[h.stream] - 1, sent_wall=time.time(),
                          outage_s=round(h.outage_s + lost_outage, 3) if lost_outage else h.outage_s)
-        if not _send(sock, encode_chunk(header, chunk.frames, chunk.jpegs), clock):
+        if not _send(sock, encode_chunk(header, chunk.frames, chunk.jpegs), clock, beat):
             stats[h.stream].chunks_dropped += 1
             return
+        clock.progress()
         if header.dropped_before:
             log.warning("stream %s: %d chunk(s) dropped before chunk %d (daemon slower than the source; policy %s)",
                         h.stream, header.dropped_before, h.seq, queue.policy)
@@ -379,23 +397,43 @@ def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats
         window[h.stream] += 1
 
 
-def _heartbeat(sock: zmq.Socket, stats: dict[str, StreamStats]) -> None:
-    """Each stream's SourceStatus, so the daemon can tell a live stream that stopped delivering frames (offline)
-    from one that ended. Never waits: a heartbeat that does not fit now is skipped (the next one follows)."""
-    now = time.monotonic()
-    for sid, st in stats.items():
-        age = 0.0 if st.waiting else now - st.last_frame if st.last_frame else 1e9
-        status = SourceStatus(stream=sid, state=st.state, frame_age_s=round(age, 3), sent_wall=time.time())
-        try:
-            sock.send(status.to_json(), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return
+class Heartbeat:
+    """Each stream's SourceStatus every HEARTBEAT_S, so the daemon can tell a live stream that stopped delivering
+    frames (offline) from one that ended. On its own socket: behind a slow daemon the chunk socket is full for
+    seconds, and a heartbeat must not wait behind chunks (nor take their place). A heartbeat that does not fit is
+    skipped: the next one follows."""
+
+    def __init__(self, sock: zmq.Socket, stats: dict[str, StreamStats]):
+        self.sock, self.stats = sock, stats
+        self._next = 0.0
+
+    def due(self) -> None:
+        """Send if HEARTBEAT_S has passed since the last one (called from the sender's loops)."""
+        if time.monotonic() >= self._next:
+            self.send()
+
+    def send(self, wait_s: float = 0.0) -> None:
+        """Every stream's state now; wait_s: how long the last one may wait for room (the others never wait)."""
+        self._next = time.monotonic() + HEARTBEAT_S
+        now = time.monotonic()
+        for sid, st in self.stats.items():
+            # waiting for room in the queue is the daemon's pace, not the source's silence
+            age = 0.0 if st.waiting else now - st.last_frame if st.last_frame else 1e9
+            status = SourceStatus(stream=sid, state=st.state, frame_age_s=round(age, 3), sent_wall=time.time())
+            if wait_s and not self.sock.poll(int(wait_s * 1000), zmq.POLLOUT):
+                return
+            try:
+                self.sock.send(status.to_json(), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
 
 
-def _send(sock: zmq.Socket, parts: list, clock: _FlushClock) -> bool:
+def _send(sock: zmq.Socket, parts: list, clock: _FlushClock, beat: Heartbeat | None = None) -> bool:
     """Send one multipart message without copying the frames. Waits while the daemon is slow or absent
     (meanwhile the queue applies its drop policy); gives up only when the flush time is up."""
     while not clock.expired():
+        if beat is not None:
+            beat.due()  # a long wait for the daemon is no reason to go quiet
         if sock.poll(int(POLL_S * 1000), zmq.POLLOUT):
             try:
                 sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)

@@ -5,6 +5,7 @@ import sys
 import pytest
 
 CLI = [sys.executable, "-m", "vlora_va.cli"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, cwd=None):
@@ -170,3 +171,16 @@ def test_a_missing_input_is_one_clear_line_and_no_traceback(case, tmp_path, tiny
     assert proc.returncode != 0 and "Traceback" not in out, out
     (line,) = [line for line in out.splitlines() if missing in line]
     assert line.count(missing) == 1, line
+
+
+def test_validate_refuses_lines_and_zones_outside_a_files_frame(tmp_path):
+    """pedestrians.mp4 is 768 x 576: a line point at x = 900 and a zone point below the frame are named."""
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(open("pipelines.yaml").read().replace("[[300, 200], [300, 330]]", "[[300, 200], [900, 330]]")
+                   .replace("[0, 576]]", "[0, 600]]").replace("sample_videos/", f"{ROOT}/sample_videos/")
+                   .replace("adapters/", f"{ROOT}/adapters/"))
+    proc = run("validate", str(cfg))
+    assert proc.returncode == 2, proc.stderr
+    assert "invalid: streams[0] (pedestrians): lines 'path': point(s) [900, 330] outside the 768x576 frame" \
+        in proc.stderr
+    assert "zones 'lawn': point(s) [0, 600] outside the 768x576 frame" in proc.stderr

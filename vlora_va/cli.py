@@ -62,6 +62,27 @@ def input_warnings(cfg) -> list[str]:
     return problems
 
 
+def scene_problems(cfg) -> list[str]:
+    """Lines and zones with points outside their file's frames (a live stream's are checked by ingest at its first
+    frame). A file that cannot be opened is not reported here: ingest says why when it starts."""
+    from vlora_va.contracts.scene import scene_outside_frame
+
+    out = []
+    for i, s in enumerate(cfg.streams):
+        if s.scheme != "file" or not (s.lines or s.zones):
+            continue
+        try:
+            import av
+
+            with av.open(s.source) as container:
+                video = container.streams.video[0]
+                width, height = video.codec_context.width, video.codec_context.height
+        except (ImportError, OSError, IndexError, av.FFmpegError):
+            continue
+        out += [f"streams[{i}] ({s.id}): {p}" for p in scene_outside_frame(s.lines, s.zones, width, height)]
+    return out
+
+
 def cmd_validate(args) -> int:
     from vlora_va.contracts.config import ConfigError, load_config
 
@@ -73,6 +94,11 @@ def cmd_validate(args) -> int:
         return 2
     for problem in input_warnings(cfg):
         print(f"warning: {problem}", file=sys.stderr)
+    scene = scene_problems(cfg)
+    for problem in scene:
+        print(f"invalid: {problem}", file=sys.stderr)
+    if scene:
+        return 2
     tasks = sum(len(s.tasks) for s in cfg.streams)
     print(f"{args.config}: OK ({len(cfg.streams)} streams, {tasks} tasks, {len(cfg.adapters)} adapters, "
           f"{len(cfg.sinks)} sinks)")

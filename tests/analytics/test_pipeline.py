@@ -171,3 +171,36 @@ def test_a_broken_snapshot_is_counted_and_the_event_still_goes_out(tmp_path, bad
         written += analytics.rows([(row(seq), None, req)])
     events = [r for r, _, _ in written if r.type == "event"]
     assert events and all(e.snapshot is None for e in events) and analytics.snapshots.failed == len(events)
+
+
+def test_when_the_daemon_stops_every_open_zone_presence_ends(tmp_path):
+    analytics = Analytics(config(tmp_path), run_id="run")
+    for seq in range(8):
+        analytics.rows([(row(seq), None, None)])
+        analytics.frames("cam", 1000.0 + seq, seq + 0.5)
+    ended = [e.to_json() for e in analytics.end()]
+    assert [(e["event"], e["phase"], e["zone"]) for e in ended] == [("zone_left", "end", "lawn")]
+    assert ended[0]["counts"]["inside"] == {"person": 0} and analytics.tracks_active() == {"cam": 0}
+    assert analytics.end() == []  # said once
+    # event rows of a tracked task pass through as they are (the daemon writes these through the same path)
+    written = analytics.rows([(ev, None, None) for ev in ended_records(tmp_path)])
+    assert [r.event for r, _, _ in written] == ["zone_left"]
+
+
+def ended_records(tmp_path):
+    other = Analytics(config(tmp_path), run_id="other")
+    for seq in range(8):
+        other.rows([(row(seq), None, None)])
+    return other.end()
+
+
+def test_time_the_daemon_was_not_reading_does_not_make_a_stream_offline():
+    """Under backpressure the daemon reads nothing, heartbeats included: that silence is the daemon's, not the
+    camera's."""
+    live = Liveness({"cam": 1.0})
+    live.heard("cam", "live", 0.0, received=100.0)
+    live.deaf(True, 100.2)
+    assert live.changes(105.0) == []  # 5 s without a word, but the daemon was not listening
+    live.deaf(False, 105.0)
+    assert live.changes(105.5) == []  # the 4.8 s deaf do not count: 0.7 s since the last frame
+    assert live.changes(106.3) == [("cam", False, 104.8)]  # a real second of silence after that does

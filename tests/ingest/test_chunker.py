@@ -206,3 +206,20 @@ def test_a_stream_with_snapshots_sends_a_jpeg_of_each_tracked_frame_at_source_re
     # without snapshots: no JPEG
     plain = next(c for c in map(Chunker(stream("cam", BIKES, fps=10, tasks=cfg.tasks), IMAGE_SIZE).add, frames) if c)
     assert plain.header.snapshots == () and plain.jpegs == []
+
+
+def test_a_live_streams_lines_and_zones_are_checked_at_its_first_frame(caplog):
+    from vlora_va.contracts.scene import LineConfig, ZoneConfig
+    cfg = stream("cam", BIKES, fps=10, tasks=(TaskConfig("det", "detect", 2, 2000.0, track=True),),
+                 lines=(LineConfig("in_frame", ((10.0, 10.0), (600.0, 200.0))),
+                        LineConfig("off", ((10.0, 10.0), (700.0, 200.0)))),
+                 zones=(ZoneConfig("low", ((0.0, 200.0), (100.0, 200.0), (100.0, 300.0))),))  # 300 > 272
+    chunker = Chunker(cfg, IMAGE_SIZE)
+    with caplog.at_level("ERROR"):
+        for frame in real_frames(10, 3):  # 640 x 272
+            chunker.add(frame)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["stream cam: lines 'off': point(s) [700, 200] outside the 640x272 frame: it can never be "
+                    "crossed or entered there",
+                    "stream cam: zones 'low': point(s) [100, 300] outside the 640x272 frame: it can never "
+                    "be crossed or entered there"]  # once, at the first frame

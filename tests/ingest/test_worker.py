@@ -244,6 +244,7 @@ def test_stop_event_ends_a_looping_realtime_worker(receiver):
 
 def test_absent_daemon_cannot_keep_a_finished_worker_alive(monkeypatch):
     monkeypatch.setattr(worker_mod, "FLUSH_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(worker_mod, "ENDED_FLUSH_TIMEOUT_S", 0.5)  # the stream ends by itself (max_chunks)
     cfg = pipeline(f"tcp://127.0.0.1:{free_port()}", stream("bikes", BIKES, fps=10, max_chunks=3))
     t0 = time.monotonic()
     stats = run_ingest(cfg)
@@ -303,3 +304,18 @@ def test_streams_that_need_few_frames_skip_decoding_frames_nothing_refers_to(rec
     full, n_full = run(False)
     assert [c.header.frame_ts for c in skipped] == [c.header.frame_ts for c in full]
     assert len(skipped) == len(full) == 10 and 0 < n_skipped < 0.8 * n_full
+
+
+def test_a_slow_daemon_still_gets_every_chunk_of_a_file_that_ended(zmq_ctx, monkeypatch):
+    """The file ends while chunks still wait for a daemon that takes one every 0.6 s (a best-effort file on a busy
+    CPU): the flush time starts again each time a chunk leaves, so all of them arrive although together they need
+    far longer than that time."""
+    monkeypatch.setattr(worker_mod, "ENDED_FLUSH_TIMEOUT_S", 1.5)
+    rx = Receiver(zmq_ctx, rcvhwm=1, rcvbuf=64 * 1024)
+    cfg = pipeline(rx.endpoint, stream("bikes", BIKES, fps=10, max_chunks=8, tasks=tasks(("det", 10, 500.0))),
+                   send_hwm=8, drop_policy="block")
+    w = WorkerThread(cfg)
+    w.start()
+    chunks = rx.drain(w, timeout=60, delay=0.6)
+    stats = w.finish(timeout=30)
+    assert stats["bikes"]["chunks_dropped"] == 0 and [c.header.seq for c in chunks] == list(range(8))

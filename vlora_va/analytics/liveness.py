@@ -4,6 +4,9 @@ A stream goes offline when its source has delivered no frame for `offline_after_
 the camera is down and ingest keeps reconnecting, the source failed, or ingest itself stopped talking (no
 heartbeat: its last word ages). It comes back online at the next heartbeat that reports a fresh frame. A source
 that ended by itself (a file) is not offline. A stream is judged only once ingest has spoken of it.
+
+While the daemon is not reading (its transport holds as many images as it may: backpressure), heartbeats wait in
+the socket with the chunks, so silence says nothing about the sources: that time does not count (`deaf`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,19 @@ class _Stream:
 class Liveness:
     def __init__(self, offline_after_s: dict[str, float]):
         self._streams = {sid: _Stream(after) for sid, after in offline_after_s.items()}
+        self._deaf_since: float | None = None
+
+    def deaf(self, deaf: bool, now: float) -> None:
+        """Whether the daemon is reading its socket now (False: backpressure). Time spent deaf is added to every
+        stream's last frame once reading resumes."""
+        if deaf and self._deaf_since is None:
+            self._deaf_since = now
+        elif not deaf and self._deaf_since is not None:
+            lost = now - self._deaf_since
+            self._deaf_since = None
+            for s in self._streams.values():
+                if s.last_frame is not None:
+                    s.last_frame += lost
 
     def heard(self, stream: str, state: str, frame_age_s: float, received: float) -> None:
         """A heartbeat (times in the daemon's clock). Unknown streams are ignored."""
@@ -40,7 +56,9 @@ class Liveness:
 
     def changes(self, now: float) -> list[tuple[str, bool, float]]:
         """(stream, online now, since when) for each stream whose state changed since the last call. An offline
-        stream's "since" is its last frame (the outage began then)."""
+        stream's "since" is its last frame (the outage began then). Nothing changes while the daemon is deaf."""
+        if self._deaf_since is not None:
+            return []
         out = []
         for sid, s in self._streams.items():
             if s.last_frame is None:

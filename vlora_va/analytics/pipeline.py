@@ -85,7 +85,7 @@ class Analytics:
         out: list[Item] = []
         for rec, cause, req in items:
             key = (rec.stream, rec.task)
-            if key not in self.tasks:
+            if rec.type != "result" or key not in self.tasks:  # events pass as they are
                 out.append((rec, cause, req))
                 continue
             for ready in self.order[key].done(rec.chunk, (rec, cause, req)):
@@ -119,6 +119,14 @@ class Analytics:
                 for (sid, _), task in self.tasks.items():
                     if sid == stream:
                         out += task.end_all(ts)
+        return out
+
+    def end(self) -> list[EventRecord]:
+        """The daemon stops: every track ends, so every zone presence and loitering that started also ends (a
+        consumer pairing starts and ends never waits for an end that cannot come; track ids restart anyway)."""
+        out: list[EventRecord] = []
+        for (sid, _), task in self.tasks.items():
+            out += task.end_all(self._media_ts.get(sid, 0.0))
         return out
 
     def tracks_active(self) -> dict[str, int]:

@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 TRACKER_CLASSES = {"bytetrack": "ByteTrackTracker", "sort": "SORTTracker", "ocsort": "OCSORTTracker"}
 
 
+# The similarity a match needs, per measure: IoU in [0, 1]; GIoU and DIoU in [-1, 1], where below 0 the boxes do
+# not overlap and -0.3 still admits a box about its own size away from where the track was predicted.
+MIN_MATCH = {"iou": 0.1, "giou": -0.3, "diou": -0.3}
+
+
 def make_tracker(cfg: TrackingConfig, fps: float):
     """A fresh tracker of the configured kind. `trackers` counts its lost-track buffer in 30-fps frames; with
     timestamps it ends a track after buffer / 30 seconds, so lost_after_s maps to lost_after_s * 30."""
@@ -42,8 +47,9 @@ def make_tracker(cfg: TrackingConfig, fps: float):
     import trackers
 
     cls = getattr(trackers, TRACKER_CLASSES[cfg.tracker])
+    similarity = {"iou": trackers.IoU, "giou": trackers.GIoU, "diou": trackers.DIoU}[cfg.match]()
     kw = dict(lost_track_buffer=max(1, round(cfg.lost_after_s * 30)), frame_rate=fps,
-              minimum_consecutive_frames=cfg.min_hits)
+              minimum_consecutive_frames=cfg.min_hits, iou=similarity, minimum_iou_threshold=MIN_MATCH[cfg.match])
     if cfg.tracker in ("bytetrack", "sort"):
         kw["track_activation_threshold"] = cfg.activation_score
     if cfg.tracker in ("bytetrack", "ocsort"):

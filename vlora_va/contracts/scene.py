@@ -24,6 +24,7 @@ from vlora_va.contracts.wire import NAME
 
 Point = tuple[float, float]
 TRACKERS = ("bytetrack", "sort", "ocsort")
+MATCHES = ("diou", "giou", "iou")  # how a track's predicted box and a detection are compared (tracking.py)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class TrackingConfig:
     """How tracked tasks (`track: true`) link boxes across chunks (vlora_va/analytics/tracking.py)."""
 
     tracker: str = "bytetrack"  # one of TRACKERS (Roboflow's `trackers` package)
+    # diou: overlap minus the centres' distance, so boxes that do not overlap still match by nearness: at a few
+    # frames per second a walker's boxes 0.5 s apart often do not overlap (bench/tracking.py measures all three)
+    match: str = "diou"
     lost_after_s: float = 2.0  # a track not seen this long ends (also across a shed chunk or an outage)
     min_hits: int = 2  # frames a track must be matched in before it is confirmed (gets a track_id, counts)
     min_score: float = 0.3  # detections below this score are not tracked
@@ -105,6 +109,20 @@ def polygon_problem(points: tuple[Point, ...]) -> str | None:
 def outside_frame(points, width: int, height: int) -> list[Point]:
     """The points that lie outside a width x height frame."""
     return [p for p in points if not (0 <= p[0] <= width and 0 <= p[1] <= height)]
+
+
+def scene_outside_frame(lines: tuple[LineConfig, ...], zones: tuple[ZoneConfig, ...], width: int,
+                        height: int) -> list[str]:
+    """One message per line or zone with a point outside a width x height frame (validate, and ingest at a live
+    stream's first frame)."""
+    out = []
+    for kind, rules in (("lines", lines), ("zones", zones)):
+        for r in rules:
+            bad = outside_frame(r.points, width, height)
+            if bad:
+                pts = ", ".join(f"[{x:g}, {y:g}]" for x, y in bad)
+                out.append(f"{kind} {r.name!r}: point(s) {pts} outside the {width}x{height} frame")
+    return out
 
 
 # ---------------------------------------------------------------- parsing (c: config.py's _Checker)
@@ -186,12 +204,14 @@ def parse_zones(c, raw: Any, path: str) -> tuple[ZoneConfig, ...]:
 
 def parse_tracking(c, raw: Any) -> TrackingConfig:
     d = c.mapping(raw if raw is not None else {}, "tracking",
-                  {"tracker", "lost_after_s", "min_hits", "min_score", "activation_score", "class_nms_iou"})
+                  {"tracker", "match", "lost_after_s", "min_hits", "min_score", "activation_score",
+                   "class_nms_iou"})
     if d is None:
         return TrackingConfig()
     t = TrackingConfig()
     return TrackingConfig(
         tracker=c.get(d, "tracker", "tracking", str, t.tracker, choices=TRACKERS),
+        match=c.get(d, "match", "tracking", str, t.match, choices=MATCHES),
         lost_after_s=c.get(d, "lost_after_s", "tracking", float, t.lost_after_s, minimum=0.1),
         min_hits=c.get(d, "min_hits", "tracking", int, t.min_hits, minimum=1),
         min_score=c.get(d, "min_score", "tracking", float, t.min_score, minimum=0),

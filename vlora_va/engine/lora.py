@@ -21,7 +21,6 @@ Inject after the model is on its final device and dtype (the stacks are views; `
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 

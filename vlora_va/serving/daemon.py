@@ -106,7 +106,7 @@ class Daemon:
             if plan is not None:
                 self._execute(plan)
         transport.hold(self.scheduler.queued_images)
-        self.rows.tick(time.time())
+        self.rows.tick(time.time(), deaf=transport.backlogged)
         self.status_report.tick()
         return len(items)
 
@@ -248,4 +248,5 @@ class Daemon:
             quiet = time.monotonic() - transport.last_read >= DRAIN_QUIET_S
             if not self.scheduler.queue and (quiet or not reading) and not transport.take(0):
                 break
+        self.rows.finish()
         self.status_report.log_progress(force=True)

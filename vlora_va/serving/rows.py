@@ -127,17 +127,25 @@ class Rows:
         """(stream, task, chunk) of the requests the daemon accepted (before admission: each gets a row)."""
         self.analytics.expect(keys)
 
-    def tick(self, now: float) -> None:
-        """What time passing makes: streams going offline or coming back (events), the active tracks gauge."""
+    def tick(self, now: float, deaf: bool = False) -> None:
+        """What time passing makes: streams going offline or coming back (events), the active tracks gauge.
+        deaf: the daemon is not reading its socket now (backpressure), so ingest's silence says nothing."""
+        self.analytics.liveness.deaf(deaf, now)
         events = self.analytics.tick(now)
         if events:
             self._write([(e, None, None) for e in events])
         for stream, n in self.analytics.tracks_active().items():
             self.metrics.tracks_active(stream, n)
 
+    def finish(self) -> None:
+        """The daemon has answered every request: the tracks end, and with them the zone presences (events)."""
+        events = self.analytics.end()
+        if events:
+            self._write([(e, None, None) for e in events])
+
     def _write(self, rows: list[Item]) -> list[Item]:
         """Hand rows on (through analytics: tracked rows may wait, events join); returns what was written."""
-        if any((rec.stream, rec.task) in self.analytics.tasks for rec, _, _ in rows):
+        if any(rec.type == "result" and (rec.stream, rec.task) in self.analytics.tasks for rec, _, _ in rows):
             rows = self.analytics.rows(rows)  # tracked tasks: in chunk order, with track ids and events
         if not rows:
             return rows

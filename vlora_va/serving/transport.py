@@ -163,6 +163,11 @@ class Transport:
             self._cond.notify_all()
         return items
 
+    @property
+    def backlogged(self) -> bool:
+        """The daemon holds as many images as it may: nothing is read now (heartbeats wait with the chunks)."""
+        return not self._room()
+
     # ------------------------------------------------------------------ the thread
     def _room(self) -> bool:
         return self._inbox_images + self.held_images < self.max_images
@@ -184,8 +189,9 @@ class Transport:
                     return
                 log.error("receive failed: %s", e)
                 continue
-            self.last_read = time.monotonic()
             item = self._decode(parts, time.time())
+            if not isinstance(item, Heard):  # heartbeats are no data in flight: a drain waits for chunks only
+                self.last_read = time.monotonic()
             with self._cond:
                 self._inbox.append(item)
                 if isinstance(item, Received):
