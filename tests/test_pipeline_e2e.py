@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vlora_va.contracts.results import is_result
+from vlora_va.analytics.tracking import box_iou, one_box_per_object
+from vlora_va.contracts.results import DetectionResult, FrameDetections, is_result
 from vlora_va.engine.backbones import DEFAULT_BACKBONE, cache_dir, fetched_ok
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,16 +142,23 @@ def reference_rows(path: Path) -> dict[tuple[str, int, str], dict]:
     backbone = load_backbone(cfg.daemon.backbone)
     adapters = {n: load_adapter_dir(n, p, backbone.config.hidden_size) for n, p in cfg.adapters.items()}
     engine = Engine(backbone, adapters, cfg.daemon.image_size)
+    tracked = {(s.id, t.name) for s in cfg.streams for t in s.tracked_tasks}
     out = {}
     for chunk in receiver.chunks:
         for r in chunk.requests(time.time()):
-            out[(r.stream, r.seq, r.task)] = engine.execute(make_plan([r], LoRAMode(UNMERGED), engine.catalog()))[0].to_json()
+            payload = engine.execute(make_plan([r], LoRAMode(UNMERGED), engine.catalog()))[0]
+            if (r.stream, r.task) in tracked:  # a tracked task's row has one box per object (analytics/tracking.py)
+                payload = DetectionResult(tuple(FrameDetections(f.ts, tuple(one_box_per_object(
+                    list(f.detections), cfg.tracking.class_nms_iou))) for f in payload.frames))
+            out[(r.stream, r.seq, r.task)] = payload.to_json()
     return out
 
 
 def same_payload(got: dict, want: dict, threshold: float) -> str | None:
     """None when a row carries the reference's result (batched float maths aside), else what differs. A detection
-    within 0.01 of the head's score threshold may fall on either side of it."""
+    within 0.01 of the head's score threshold may fall on either side of it; so may the class of one object found
+    as two classes scoring within 0.01 of each other (a tracked task keeps one of them). Track ids are not
+    compared (the reference has none)."""
     if "label" in want:
         if got.get("label") != want["label"]:
             return f"label {got.get('label')} != {want['label']}"
@@ -165,7 +173,9 @@ def same_payload(got: dict, want: dict, threshold: float) -> str | None:
                 if d["score"] < threshold + 0.01:
                     continue
                 if not any(e["class"] == d["class"] and abs(e["score"] - d["score"]) <= 1e-3
-                           and max(abs(x - y) for x, y in zip(e["box"], d["box"])) <= 1.0 for e in other):
+                           and max(abs(x - y) for x, y in zip(e["box"], d["box"])) <= 1.0 for e in other) \
+                        and not any(e["class"] != d["class"] and abs(e["score"] - d["score"]) <= 0.01
+                                    and box_iou(e["box"], d["box"]) >= 0.7 for e in other):
                     return f"frame {w['ts']}: {what} {d}"
     return None
 
@@ -192,7 +202,9 @@ def test_default_pipeline_on_the_sample_videos(tmp_path):
         assert problem is None, f"{r['stream']} chunk {r['chunk']} {r['task']}: {problem}"
     people = [[d for d in f["detections"] if d["class"] == "person"]
               for r in rows if r["stream"] == "pedestrians" and r["task"] == "detect" for f in r["frames"]]
-    assert len(people) == 3 and all(people), people  # people walk through every second of this scene
+    frames = next(t["frames_per_chunk"] for st in config["streams"] if st["id"] == "pedestrians" for t in st["tasks"]
+                  if t["name"] == "detect")
+    assert len(people) == 3 * frames and all(people), people  # people walk through every second of this scene
 
 
 def test_per_person_activity_adapter_in_the_pipeline(tmp_path):
@@ -285,6 +297,11 @@ def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_pat
     bikes = next(s for s in cfg["streams"] if s["id"] == "bikes")
     # five, not three: on a fast AVX-512 VNNI CPU three copies offered ~0.95-0.99 s of compute per second, at the
     # edge of overload, and sometimes nothing was shed; five offer ~1.7 s there
+    # The copies are untracked, one detection frame each, as this test was calibrated: tracking (2 detection frames,
+    # priority 1) is not what it is about, and five tracked copies would offer another ~0.6 s per second.
+    untracked = [{k: v for k, v in t.items() if k not in ("track", "priority")} | {"frames_per_chunk": 1}
+                 if t.get("track") else t for t in peds["tasks"]]
+    peds = {k: v for k, v in peds.items() if k not in ("lines", "zones", "snapshots")} | {"tasks": untracked}
     heavy = [dict(peds, id=f"pedestrians-{i}", source=str(ROOT / peds["source"]), max_chunks=18) for i in range(5)]
     light = dict(bikes, id="bikes", source=str(ROOT / bikes["source"]), loop=True, max_chunks=36)
     cfg["streams"] = [*heavy, light]

@@ -204,3 +204,15 @@ def test_time_the_daemon_was_not_reading_does_not_make_a_stream_offline():
     live.deaf(False, 105.0)
     assert live.changes(105.5) == []  # the 4.8 s deaf do not count: 0.7 s since the last frame
     assert live.changes(106.3) == [("cam", False, 104.8)]  # a real second of silence after that does
+
+
+def test_a_row_the_tracker_chokes_on_goes_out_untracked_and_serving_goes_on(tmp_path, caplog):
+    analytics = Analytics(config(tmp_path), run_id="run")
+    bad = row(0)
+    broken = DetectionResult((FrameDetections(0.0, (Detection((1.0, 2.0, 3.0), "person", 0.8),)),))  # 3 corners
+    bad = ResultRecord(**{**bad.__dict__, "result": broken})
+    with caplog.at_level("ERROR"):
+        out = analytics.rows([(bad, None, None)])
+    assert [r for r, _, _ in out] == [bad] and analytics.failures == 1
+    assert "tracking failed" in caplog.text
+    assert analytics.rows([(row(1), None, None)])[0][0].chunk == 1  # the next row is tracked as usual

@@ -14,6 +14,7 @@ every start, so they stay unique across daemon restarts.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 from typing import Any
@@ -23,10 +24,13 @@ from vlora_va.analytics.order import ChunkOrder
 from vlora_va.analytics.snapshots import SnapshotStore
 from vlora_va.analytics.tracked_task import Snapshotter, TrackedTask
 from vlora_va.analytics.tracking import TrackIds
+from vlora_va.common.logs import Throttle
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.contracts.events import EventRecord
 from vlora_va.contracts.requests import Request
 from vlora_va.contracts.results import ResultRecord
+
+log = logging.getLogger(__name__)
 
 # (record, its shed cause or None, its request or None): what the daemon's rows carry to the sinks
 Item = tuple[Any, str | None, Request | None]
@@ -56,6 +60,8 @@ class Analytics:
                 self.tasks[s.id, t.name] = TrackedTask(s, t, config.tracking, self.track_ids, self._event_id)
                 self.order[s.id, t.name] = ChunkOrder()
         self.liveness = Liveness({s.id: s.offline_after_s for s in config.streams})
+        self.failures = 0  # rows the tracker or the rules failed on (logged; the row went out untracked)
+        self._log = Throttle(log, "tracking failures")
         self._media_ts: dict[str, float] = {}  # each stream's latest media time (stream events are placed there)
         self.snapshots = SnapshotStore(config.snapshots) if any(s.snapshots for s in config.streams) else None
 
@@ -93,7 +99,13 @@ class Analytics:
         return out
 
     def _tracked(self, task: TrackedTask, rec: ResultRecord, cause: str | None, req: Request | None) -> list[Item]:
-        rec, events = task.row(rec, self._snapshotter(rec, req))
+        try:
+            rec, events = task.row(rec, self._snapshotter(rec, req))
+        except Exception as e:  # noqa: BLE001 - a row the tracker chokes on goes out untracked; serving goes on
+            self.failures += 1
+            self._log.error(time.monotonic(), "stream %s task %s chunk %d: tracking failed (%s: %s); the row goes "
+                            "out without track ids", rec.stream, rec.task, rec.chunk, type(e).__name__, e)
+            return [(rec, cause, req)]
         return [(rec, cause, req)] + [(e, None, None) for e in events]
 
     def _snapshotter(self, rec: ResultRecord, req: Request | None) -> Snapshotter | None:
