@@ -358,6 +358,9 @@ def test_dashboard_in_headless_chromium_on_the_real_pipeline(tmp_path):
             page.wait_for_function(f"() => {PED}.frame').dataset.version > {first['pedestrians']['version']} && "
                                    f"{PED}.latency').dataset.points > {first['pedestrians']['points']}", timeout=WAIT_MS)
             time.sleep(5)  # a few more seconds of history for the screenshot
+            if os.environ.get("VLORA_VA_DOCS_SCREENSHOT") == "1":  # the docs' picture shows some events too
+                page.wait_for_function("() => document.querySelectorAll('#event-list tbody tr').length >= 4",
+                                       timeout=120_000)
             cards = {c["id"]: c for c in page.evaluate(CARDS)}
             assert set(cards) == {"pedestrians", "bikes"}
             ped = cards["pedestrians"]
