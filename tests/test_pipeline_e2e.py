@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vlora_va.analytics.tracking import box_iou, one_box_per_object
+from vlora_va.analytics.tracking import one_box_per_object
+from vlora_va.contracts.geometry import pair_iou
 from vlora_va.contracts.results import DetectionResult, FrameDetections, is_result
 from vlora_va.engine.backbones import DEFAULT_BACKBONE, cache_dir, fetched_ok
 
@@ -175,7 +176,7 @@ def same_payload(got: dict, want: dict, threshold: float) -> str | None:
                 if not any(e["class"] == d["class"] and abs(e["score"] - d["score"]) <= 1e-3
                            and max(abs(x - y) for x, y in zip(e["box"], d["box"])) <= 1.0 for e in other) \
                         and not any(e["class"] != d["class"] and abs(e["score"] - d["score"]) <= 0.01
-                                    and box_iou(e["box"], d["box"]) >= 0.7 for e in other):
+                                    and pair_iou(e["box"], d["box"]) >= 0.7 for e in other):
                     return f"frame {w['ts']}: {what} {d}"
     return None
 

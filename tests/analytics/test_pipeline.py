@@ -52,6 +52,13 @@ def row(seq: int, status: str = "ok", task: str = "detect") -> ResultRecord:
                         captured_at=1000.0 + seq)
 
 
+def request_with_jpegs(seq: int, jpeg: bytes) -> Request:
+    """The request of chunk seq as the daemon holds it: ingest's JPEG of each tracked frame (768 x 576)."""
+    return Request(stream="cam", seq=seq, task="detect", adapter="detect", frames=[], frame_ts=[seq, seq + 0.5],
+                   letterbox=Letterbox(1.0, 0.0, 0.0), orig_size=(768, 576), ready=0.0, received=0.0, deadline=1.0,
+                   jpegs={seq + 0.0: jpeg, seq + 0.5: jpeg})
+
+
 def track_ids(rec: ResultRecord) -> set:
     return {d.track_id for f in rec.result.frames for d in f.detections if d.track_id}
 
@@ -116,10 +123,7 @@ def test_an_event_stores_a_snapshot_of_its_frame_with_the_box_drawn(tmp_path):
     jpeg = cv2.imencode(".jpg", frame)[1].tobytes()
     written = []
     for seq in range(5):
-        req = Request(stream="cam", seq=seq, task="detect", adapter="detect", frames=[], frame_ts=[seq, seq + 0.5],
-                      letterbox=Letterbox(1.0, 0.0, 0.0), orig_size=(768, 576), ready=0.0, received=0.0,
-                      deadline=1.0, jpegs={seq + 0.0: jpeg, seq + 0.5: jpeg})
-        written += analytics.rows([(row(seq), None, req)])
+        written += analytics.rows([(row(seq), None, request_with_jpegs(seq, jpeg))])
     event = next(r for r, _, _ in written if r.type == "event")
     image = cv2.imread(event.snapshot)
     assert image.shape == (576, 768, 3)
@@ -165,10 +169,7 @@ def test_a_broken_snapshot_is_counted_and_the_event_still_goes_out(tmp_path, bad
     analytics = Analytics(config(tmp_path, snapshots=True), run_id="run")
     written = []
     for seq in range(5):
-        req = Request(stream="cam", seq=seq, task="detect", adapter="detect", frames=[], frame_ts=[seq, seq + 0.5],
-                      letterbox=Letterbox(1.0, 0.0, 0.0), orig_size=(768, 576), ready=0.0, received=0.0,
-                      deadline=1.0, jpegs={seq + 0.0: bad, seq + 0.5: bad})
-        written += analytics.rows([(row(seq), None, req)])
+        written += analytics.rows([(row(seq), None, request_with_jpegs(seq, bad))])
     events = [r for r, _, _ in written if r.type == "event"]
     assert events and all(e.snapshot is None for e in events) and analytics.snapshots.failed == len(events)
 

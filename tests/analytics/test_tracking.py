@@ -1,8 +1,9 @@
 """Tracks across chunks (vlora_va/analytics/tracking.py) with the real `trackers` ByteTrack, SORT and OC-SORT."""
 
+import numpy as np
 import pytest
 
-from vlora_va.analytics.tracking import StreamTracker, TrackIds, box_iou, one_box_per_object
+from vlora_va.analytics.tracking import StreamTracker, TrackIds, iou_matrix, one_box_per_object
 from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections
 from vlora_va.contracts.scene import TrackingConfig
 
@@ -99,7 +100,8 @@ def test_cross_class_nms_keeps_the_surer_box_and_separate_objects():
     b = Detection((0, 0, 10, 11), "truck", 0.9)
     c = Detection((50, 50, 60, 60), "car", 0.5)
     assert one_box_per_object([a, b, c], 0.7) == [b, c]
-    assert box_iou((0, 0, 10, 10), (5, 0, 15, 10)) == pytest.approx(1 / 3)
+    assert iou_matrix(np.array([[0, 0, 10, 10.0]]), np.array([[5, 0, 15, 10.0], [20, 20, 30, 30]])).tolist() == \
+        [[pytest.approx(1 / 3), 0.0]]
 
 
 def test_ids_are_unique_across_streams_and_runs():

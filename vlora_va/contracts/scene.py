@@ -153,20 +153,25 @@ def _name(c, d: dict, path: str, seen: set[str], what: str) -> str | None:
     return name
 
 
-def parse_lines(c, raw: Any, path: str) -> tuple[LineConfig, ...]:
+def _each(c, raw: Any, path: str, kind: str, example: str, keys: set[str]):
+    """(mapping, its key path, its name, its points) of each item of a lines: / zones: list; the name is None when
+    missing, bad or a duplicate, the points None when unreadable (each reported)."""
     if raw is None:
-        return ()
+        return
     if not isinstance(raw, list):
-        c.error(path, "expected a list of lines: [{name, points: [[x1, y1], [x2, y2]]}]")
-        return ()
-    out, seen = [], set()
+        c.error(path, f"expected a list of {kind}s: {example}")
+        return
+    seen: set[str] = set()
     for i, item in enumerate(raw):
         p = f"{path}[{i}]"
-        d = c.mapping(item, p, {"name", "points", "min_distance_px", "cooldown_s"})
-        if d is None:
-            continue
-        name = _name(c, d, p, seen, "line")
-        pts = _points(c, d.get("points"), f"{p}.points")
+        d = c.mapping(item, p, keys | {"name", "points", "cooldown_s"})
+        if d is not None:
+            yield d, p, _name(c, d, p, seen, kind), _points(c, d.get("points"), f"{p}.points")
+
+
+def parse_lines(c, raw: Any, path: str) -> tuple[LineConfig, ...]:
+    out = []
+    for d, p, name, pts in _each(c, raw, path, "line", "[{name, points: [[x1, y1], [x2, y2]]}]", {"min_distance_px"}):
         if pts is not None and (len(pts) != 2 or pts[0] == pts[1]):
             c.error(f"{p}.points", f"a line is two different points [[x1, y1], [x2, y2]], got {len(pts)} point(s)"
                     if len(pts) != 2 else "a line's two points are the same")
@@ -179,19 +184,8 @@ def parse_lines(c, raw: Any, path: str) -> tuple[LineConfig, ...]:
 
 
 def parse_zones(c, raw: Any, path: str) -> tuple[ZoneConfig, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        c.error(path, "expected a list of zones: [{name, points: [[x, y], ...], dwell_s}]")
-        return ()
-    out, seen = [], set()
-    for i, item in enumerate(raw):
-        p = f"{path}[{i}]"
-        d = c.mapping(item, p, {"name", "points", "dwell_s", "cooldown_s"})
-        if d is None:
-            continue
-        name = _name(c, d, p, seen, "zone")
-        pts = _points(c, d.get("points"), f"{p}.points")
+    out = []
+    for d, p, name, pts in _each(c, raw, path, "zone", "[{name, points: [[x, y], ...], dwell_s}]", {"dwell_s"}):
         if pts is not None and (problem := polygon_problem(pts)) is not None:
             c.error(f"{p}.points", problem)
             pts = None

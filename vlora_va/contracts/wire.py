@@ -289,14 +289,7 @@ def _relations(d: dict) -> None:
 
 
 def parse_header(raw) -> ChunkHeader:
-    if len(raw) > MAX_HEADER_BYTES:
-        raise WireError(f"header is {len(raw)} bytes, limit {MAX_HEADER_BYTES}")
-    try:
-        d = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise WireError(f"header is not valid UTF-8 JSON: {str(e)[:120]}") from None
-    if not isinstance(d, dict):
-        raise WireError("header is not a JSON object")
+    d = _json_object(raw, "header")
     if d.get("v") != PROTOCOL_VERSION:
         raise WireError(f"unsupported protocol version {str(d.get('v'))[:20]} (this daemon speaks "
                         f"{PROTOCOL_VERSION}: run ingest and daemon from the same release)")
@@ -311,6 +304,7 @@ def parse_header(raw) -> ChunkHeader:
 
 
 def _json_object(raw, what: str) -> dict:
+    """The JSON object of a message part (a header, a status), its size bounded; WireError naming `what`."""
     if len(raw) > MAX_HEADER_BYTES:
         raise WireError(f"{what} is {len(raw)} bytes, limit {MAX_HEADER_BYTES}")
     try:

@@ -97,16 +97,7 @@ class Rows:
                                        mode=mode, trained=catalog.adapters[r.adapter].trained,
                                        provenance=self.provenance(r.adapter))
                    for r, p in zip(plan.requests, payloads)]
-        written = self._write([(rec, None, req) for rec, req in zip(records, plan.requests)])
-        served = [(req, rec) for rec, _, req in written if req is not None and rec.type == "result"
-                  and rec.status == "ok"]
-        for fn in list(self._served_observers):
-            try:
-                for req, rec in served:
-                    fn(req, rec)
-            except Exception:  # noqa: BLE001 - an observer must not take serving down
-                log.exception("a result observer failed and is removed")
-                self._served_observers.remove(fn)
+        self._write([(rec, None, req) for rec, req in zip(records, plan.requests)])
         return records
 
     def refuse(self, refused: list[tuple[Request, str, str, str | None]]) -> None:
@@ -160,6 +151,16 @@ class Rows:
         self.metrics.events([rec for rec in records if rec.type == "event"])
         for sink in self.sinks:
             sink.write(records)
+        # A tracked task's served row may leave with a later write (a shed row of an earlier chunk releases it):
+        # its observers hear of it whenever it leaves.
+        served = [(req, rec) for rec, _, req in rows if req is not None and rec.type == "result" and rec.status == "ok"]
+        for fn in list(self._served_observers):
+            try:
+                for req, rec in served:
+                    fn(req, rec)
+            except Exception:  # noqa: BLE001 - an observer must not take serving down
+                log.exception("a result observer failed and is removed")
+                self._served_observers.remove(fn)
         for fn in list(self._row_observers):
             try:
                 fn(records)
