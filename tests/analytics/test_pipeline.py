@@ -217,3 +217,21 @@ def test_a_row_the_tracker_chokes_on_goes_out_untracked_and_serving_goes_on(tmp_
     assert [r for r, _, _ in out] == [bad] and analytics.failures == 1
     assert "tracking failed" in caplog.text
     assert analytics.rows([(row(1), None, None)])[0][0].chunk == 1  # the next row is tracked as usual
+
+
+def test_the_snapshot_store_keeps_within_its_size_and_age_and_adopts_an_earlier_runs_files(tmp_path):
+    import os
+
+    from vlora_va.analytics.snapshots import SnapshotStore
+    jpeg = cv2.imencode(".jpg", np.random.default_rng(0).integers(0, 255, (120, 160, 3), dtype=np.uint8))[1]
+    probe = SnapshotStore(SnapshotConfig(dir=str(tmp_path / "probe"))).save("p", jpeg.tobytes(), None, (160, 120))
+    size = os.path.getsize(probe)  # what one snapshot of it takes, as the store writes it
+    cfg = SnapshotConfig(dir=str(tmp_path / "s"), max_mb=3.5 * size / 1e6, max_age_s=100.0)
+    store = SnapshotStore(cfg)
+    paths = [store.save(f"e{i}", jpeg.tobytes(), None, (160, 120)) for i in range(5)]
+    kept = sorted(p.name for p in (tmp_path / "s").glob("*.jpg"))
+    assert kept == ["e2.jpg", "e3.jpg", "e4.jpg"] and all(paths)  # over 3.5 files' worth: the oldest went
+    os.utime(tmp_path / "s" / "e2.jpg", (0, 0))  # an old file, as an earlier run left it
+    again = SnapshotStore(cfg)  # a restarted daemon counts what is there
+    again.prune()
+    assert sorted(p.name for p in (tmp_path / "s").glob("*.jpg")) == ["e3.jpg", "e4.jpg"]
