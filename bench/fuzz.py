@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 import zmq  # noqa: E402
 
 from vlora_va.common.logs import THROTTLE_PERIOD_S  # noqa: E402
+from vlora_va.contracts.results import is_result  # noqa: E402
 from vlora_va.testing.messages import (  # noqa: E402
     ERROR_ROWS,
     KINDS,
@@ -268,7 +269,7 @@ def run(args) -> dict:
         with open(tmp / "results.jsonl") as f:
             for line in f:
                 r = json.loads(line)
-                if r.get("type", "result") != "result":
+                if not is_result(r):
                     continue  # event rows: a stream going offline while the fuzz runs
                 key = (r["stream"], r["chunk"], r["task"])
                 got[key] += 1

@@ -185,11 +185,12 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
         halt.set()
         for t in threads:  # once flushed is said, no stream thread makes another chunk (a supervisor may start
             t.join(timeout=5.0)  # a new worker on their Resume states then)
-        if any(st.chunks_sent for st in stats.values()):  # a daemon is there to hear the streams' last word
-            beat.send(wait_s=FINAL_HEARTBEAT_WAIT_S)  # (an ended file is not offline)
+        daemon_there = any(st.chunks_sent for st in stats.values())  # nothing reached it otherwise
+        if daemon_there:  # the streams' last word (an ended file is not offline)
+            beat.send(wait_s=FINAL_HEARTBEAT_WAIT_S)
         if flushed is not None:
             flushed.set()
-        if any(st.chunks_sent for st in stats.values()):  # nothing in flight otherwise
+        if daemon_there:  # nothing in flight otherwise
             _hold_connection(release, config.ingest.close_grace_s)
     finally:
         halt.set()

@@ -28,6 +28,7 @@ import torch
 
 from vlora_va.contracts.config import ConfigError, parse_config
 from vlora_va.contracts.plugins import HEADS, POLICIES, SINKS, SOURCES
+from vlora_va.contracts.results import is_result
 from vlora_va.engine.adapters import save_adapter_dir
 from vlora_va.engine.backends.torch_eager import IMAGENET_MEAN, IMAGENET_STD
 from vlora_va.engine.heads import Clip, Features, Head
@@ -260,7 +261,7 @@ def test_the_plug_ins_serve_in_vlora_va_run_when_the_pipeline_names_this_file(tm
     proc = subprocess.run([sys.executable, "-m", "vlora_va.cli", "run", str(pipeline)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    check_rows([r for line in out.read_text().splitlines() if (r := json.loads(line))["type"] == "result"])
+    check_rows([r for line in out.read_text().splitlines() if is_result(r := json.loads(line))])
 
 
 def test_an_unimportable_plug_in_is_an_error_naming_it(tmp_path):

@@ -9,6 +9,7 @@ import time
 from tests.conftest import BIKES
 from tests.ingest.ingest_helpers import WorkerThread
 from vlora_va.contracts.config import parse_config
+from vlora_va.contracts.results import is_result
 from vlora_va.outputs.attach import run_with_outputs
 from vlora_va.serving.daemon import Daemon
 from vlora_va.testing.tiny import TINY_IMAGE
@@ -87,7 +88,7 @@ def test_a_camera_that_goes_dark_is_offline_and_its_return_online(tmp_path, tiny
     cfg = config(tmp_path, tiny_backbone_dir, tiny_adapters, rtsp_server.url)
     run = Served(cfg)
     try:
-        rows = lambda: [r for r in map(json.loads, open(cfg.sinks[0].path)) if r["type"] == "result"]  # noqa: E731
+        rows = lambda: [r for r in map(json.loads, open(cfg.sinks[0].path)) if is_result(r)]  # noqa: E731
         assert wait_for(lambda: len(rows()) >= 2, 60), "no rows from the camera"
         assert events(cfg) == []  # a camera delivering frames is online, and starting online is no event
         rtsp_server.kill()

@@ -65,17 +65,16 @@ def one_box_per_object(dets: list[Detection], iou: float) -> list[Detection]:
     boxes = np.array([d.box for d in dets], dtype=np.float64)
     overlap = iou_matrix(boxes, boxes) >= iou
     cls = np.array([d.cls for d in dets])
-    clash = overlap & (cls[:, None] != cls[None, :])
+    scores = np.array([d.score for d in dets])
+    order = np.arange(len(dets))
+    # [i, j]: box j is another class's, overlaps box i by `iou`, and is less sure (ties: the later one)
+    beaten = overlap & (cls[:, None] != cls[None, :]) & (
+        (scores[None, :] < scores[:, None]) | ((scores[None, :] == scores[:, None]) & (order[None, :] > order[:, None])))
     keep = np.ones(len(dets), bool)
     for i in sorted(range(len(dets)), key=lambda i: -dets[i].score):  # surest first
         if keep[i]:
-            keep[clash[i] & (np.arange(len(dets)) != i) & keep & _less_sure(dets, i)] = False
+            keep[beaten[i] & keep] = False
     return [d for d, k in zip(dets, keep) if k]
-
-
-def _less_sure(dets: list[Detection], i: int) -> np.ndarray:
-    scores = np.array([d.score for d in dets])
-    return (scores < scores[i]) | ((scores == scores[i]) & (np.arange(len(dets)) > i))
 
 
 def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from vlora_va.contracts.results import JsonlFollower
+from vlora_va.contracts.results import JsonlFollower, is_result
 from vlora_va.contracts.wire import (
     MAX_FRAMES,
     MAX_HEADER_BYTES,
@@ -635,7 +635,7 @@ class RowTail:
             self.count += 1
             if self.keep or f'"stream":"{self.watch}"' in line or f'"stream": "{self.watch}"' in line:
                 row = json.loads(line)
-                if row.get("type", "result") != "result":
+                if not is_result(row):
                     continue  # event rows (a stream going offline) are not what this watches
                 if self.keep:
                     self.rows.append(row)
