@@ -31,6 +31,7 @@ from vlora_va.contracts.config import PipelineConfig, StreamConfig
 from vlora_va.contracts.security import curve_client
 from vlora_va.contracts.wire import HEARTBEAT_S, SourceStatus, encode_chunk
 from vlora_va.ingest.chunker import Chunker, ReadyChunk, plan_chunk
+from vlora_va.ingest.route import Books, Route
 from vlora_va.ingest.source import FrameSource, SourceError
 
 if TYPE_CHECKING:
@@ -152,12 +153,14 @@ def plan_workers(config: PipelineConfig) -> list[list[str]]:
 
 def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop: StopEvent | None = None,
                flushed: StopEvent | None = None, release: StopEvent | None = None,
-               resume: dict | None = None) -> dict:
+               resume: dict | None = None, route: Route | None = None, books: Books | None = None) -> dict:
     """Run one ingest worker for `stream_ids` (default: all streams) until every stream has ended or
     `stop` (a threading or multiprocessing Event) is set; then flush the queue for up to FLUSH_TIMEOUT_S.
     Once flushed, sets `flushed` and keeps the socket connected until `release` is set (or, without
     `release`, for IngestConfig.close_grace_s): see _hold_connection.
     resume: stream id -> its `Resume` state (a supervisor's, kept across restarts of this worker).
+    route, books (cluster mode, vlora_va/ingest/route.py): where the chunks go now (followed before each send) and
+    the books of what was sent to which daemon.
     Returns per stream: chunks_sent, chunks_dropped, errors, reconnects, outages, outage_s, state (and chunks_made,
     last_error)."""
     streams = [config.stream(sid) for sid in stream_ids] if stream_ids is not None else list(config.streams)
@@ -171,17 +174,17 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     queue = ChunkQueue(config.ingest.send_hwm, config.ingest.drop_policy, stats)
     halt = threading.Event()  # tells stream threads to finish; set from the caller's stop or on our exit
     ctx = zmq.Context(io_threads=1)
-    sock = _push_socket(ctx, config, streams)
-    beat = Heartbeat(_push_socket(ctx, config, [], hwm=HEARTBEAT_HWM), stats)
+    link = _Link(ctx, config, streams, route, books)
+    beat = Heartbeat(link, stats)
     log.info("ingest worker: %d stream(s) %s -> %s (queue %d chunks, %s)", len(streams),
-             ", ".join(s.id for s in streams), config.daemon.endpoint, queue.maxsize, queue.policy)
+             ", ".join(s.id for s in streams), link.endpoint, queue.maxsize, queue.policy)
     threads = [threading.Thread(target=_stream_main, name=f"ingest-{s.id}", daemon=True,
                                 args=(s, config, queue, stats[s.id], halt, resume.get(s.id))) for s in streams]
     for t in threads:
         t.start()
     clock = _FlushClock(stop, halt, threads)
     try:
-        _send_loop(sock, queue, stats, clock, beat, resume)
+        _send_loop(link, queue, stats, clock, beat, resume)
         halt.set()
         for t in threads:  # once flushed is said, no stream thread makes another chunk (a supervisor may start
             t.join(timeout=5.0)  # a new worker on their Resume states then)
@@ -194,8 +197,7 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
             _hold_connection(release, config.ingest.close_grace_s)
     finally:
         halt.set()
-        sock.close(linger=int(clock.left() * 1000))
-        beat.sock.close(linger=0)
+        link.close(linger_s=clock.left())
         ctx.term()
         for t in threads:
             t.join(timeout=1.0)
@@ -212,7 +214,7 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
             for sid, st in stats.items()}
 
 
-def _push_socket(ctx: zmq.Context, config: PipelineConfig, streams: list[StreamConfig],
+def _push_socket(ctx: zmq.Context, config: PipelineConfig, streams: list[StreamConfig], endpoint: str,
                  hwm: int = ZMQ_SNDHWM) -> zmq.Socket:
     client = curve_client(config.security.curve)  # CURVE: the daemon accepts only authorised workers
     sock = ctx.socket(zmq.PUSH)
@@ -224,8 +226,50 @@ def _push_socket(ctx: zmq.Context, config: PipelineConfig, streams: list[StreamC
     # of the drop policy, as latency. One chunk's worth keeps the waiting in ChunkQueue.
     largest = max((_chunk_bytes(s, config.daemon.image_size) for s in streams), default=0)
     sock.setsockopt(zmq.SNDBUF, max(MIN_SNDBUF, largest))
-    sock.connect(config.daemon.endpoint)
+    sock.connect(endpoint)
     return sock
+
+
+class _Link:
+    """The worker's two sockets to its daemon (chunks, heartbeats). Without a route they stay on daemon.endpoint;
+    with one (cluster mode) `follow()` re-points both when the controller moved the streams: what the old chunk
+    socket holds lingers for the route's linger_s (a live daemon still answers it), the heartbeats do not."""
+
+    def __init__(self, ctx: zmq.Context, config: PipelineConfig, streams: list[StreamConfig], route: Route | None,
+                 books: Books | None):
+        self.ctx, self.config, self.streams, self.route, self.books = ctx, config, streams, route, books
+        self.version, self.endpoint, self.daemon, _ = route.current() if route else (0, config.daemon.endpoint, "", 0)
+        self._open()
+        if route is not None:
+            route.mark_followed(self.version)
+
+    def _open(self) -> None:
+        self.sock = _push_socket(self.ctx, self.config, self.streams, self.endpoint)
+        self.beat_sock = _push_socket(self.ctx, self.config, [], self.endpoint, hwm=HEARTBEAT_HWM)
+
+    def follow(self) -> bool:
+        """Re-point to the route's endpoint if it changed; True when it did."""
+        if self.route is None:
+            return False
+        version, endpoint, daemon, linger_s = self.route.current()
+        if version == self.version:
+            return False
+        self.sock.close(linger=int(linger_s * 1000))
+        self.beat_sock.close(linger=0)
+        log.info("ingest: streams %s now go to daemon %s at %s (was %s)", ", ".join(s.id for s in self.streams),
+                 daemon or "?", endpoint, self.daemon or self.endpoint)
+        self.version, self.endpoint, self.daemon = version, endpoint, daemon
+        self._open()
+        self.route.mark_followed(version)
+        return True
+
+    def sent(self, header) -> None:
+        if self.books is not None:
+            self.books.sent(self.daemon, header)
+
+    def close(self, linger_s: float) -> None:
+        self.sock.close(linger=int(linger_s * 1000))
+        self.beat_sock.close(linger=0)
 
 
 def _hold_connection(release: StopEvent | None, grace_s: float) -> None:
@@ -359,7 +403,7 @@ class _FlushClock:
         return max(0.0, self.deadline - time.monotonic()) if self.deadline is not None else 0.0
 
 
-def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats], clock: _FlushClock,
+def _send_loop(link: _Link, queue: ChunkQueue, stats: dict[str, StreamStats], clock: _FlushClock,
                beat: "Heartbeat", resume: dict | None = None) -> None:
     """Send queued chunks until the worker is finishing and the queue is empty (or the flush time is up)."""
     resume = resume or {}
@@ -371,6 +415,7 @@ def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats
         if time.monotonic() >= next_log:
             _log_throughput(stats, window, queue)
             next_log = time.monotonic() + LOG_EVERY_S
+        link.follow()  # heartbeats too go where the streams went
         beat.due()
         chunk = queue.get(POLL_S)
         if chunk is None:
@@ -383,9 +428,10 @@ def _send_loop(sock: zmq.Socket, queue: ChunkQueue, stats: dict[str, StreamStats
         lost_outage = queue.take_lost_outage(h.stream)
         header = replace(h, dropped_before=h.seq - last_sent[h.stream] - 1, sent_wall=time.time(),
                          outage_s=round(h.outage_s + lost_outage, 3) if lost_outage else h.outage_s)
-        if not _send(sock, encode_chunk(header, chunk.frames, chunk.jpegs), clock, beat):
+        if not _send(link, encode_chunk(header, chunk.frames, chunk.jpegs), clock, beat):
             stats[h.stream].chunks_dropped += 1
             return
+        link.sent(header)
         clock.progress()
         if header.dropped_before:
             log.warning("stream %s: %d chunk(s) dropped before chunk %d (daemon slower than the source; policy %s)",
@@ -404,8 +450,8 @@ class Heartbeat:
     seconds, and a heartbeat must not wait behind chunks (nor take their place). A heartbeat that does not fit is
     skipped: the next one follows."""
 
-    def __init__(self, sock: zmq.Socket, stats: dict[str, StreamStats]):
-        self.sock, self.stats = sock, stats
+    def __init__(self, link: _Link, stats: dict[str, StreamStats]):
+        self.link, self.stats = link, stats
         self._next = 0.0
 
     def due(self) -> None:
@@ -421,23 +467,26 @@ class Heartbeat:
             # waiting for room in the queue is the daemon's pace, not the source's silence
             age = 0.0 if st.waiting else now - st.last_frame if st.last_frame else 1e9
             status = SourceStatus(stream=sid, state=st.state, frame_age_s=round(age, 3), sent_wall=time.time())
-            if wait_s and not self.sock.poll(int(wait_s * 1000), zmq.POLLOUT):
+            sock = self.link.beat_sock
+            if wait_s and not sock.poll(int(wait_s * 1000), zmq.POLLOUT):
                 return
             try:
-                self.sock.send(status.to_json(), flags=zmq.NOBLOCK)
+                sock.send(status.to_json(), flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
 
 
-def _send(sock: zmq.Socket, parts: list, clock: _FlushClock, beat: Heartbeat | None = None) -> bool:
+def _send(link: _Link, parts: list, clock: _FlushClock, beat: Heartbeat | None = None) -> bool:
     """Send one multipart message without copying the frames. Waits while the daemon is slow or absent
-    (meanwhile the queue applies its drop policy); gives up only when the flush time is up."""
+    (meanwhile the queue applies its drop policy); gives up only when the flush time is up. A route that changes
+    meanwhile (the daemon died, cluster mode) is followed: the message goes to the new daemon."""
     while not clock.expired():
+        link.follow()
         if beat is not None:
             beat.due()  # a long wait for the daemon is no reason to go quiet
-        if sock.poll(int(POLL_S * 1000), zmq.POLLOUT):
+        if link.sock.poll(int(POLL_S * 1000), zmq.POLLOUT):
             try:
-                sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+                link.sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
                 return True
             except zmq.Again:
                 pass

@@ -154,12 +154,34 @@ def _load(path: str, endpoint: str | None = None, roles: tuple[str, ...] = ()):
 
 
 def cmd_run(args) -> int:
-    from vlora_va.supervisor import run_pipeline
-
     cfg = _load(args.config, roles=("server", "client"))  # fail fast, before any process starts
     for problem in input_warnings(cfg):
         log.warning("%s", problem)
+    if args.cluster:
+        return _run_cluster(cfg, args)
+    if cfg.cluster.enabled:
+        log.info("%s: the cluster: section (%d daemons) is not used without --cluster: one daemon on this machine",
+                 args.config, len(cfg.cluster.daemons))
+    from vlora_va.supervisor import run_pipeline
+
     return run_pipeline(args.config, args.log_level)
+
+
+def _run_cluster(cfg, args) -> int:
+    """`vlora-va run --cluster ADDRESS`: the controller on Ray (vlora_va/cluster/controller.py)."""
+    if not cfg.cluster.enabled:
+        log.error("%s: --cluster needs a cluster: section (e.g. cluster: {daemons: 2}; docs/cluster.md)", args.config)
+        return 2
+    address = args.cluster
+    if address not in ("local", "auto") and not re.match(r"^ray://[^\s/:]+:\d+$", address):
+        log.error("--cluster %s: expected local, auto or ray://host:port", address)
+        return 2
+    try:
+        from vlora_va.cluster.controller import run_cluster
+    except ImportError as e:
+        log.error("--cluster needs Ray: pip install 'vlora-va[cluster]' (%s)", e)
+        return 2
+    return run_cluster(cfg, address, args.log_level, _stop_on_signals())
 
 
 def cmd_daemon(args) -> int:
@@ -347,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a pipeline: daemon + ingest workers, until the sources end or Ctrl-C")
     p.add_argument("config", nargs="?", default="pipelines.yaml")
+    p.add_argument("--cluster", metavar="ADDRESS",
+                   help="run the cluster: section's daemons on Ray (needs vlora-va[cluster]): 'local' starts a local "
+                        "Ray instance, 'auto' or ray://host:port joins a running cluster (docs/cluster.md)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("daemon", help="run only the inference daemon of a pipeline")
     p.add_argument("config", nargs="?", default="pipelines.yaml")

@@ -358,7 +358,8 @@ class Supervisor:
                 log.error("SIGHUP: %s; not reloaded: the running pipeline is unchanged", problem)
             return
         old = self.config
-        fixed = [name for name in ("daemon", "ingest", "sinks", "security") if getattr(new, name) != getattr(old, name)]
+        fixed = [name for name in ("daemon", "ingest", "sinks", "security", "cluster")
+                 if getattr(new, name) != getattr(old, name)]
         if fixed:
             log.warning("SIGHUP: %s changed in %s: that takes a restart of vlora-va run; applying streams and "
                         "adapters only", ", ".join(f"{n}:" for n in fixed), self.path)

@@ -20,6 +20,7 @@ class _Stream:
     last_frame: float | None = None  # daemon wall time of the source's last frame
     ended: bool = False
     online: bool | None = None  # None: not judged yet
+    away: bool = False  # moved to another daemon: its late chunks say nothing until a heartbeat comes here again
 
 
 class Liveness:
@@ -44,6 +45,7 @@ class Liveness:
         s = self._streams.get(stream)
         if s is None:
             return
+        s.away = False
         s.ended = state == "ended"
         last = received - frame_age_s
         s.last_frame = last if s.last_frame is None else max(s.last_frame, last)
@@ -51,7 +53,7 @@ class Liveness:
     def frames(self, stream: str, captured_at: float) -> None:
         """A chunk arrived: its last frame was captured then (a heartbeat may lag behind it)."""
         s = self._streams.get(stream)
-        if s is not None:
+        if s is not None and not s.away:
             s.last_frame = captured_at if s.last_frame is None else max(s.last_frame, captured_at)
 
     def changes(self, now: float) -> list[tuple[str, bool, float]]:
@@ -70,6 +72,12 @@ class Liveness:
                 if not (first and online):  # coming online at the start is not news
                     out.append((sid, online, now if online else s.last_frame))
         return out
+
+    def forget(self, stream: str) -> None:
+        """The stream left this daemon (cluster mode moved it): it is judged afresh if it comes back."""
+        s = self._streams.get(stream)
+        if s is not None:
+            self._streams[stream] = _Stream(s.offline_after_s, away=True)
 
     def online(self, stream: str) -> bool | None:
         s = self._streams.get(stream)

@@ -39,3 +39,10 @@ class ChunkOrder(Generic[T]):
             self._waiting.discard(first)
             out.append(self._done.pop(first))
         return out
+
+    def flush(self) -> list[T]:
+        """Every held row, in chunk order, without waiting any longer (the stream leaves this daemon); the order
+        starts afresh."""
+        out = [self._done[seq] for seq in sorted(self._done)]
+        self._expected, self._waiting, self._done = [], set(), {}
+        return out

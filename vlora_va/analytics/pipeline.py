@@ -133,6 +133,22 @@ class Analytics:
                         out += task.end_all(ts)
         return out
 
+    def release(self, stream: str) -> list[Item]:
+        """The stream leaves this daemon (cluster mode moved it elsewhere): its held rows go out now, its tracks end
+        (their zone presences end: events) and start afresh should it come back, and its silence is no outage."""
+        out: list[Item] = []
+        ts = self._media_ts.get(stream, 0.0)
+        for (sid, name), task in list(self.tasks.items()):
+            if sid != stream:
+                continue
+            for held in self.order[sid, name].flush():
+                out += self._tracked(task, *held)
+            out += [(e, None, None) for e in task.end_all(ts)]
+            s = self.config.stream(sid)
+            self.tasks[sid, name] = TrackedTask(s, task.task, self.config.tracking, self.track_ids, self._event_id)
+        self.liveness.forget(stream)
+        return out
+
     def end(self) -> list[EventRecord]:
         """The daemon stops: every track ends, so every zone presence and loitering that started also ends (a
         consumer pairing starts and ends never waits for an end that cannot come; track ids restart anyway)."""

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from vlora_va.contracts.cluster import ClusterConfig, parse_cluster, parse_group
 from vlora_va.contracts.plugins import BACKBONE_BACKENDS, POLICIES, SINKS, SOURCES, load_plugins, source_scheme
 from vlora_va.contracts.scene import (
     LineConfig,
@@ -157,6 +158,8 @@ class StreamConfig:
     zones: tuple[ZoneConfig, ...] = ()
     offline_after_s: float = 10.0  # a live source that delivers no frame this long is offline (an event)
     snapshots: bool = False  # events of this stream store a JPEG of their frame (ingest attaches them)
+    # cluster mode: its ingest worker runs on the Ray nodes labelled with this group (contracts/cluster.py); "" = any
+    group: str = ""
 
     @property
     def tracked_tasks(self) -> tuple[TaskConfig, ...]:
@@ -230,6 +233,8 @@ class PipelineConfig:
     plugins: tuple[str, ...] = ()
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     snapshots: SnapshotConfig = field(default_factory=SnapshotConfig)
+    # the daemons `vlora-va run --cluster` starts on Ray (contracts/cluster.py); ignored without --cluster
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def stream(self, stream_id: str) -> StreamConfig:
         for s in self.streams:
@@ -479,7 +484,7 @@ def _priority(c: _Checker, d: dict, path: str, default: int) -> int:
 def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, base_dir: Path) -> StreamConfig | None:
     """One stream; None when it cannot be built (reported). A broken task is reported and left out."""
     allowed = {"id", "source", "fps", "chunk_seconds", "loop", "realtime", "max_chunks", "priority", "tasks",
-               "lines", "zones", "offline_after_s", "snapshots"}
+               "lines", "zones", "offline_after_s", "snapshots", "group"}
     d = c.mapping(raw, path, allowed)
     if d is None:
         return None
@@ -529,11 +534,13 @@ def _stream(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, b
                                            f"{OFFLINE_MARGIN_S} s, or a live stream would flap offline between "
                                            f"frames; got {offline_after_s}")
     snapshots = c.get(d, "snapshots", path, bool, False)
+    group = parse_group(c, d, path)
     if sid is None or source is None:
         return None
     return StreamConfig(id=sid, source=source, fps=fps, chunk_seconds=chunk_seconds, loop=loop, realtime=realtime,
                         max_chunks=max_chunks, priority=priority, tasks=tuple(t for t in tasks if t is not None),
-                        lines=lines, zones=zones, offline_after_s=offline_after_s, snapshots=snapshots)
+                        lines=lines, zones=zones, offline_after_s=offline_after_s, snapshots=snapshots,
+                        group=group)
 
 
 _SINK_COMMON = {"type", "queue_max", "close_timeout_s"}
@@ -709,7 +716,7 @@ def _security(c: _Checker, raw: Any, base_dir: Path) -> SecurityConfig:
 
 
 _TOP_KEYS = {"version", "plugins", "daemon", "ingest", "adapters", "streams", "sinks", "security", "tracking",
-             "snapshots"}
+             "snapshots", "cluster"}
 
 
 def _plugins(c: _Checker, raw: Any, base_dir: Path) -> tuple[str, ...]:
@@ -765,10 +772,11 @@ def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike
     security = _security(c, top.get("security"), base)
     tracking = parse_tracking(c, top.get("tracking"))
     snapshots = parse_snapshots(c, top.get("snapshots"), base)
+    cluster = parse_cluster(c, top.get("cluster"))
     c.raise_if_any()
     return PipelineConfig(daemon=daemon, ingest=ingest, adapters=adapters, streams=tuple(streams), sinks=sinks,
                           source_file=file, security=security, plugins=plugins, tracking=tracking,
-                          snapshots=snapshots)
+                          snapshots=snapshots, cluster=cluster)
 
 
 def load_config(path: str | os.PathLike) -> PipelineConfig:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from vlora_va.contracts.results import RESULT_VERSION, iso_utc
 
-EVENTS = ("line_crossed", "zone_entered", "zone_left", "loitering", "stream_offline", "stream_online")
+EVENTS = ("line_crossed", "zone_entered", "zone_left", "loitering", "stream_offline", "stream_online", "stream_moved")
 PHASES = ("start", "update", "end")
 
 

@@ -16,6 +16,7 @@ the HTTP server are attached from outside (vlora_va/outputs/attach.py): the daem
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from contextlib import ExitStack
@@ -72,6 +73,7 @@ class Daemon:
         self.ready = threading.Event()  # set once warmed up and listening
         self.heartbeat = time.monotonic()  # the loop's last round (for /healthz)
         self._log_malformed = Throttle(log, "malformed messages")
+        self._released: queue.SimpleQueue[str] = queue.SimpleQueue()  # streams moved away (any thread puts)
 
     # ------------------------------------------------------------------ what others read
     @property
@@ -89,11 +91,18 @@ class Daemon:
     def status(self) -> dict:
         return self.status_report.snapshot()
 
+    def release_stream(self, stream: str) -> None:
+        """The stream now goes to another daemon (cluster mode): at the next round its held rows and its tracks'
+        last events go out, and its silence from then on is no outage. Thread-safe."""
+        self._released.put(stream)
+
     # ------------------------------------------------------------------ one loop round
     def _step(self, transport: Transport, stopping: bool) -> int:
         """Take what arrived, then run one batch if one is due. Returns the items taken."""
         self.heartbeat = time.monotonic()
         self.adapters.apply_operations()
+        while not self._released.empty():
+            self.rows.release(self._released.get())
         self.adapters.shed_late()
         now = time.time()
         items = transport.take(0.0 if self.scheduler.ready(now, stopping) else self._wait_s(now))

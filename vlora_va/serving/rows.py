@@ -128,6 +128,12 @@ class Rows:
         for stream, n in self.analytics.tracks_active().items():
             self.metrics.tracks_active(stream, n)
 
+    def release(self, stream: str) -> None:
+        """The stream moved to another daemon (cluster mode): its held rows and its tracks' last events now."""
+        rows = self.analytics.release(stream)
+        if rows:
+            self._emit(rows)
+
     def finish(self) -> None:
         """The daemon has answered every request: the tracks end, and with them the zone presences (events)."""
         events = self.analytics.end()
@@ -138,6 +144,10 @@ class Rows:
         """Hand rows on (through analytics: tracked rows may wait, events join); returns what was written."""
         if any(rec.type == "result" and (rec.stream, rec.task) in self.analytics.tasks for rec, _, _ in rows):
             rows = self.analytics.rows(rows)  # tracked tasks: in chunk order, with track ids and events
+        return self._emit(rows)
+
+    def _emit(self, rows: list[Item]) -> list[Item]:
+        """Rows ready to go (tracked already): counted, to every sink, then to the observers."""
         if not rows:
             return rows
         for rec, cause, _ in rows:

@@ -1,0 +1,158 @@
+"""Issue 30 acceptance: cluster mode on a real local Ray instance (one per module, loopback only): two daemon actors
+on the tiny backbone, four streams over two adapters, real ingest actors decoding the sample video, real ZeroMQ
+links, one collector writing one JSONL file.
+
+The tests keep their own books: what ingest says it sent (its workers' stats), against the rows in the JSONL file,
+never the daemons' or the collector's counters."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from tests.pipeline_helpers import tiny_pipeline, write  # noqa: E402
+from vlora_va.contracts.cluster import DaemonSpec  # noqa: E402
+from vlora_va.contracts.config import load_config  # noqa: E402
+from vlora_va.testing.tiny import make_adapter  # noqa: E402
+
+WAIT_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, resources={"vlora_daemon": 3}, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cluster-adapters")
+    return {"a1": make_adapter(root / "a1", "detection", ["person"], seed=1),
+            "a2": make_adapter(root / "a2", "detection", ["car"], seed=2)}
+
+
+def cluster_config(tmp_path, backbone, adapters, chunks: int, **daemon):
+    """Four streams, s0 and s1 on adapter a1, s2 and s3 on a2; each sends `chunks` chunks, paced like a camera.
+    drop_policy block: ingest drops nothing, so every chunk it made is one it sent (the books are exact)."""
+    streams = [{"id": f"s{i}", "loop": True, "max_chunks": chunks,
+                "tasks": [{"name": "det", "adapter": "a1" if i < 2 else "a2", "frames_per_chunk": 1,
+                           "deadline_ms": 30000}]} for i in range(4)]
+    cfg = tiny_pipeline(tmp_path, backbone, adapters, streams, cluster={"daemons": 2})
+    cfg["daemon"].update({"endpoint": "tcp://127.0.0.1:5555", **daemon})
+    cfg["ingest"]["drop_policy"] = "block"
+    return load_config(write(tmp_path / "pipeline.yaml", cfg))
+
+
+def run_until_ended(controller, during=None, timeout=WAIT_S) -> dict:
+    """Watch until every source ended (calling during(controller) each round), then shut down. Returns ingest's
+    own stats per stream (what it sent)."""
+    deadline = time.monotonic() + timeout
+    while not controller.sources_ended():
+        assert time.monotonic() < deadline, "the streams did not end in time"
+        controller.step()
+        if during is not None:
+            during(controller)
+        time.sleep(0.2)
+    assert controller.shutdown()
+    return controller.ingest_report
+
+
+def read_rows(path) -> tuple[list[dict], list[dict]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["type"] == "result"], [r for r in rows if r["type"] == "event"]
+
+
+def assert_one_row_per_sent_chunk(results: list[dict], sent: dict) -> None:
+    keys = collections.Counter((r["stream"], r["task"], r["chunk"]) for r in results)
+    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]  # no duplicates, whoever served them
+    for sid, p in sent.items():
+        st = p["stats"]
+        assert st["chunks_dropped"] == 0
+        assert {c for s, _, c in keys if s == sid} == set(range(st["chunks_sent"])), sid
+
+
+def rows_seen(controller) -> int:
+    return ray.get(controller.collector.snapshot.remote())["rows"]
+
+
+def wait(condition, what: str, controller, timeout=WAIT_S):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        controller.step()
+        time.sleep(0.1)
+
+
+def test_placement_follows_affinity_and_a_killed_daemon_loses_no_chunk(local_ray, tmp_path, tiny_backbone_dir,
+                                                                          two_adapters):
+    from vlora_va.cluster.controller import Controller
+
+    # Batches wait up to 2 s for more requests: at the kill, the daemon holds chunks it has not answered yet.
+    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=60, max_wait_ms=2000)
+    controller = Controller(config, "local", log_level="WARNING")
+    try:
+        controller.start()
+        placed = dict(controller.assignment)
+        # Affinity: each daemon serves one adapter's streams and holds only that adapter.
+        by_daemon = collections.defaultdict(set)
+        for sid, d in placed.items():
+            by_daemon[d] |= {t.adapter for t in config.stream(sid).tasks}
+        assert sorted(map(sorted, by_daemon.values())) == [["a1"], ["a2"]]
+        for name, d in controller.daemons.items():
+            assert ray.get(d.actor.status.remote())["adapters"] == sorted(by_daemon[name])
+        victim = placed["s0"]
+        survivor = next(n for n in controller.daemons if n != victim)
+        moved = sorted(s for s, d in placed.items() if d == victim)
+        wait(lambda: rows_seen(controller) >= 12, "rows from the daemons", controller)
+        killed_at = time.time()
+        os.kill(controller.daemons[victim].info["pid"], signal.SIGKILL)
+        wait(lambda: not controller.daemons[victim].alive, "the controller to notice the death", controller)
+        assert all(controller.assignment[s] == survivor for s in moved)  # served again by the other daemon
+        sent = run_until_ended(controller)
+    finally:
+        controller.close()
+    results, events = read_rows(tmp_path / "results.jsonl")
+    assert_one_row_per_sent_chunk(results, sent)
+    lost = [r for r in results if r["status"] == "error"]
+    assert lost and all(r["reason"] == f"daemon lost: {victim}" and r["stream"] in moved for r in lost)
+    assert all(r["status"] == "ok" for r in results if r["stream"] not in moved)  # the other streams lose nothing
+    for sid in moved:  # served again after the kill, by the survivor (or the restarted victim)
+        assert any(r["status"] == "ok" and r["captured_at"] and r["daemon"] == survivor for r in results
+                   if r["stream"] == sid)
+        move = [e for e in events if e["event"] == "stream_moved" and e["stream"] == sid]
+        assert move and move[0]["from"] == victim and move[0]["to"] == survivor and move[0]["reason"] == "daemon lost"
+    assert {r["daemon"] for r in results} == {victim, survivor}  # one file holds every daemon's rows
+    assert killed_at > 0
+
+
+def test_a_third_daemon_takes_load(local_ray, tmp_path, tiny_backbone_dir, two_adapters):
+    from vlora_va.cluster.controller import Controller
+
+    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=40)
+    controller = Controller(config, "local", log_level="WARNING")
+    try:
+        controller.start()
+        wait(lambda: rows_seen(controller) >= 8, "rows from the daemons", controller)
+        controller.add_daemon(DaemonSpec("daemon-2"))
+        moved = sorted(s for s, d in controller.assignment.items() if d == "daemon-2")
+        assert moved  # the newcomer carries streams now
+        adapters = {t.adapter for s in moved for t in config.stream(s).tasks}
+        assert len(adapters) == 1  # a whole adapter group moved: the newcomer holds one adapter
+        assert ray.get(controller.daemons["daemon-2"].actor.status.remote())["adapters"] == sorted(adapters)
+        sent = run_until_ended(controller)
+    finally:
+        controller.close()
+    results, events = read_rows(tmp_path / "results.jsonl")
+    assert_one_row_per_sent_chunk(results, sent)
+    assert all(r["status"] == "ok" for r in results)  # a planned move loses nothing
+    assert any(r["daemon"] == "daemon-2" for r in results if r["stream"] in moved)
+    assert {e["stream"] for e in events if e["event"] == "stream_moved" and e["reason"] == "daemon joined"} == set(moved)

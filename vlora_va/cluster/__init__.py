@@ -1,0 +1,1 @@
+"""Cluster mode on Ray: placement, actors, controller (issue 30)."""

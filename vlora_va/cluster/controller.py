@@ -1,0 +1,427 @@
+"""The cluster controller: `vlora-va run --cluster local|auto|ray://host:port`.
+
+    connect to Ray ─► collector actor ─► daemon actors (custom resource, restarted by Ray) ─► each stream's cost
+    ─► placement (affinity, then load) ─► unused adapters unloaded ─► ingest actors (by stream group) ─► watch:
+        a daemon died       → its streams move to the others now; every chunk it owed gets a "daemon lost" row
+        a daemon came back  → (Ray restarted it, or add_daemon) it takes about the mean load
+        one stays overloaded→ its lowest-priority streams move to daemons with headroom (hysteresis)
+    ─► sources ended or stop ─► ingest flushes ─► daemons drain ─► ingest released ─► collector flushes the sinks
+
+A move: the target loads the stream's adapters first (through its control socket), then ingest re-points the
+stream (queued chunks follow; what the old socket holds lingers to a live daemon), the old daemon releases the
+stream (its tracks end: they restart on the new daemon; its counts continue: the collector carries them), and a
+`stream_moved` event says so. Ray is imported only here and in the actor wrappers: a plain `vlora-va run` never
+imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from vlora_va.cluster import placement
+from vlora_va.cluster.hosts import CollectorHost, DaemonHost, IngestHost
+from vlora_va.contracts.cluster import DAEMON_RESOURCE, NODE_LABEL_KEY, DaemonSpec
+from vlora_va.contracts.config import PipelineConfig
+from vlora_va.contracts.events import EventRecord
+
+log = logging.getLogger(__name__)
+
+CAPACITY = 0.9  # the load a daemon is placed up to (serving/admission.py's TARGET_UTILISATION)
+UNLOAD_DELAY_S = 15.0  # an adapter no stream of a daemon uses any more is unloaded after this (in-flight work first)
+LINGER_S = 5.0  # a moved stream's chunks already handed to ZeroMQ get this long to reach the live old daemon
+CALL_TIMEOUT_S = 30.0
+STATUS_EVERY_S = 1.0
+
+
+class ClusterError(RuntimeError):
+    """Cluster mode cannot start (said in one line)."""
+
+
+def connect(address: str, config: PipelineConfig) -> bool:
+    """Ray for `address`: "local" starts a local instance with the cluster's daemon resources; "auto" or
+    "ray://host:port" joins an existing cluster (refused without token authentication unless
+    cluster.allow_unauthenticated). Returns True when this call started Ray (and must shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False  # a caller (a test, a notebook) already connected
+    if address == "local":
+        need: dict[str, float] = {}
+        for spec in config.cluster.daemons:
+            for name, amount in spec.resources:
+                need[name] = need.get(name, 0.0) + amount
+        # one machine: everything on loopback (nothing of Ray's or ours listens on the network)
+        ray.init(num_cpus=os.cpu_count() or 1, resources=need, include_dashboard=False, log_to_driver=True,
+                 _node_ip_address="127.0.0.1")
+        if any(s.node_label for s in config.cluster.daemons) or any(s.group for s in config.streams):
+            log.info("cluster: local: one node, so node_label and group are not used")
+        return True
+    ray.init(address=address, log_to_driver=True)
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+
+    if get_authentication_mode() != AuthenticationMode.TOKEN and not config.cluster.allow_unauthenticated:
+        ray.shutdown()
+        raise ClusterError(f"the Ray cluster at {address} does not use token authentication: anyone who reaches its "
+                           f"ports can run code on it. Start it with RAY_AUTH_MODE=token (docs/cluster.md), or set "
+                           f"cluster.allow_unauthenticated: true")
+    return True
+
+
+@dataclasses.dataclass
+class DaemonState:
+    spec: DaemonSpec
+    actor: object
+    info: dict | None = None  # from DaemonHost.ready(): endpoint, adapters, pid...
+    alive: bool = False
+    ready_ref: object = None  # a pending ready() (starting, or restarting after a death)
+    utilisation: float = 0.0
+    unload_at: dict = dataclasses.field(default_factory=dict)  # adapter -> when to unload it if still unused
+
+
+class Controller:
+    def __init__(self, config: PipelineConfig, address: str = "local", log_level: str = "INFO",
+                 policy: str = "affinity"):
+        if not config.cluster.enabled:
+            raise ClusterError(f"{config.source_file or 'the pipeline'}: no cluster: section (daemons to start)")
+        self.config, self.address, self.log_level, self.policy = config, address, log_level, policy
+        c = config.cluster
+        self.watch = placement.OverloadWatch(c.rebalance_high, c.rebalance_low, c.rebalance_after_s)
+        self.daemons: dict[str, DaemonState] = {}
+        self.assignment: dict[str, str] = {}  # stream id -> daemon name
+        self.loads: list[placement.StreamLoad] = []
+        self.ingest: dict[str, object] = {}  # stream id -> its IngestHost actor
+        self.collector = None
+        self.moves: list[dict] = []  # every move, with its time (the failover bench reads these)
+        self._started_ray = False
+        self._moved_n = 0
+        self._next_status = 0.0
+        self._run_id = f"{int(time.time()):x}"
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> None:
+        import ray
+
+        self._started_ray = connect(self.address, self.config)
+        local = self.address == "local"
+        self.collector = ray.remote(num_cpus=0, max_restarts=-1)(CollectorHost).remote(self.config, 0, self.log_level)
+        collector_at = ray.get(self.collector.endpoint.remote(), timeout=CALL_TIMEOUT_S)
+        self._collector_at = collector_at
+        for spec in self.config.cluster.daemons:
+            self._start_daemon(spec, local)
+        for d in self.daemons.values():
+            self._wait_ready(d)
+        self._measure_loads()
+        alive = self._daemon_loads()
+        self.assignment = placement.place(self.loads, alive, self.policy)
+        for d in self.daemons.values():  # what no stream placed here uses is unloaded now (slots, mode switches)
+            used = placement.daemon_adapters(self.assignment, self.loads).get(d.spec.name, set())
+            for name in set(d.info["adapters"]) - used:
+                self._adapter(d, "unload", name)
+        self._log_placement("placed")
+        self._start_ingest(local)
+
+    def _start_daemon(self, spec: DaemonSpec, local: bool) -> DaemonState:
+        import ray
+
+        options = {"num_cpus": spec.num_cpus, "resources": dict(spec.resources),
+                   "max_restarts": self.config.cluster.max_restarts, "max_task_retries": 0}
+        if spec.node_label and not local:
+            options["label_selector"] = {NODE_LABEL_KEY: spec.node_label}
+        actor = ray.remote(DaemonHost).options(name=f"vlora-daemon-{spec.name}-{self._run_id}", **options).remote(
+            self.config, spec.name, self._collector_at, spec.threads, "", self.log_level)
+        d = self.daemons[spec.name] = DaemonState(spec, actor)
+        d.ready_ref = actor.ready.remote()
+        return d
+
+    def _wait_ready(self, d: DaemonState) -> None:
+        import ray
+
+        d.info = ray.get(d.ready_ref)
+        d.alive, d.ready_ref = True, None
+        log.info("daemon %s ready at %s (pid %s on %s; adapters %s)", d.spec.name, d.info["endpoint"], d.info["pid"],
+                 d.info["node"], ", ".join(d.info["adapters"]) or "none")
+
+    def _measure_loads(self) -> None:
+        """Each stream's cost, from a daemon's own cost model (daemons of one cluster run the same backbone)."""
+        import ray
+
+        first = next(d for d in self.daemons.values() if d.alive)
+        need = ray.get(first.actor.stream_loads.remote([s.id for s in self.config.streams]), timeout=CALL_TIMEOUT_S)
+        self.loads = [placement.StreamLoad(s.id, frozenset(t.adapter for t in s.tasks), need[s.id],
+                                           max((t.priority for t in s.tasks), default=s.priority))
+                      for s in self.config.streams]
+
+    def _start_ingest(self, local: bool) -> None:
+        import ray
+
+        groups: dict[str, list[str]] = {}
+        for s in self.config.streams:
+            groups.setdefault("" if local else s.group, []).append(s.id)
+        n = self.config.ingest.streams_per_worker
+        for group, ids in groups.items():
+            for i in range(0, len(ids), n):
+                part = ids[i:i + n]
+                routes = {sid: (self.daemons[self.assignment[sid]].info["endpoint"], self.assignment[sid])
+                          for sid in part}
+                options = {"num_cpus": 0, "max_restarts": 0}
+                if group:
+                    options["label_selector"] = {NODE_LABEL_KEY: group}
+                actor = ray.remote(IngestHost).options(**options).remote(self.config, routes, self.log_level)
+                for sid in part:
+                    self.ingest[sid] = actor
+
+    # ------------------------------------------------------------------ watching
+    def step(self) -> None:
+        """One round: deaths, returns, overload."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        now = time.time()
+        for d in list(self.daemons.values()):
+            if d.alive:
+                try:
+                    ray.get(d.actor.ping.remote(), timeout=CALL_TIMEOUT_S)
+                except GetTimeoutError:
+                    log.warning("daemon %s did not answer a ping within %.0f s", d.spec.name, CALL_TIMEOUT_S)
+                except RayActorError as e:
+                    self._lost(d, e)
+            elif d.ready_ref is not None:
+                done, _ = ray.wait([d.ready_ref], timeout=0)
+                if done:
+                    self._came_back(d)
+        self._unload_due(now)
+        if now >= self._next_status:
+            self._next_status = now + STATUS_EVERY_S
+            self._rebalance(now)
+
+    def _lost(self, d: DaemonState, why: Exception) -> None:
+        import ray
+
+        t0 = time.time()
+        d.alive = False
+        name = d.spec.name
+        log.error("daemon %s lost (%s); moving its streams", name, type(why).__name__)
+        survivors = [x for x in self._daemon_loads() if x.name != name]
+        if survivors:
+            moves = placement.replace_lost(self.assignment, self.loads, survivors, name)
+            self.watch.remember(moves, t0)  # no overload relief moves them again within the cooldown
+            self._apply(moves, old_alive=False, t0=t0)
+        else:
+            log.error("no daemon left: the streams wait for one (ingest applies its drop policy)")
+        # Every chunk the dead daemon owed gets a row, once its last rows (in the network) are in.
+        ray.get(self.collector.settle.remote(name), timeout=CALL_TIMEOUT_S)
+        chunks = []
+        for actor in set(self.ingest.values()):
+            chunks += ray.get(actor.take_books.remote(name), timeout=CALL_TIMEOUT_S)
+        written = ray.get(self.collector.lost.remote(name, chunks), timeout=CALL_TIMEOUT_S)
+        log.warning("daemon %s: %d chunk(s) it was sent, %d row(s) written for those it never answered; failover "
+                    "took %.2f s", name, len(chunks), written, time.time() - t0)
+        if self.config.cluster.max_restarts != 0:
+            d.ready_ref = d.actor.ready.remote()  # Ray restarts it: it takes load again once ready
+
+    def _came_back(self, d: DaemonState) -> None:
+        import ray
+
+        try:
+            d.info = ray.get(d.ready_ref)
+        except Exception as e:  # noqa: BLE001 - still restarting (or gone for good): ask again next round
+            from ray.exceptions import ActorDiedError
+
+            d.ready_ref = None if isinstance(e, ActorDiedError) else d.actor.ready.remote()
+            if d.ready_ref is None:
+                log.error("daemon %s is gone for good (%s)", d.spec.name, e)
+            return
+        d.alive, d.ready_ref = True, None
+        log.info("daemon %s is back at %s (pid %s)", d.spec.name, d.info["endpoint"], d.info["pid"])
+        self._joined(d)
+
+    def add_daemon(self, spec: DaemonSpec) -> None:
+        """A daemon more (the cluster grew): once ready it takes about the mean load."""
+        if spec.name in self.daemons:
+            raise ClusterError(f"daemon {spec.name!r} exists already")
+        d = self._start_daemon(spec, self.address == "local")
+        self._wait_ready(d)
+        self._joined(d)
+
+    def _joined(self, d: DaemonState) -> None:
+        for name in set(d.info["adapters"]) - self._used_by(d.spec.name):
+            self._adapter(d, "unload", name)  # it holds what its streams use, nothing else
+        moves = placement.fill_joined(self.assignment, self.loads, self._daemon_loads(), d.spec.name)
+        self.watch.remember(moves, time.time())
+        self._apply(moves, old_alive=True, t0=time.time())
+
+    def _rebalance(self, now: float) -> None:
+        import ray
+
+        alive = [d for d in self.daemons.values() if d.alive]
+        refs = {d.spec.name: d.actor.status.remote() for d in alive}
+        for name, ref in refs.items():
+            try:
+                self.daemons[name].utilisation = ray.get(ref, timeout=CALL_TIMEOUT_S)["offered_load"]
+            except Exception:  # noqa: BLE001 - a daemon dying now is the ping's business
+                continue
+        for name in self.watch.update(now, {d.spec.name: d.utilisation for d in alive}):
+            moves = self.watch.relieve(self.assignment, self.loads, self._daemon_loads(), name, now)
+            if moves:
+                log.warning("daemon %s stayed overloaded: moving %d stream(s)", name, len(moves))
+                self._apply(moves, old_alive=True, t0=now)
+
+    # ------------------------------------------------------------------ moves
+    def _apply(self, moves: list, old_alive: bool, t0: float) -> None:
+        import ray
+
+        for m in moves:
+            target = self.daemons[m.target]
+            for adapter in self._adapters_of(m.stream) - set(target.info["adapters"]):
+                self._adapter(target, "load", adapter)
+            target.unload_at = {a: t for a, t in target.unload_at.items() if a not in self._adapters_of(m.stream)}
+            ray.get(self.ingest[m.stream].move.remote(m.stream, target.info["endpoint"], m.target,
+                                                      LINGER_S if old_alive else 0.0), timeout=CALL_TIMEOUT_S)
+            source = self.daemons.get(m.source) if m.source else None
+            if source is not None and old_alive and source.alive:
+                source.actor.release_stream.remote(m.stream)
+            self.assignment[m.stream] = m.target
+            if source is not None and source.alive:
+                for adapter in self._adapters_of(m.stream) - self._used_by(source.spec.name):
+                    source.unload_at[adapter] = time.time() + UNLOAD_DELAY_S
+            self.moves.append({"stream": m.stream, "from": m.source, "to": m.target, "reason": m.reason, "at": t0})
+            self._moved_event(m)
+        if moves:
+            self._log_placement(moves[0].reason)
+
+    def _moved_event(self, m) -> None:
+        self._moved_n += 1
+        row = EventRecord(id=f"{self._run_id}-m{self._moved_n}", event="stream_moved", stream=m.stream, ts=0.0,
+                          captured_at=time.time(), extra={"from": m.source, "to": m.target, "reason": m.reason})
+        self.collector.event.remote(row.to_json())
+
+    def _unload_due(self, now: float) -> None:
+        for d in self.daemons.values():
+            for adapter, at in list(d.unload_at.items()):
+                if now >= at:
+                    del d.unload_at[adapter]
+                    if d.alive and adapter not in self._used_by(d.spec.name):
+                        self._adapter(d, "unload", adapter)
+
+    def _adapter(self, d: DaemonState, op: str, name: str) -> None:
+        import ray
+
+        path = str(Path(self.config.adapters[name]).resolve()) if op == "load" else ""
+        reply = ray.get(d.actor.adapter.remote(op, name, path), timeout=CALL_TIMEOUT_S + 150)
+        if reply.get("ok"):
+            held = set(d.info["adapters"])
+            d.info["adapters"] = sorted(held | {name} if op == "load" else held - {name})
+        else:
+            log.error("daemon %s: adapter %s %s refused: %s", d.spec.name, name, op, reply.get("error"))
+
+    # ------------------------------------------------------------------ what is where
+    def _adapters_of(self, stream: str) -> set[str]:
+        return {t.adapter for t in self.config.stream(stream).tasks}
+
+    def _used_by(self, daemon: str) -> set[str]:
+        return set().union(*(self._adapters_of(s) for s, d in self.assignment.items() if d == daemon))
+
+    def _daemon_loads(self) -> list:
+        return [placement.DaemonLoad(d.spec.name, CAPACITY, d.info["max_slots"], frozenset(d.info["adapters"]))
+                for d in self.daemons.values() if d.alive]
+
+    def _log_placement(self, why: str) -> None:
+        loads = placement.daemon_loads(self.assignment, self.loads)
+        for name, d in self.daemons.items():
+            streams = sorted(s for s, x in self.assignment.items() if x == name)
+            log.info("cluster (%s): daemon %s%s: %d stream(s) %s, load %.2f, adapters %s", why, name,
+                     "" if d.alive else " (down)", len(streams), ", ".join(streams), loads.get(name, 0.0),
+                     ", ".join(d.info["adapters"]) if d.info else "-")
+
+    def snapshot(self) -> dict:
+        """Where everything is (the cluster panel, `vlora-va run --cluster` logs, tests)."""
+        loads = placement.daemon_loads(self.assignment, self.loads)
+        return {"daemons": {n: {"alive": d.alive, "endpoint": d.info["endpoint"] if d.info else None,
+                                "pid": d.info["pid"] if d.info else None,
+                                "adapters": d.info["adapters"] if d.info else [], "load": round(loads.get(n, 0.0), 3),
+                                "utilisation": d.utilisation}
+                            for n, d in self.daemons.items()},
+                "streams": dict(self.assignment), "moves": list(self.moves)}
+
+    # ------------------------------------------------------------------ run and stop
+    def sources_ended(self) -> bool:
+        import ray
+
+        progress = {}
+        for actor in set(self.ingest.values()):
+            progress.update(ray.get(actor.progress.remote(), timeout=CALL_TIMEOUT_S))
+        return bool(progress) and all(p["flushed"] for p in progress.values())
+
+    def run(self, stop: threading.Event | None = None) -> int:
+        """Start, watch until the sources end or stop is set, shut down. Returns an exit code."""
+        stop = stop or threading.Event()
+        try:
+            self.start()
+            while not stop.is_set() and not self.sources_ended():
+                self.step()
+                stop.wait(self.config.cluster.ping_s)
+            return 0 if self.shutdown() else 1
+        except ClusterError as e:
+            log.error("%s", e)
+            return 2
+        finally:
+            self.close()
+
+    def shutdown(self) -> bool:
+        """Ingest flushes, the daemons drain (every chunk they got is answered), ingest is released, the collector
+        flushes the sinks. True when every daemon drained."""
+        import ray
+
+        ingest = list(set(self.ingest.values()))
+        ray.get([a.stop.remote() for a in ingest], timeout=CALL_TIMEOUT_S)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not self.sources_ended():
+            self.step()  # a daemon may die while the queues flush
+            time.sleep(0.1)
+        ok = True
+        for d in self.daemons.values():
+            if not d.alive:
+                continue
+            try:
+                totals = ray.get(d.actor.stop.remote(), timeout=660)
+                log.info("daemon %s drained: %s", d.spec.name, totals)
+            except Exception as e:  # noqa: BLE001 - said, and the run fails
+                log.error("daemon %s did not drain: %s", d.spec.name, e)
+                ok = False
+        self.ingest_report = {}  # stream id -> what its ingest worker did (chunks sent, dropped...)
+        for report in ray.get([a.release.remote() for a in ingest], timeout=120):
+            self.ingest_report.update(report)
+        snap = ray.get(self.collector.close.remote(), timeout=120)
+        log.info("collector: %d rows to the sinks, %d duplicates dropped, %d 'daemon lost' rows", snap["rows"],
+                 snap["duplicates"], snap["lost"])
+        self.collector = None
+        return ok
+
+    def close(self) -> None:
+        """Release the actors (and Ray, when this controller started it)."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for actor in [*(d.actor for d in self.daemons.values()), *set(self.ingest.values()),
+                      *([self.collector] if self.collector is not None else [])]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        if self._started_ray:
+            ray.shutdown()
+
+
+def run_cluster(config: PipelineConfig, address: str, log_level: str = "INFO",
+                stop: threading.Event | None = None) -> int:
+    """`vlora-va run --cluster ADDRESS`."""
+    return Controller(config, address, log_level).run(stop)
+
+
+__all__ = ["Controller", "ClusterError", "connect", "run_cluster", "DAEMON_RESOURCE"]
