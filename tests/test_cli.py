@@ -184,3 +184,40 @@ def test_validate_refuses_lines_and_zones_outside_a_files_frame(tmp_path):
     assert "invalid: streams[0] (pedestrians): lines 'path': point(s) [900, 330] outside the 768x576 frame" \
         in proc.stderr
     assert "zones 'lawn': point(s) [0, 600] outside the 768x576 frame" in proc.stderr
+
+
+def _cluster_pipeline(tmp_path, tiny_backbone_dir, tiny_adapters, cluster=True):
+    from tests.pipeline_helpers import tiny_pipeline, write
+
+    adapters = dict(list(tiny_adapters.items())[:2])
+    names = list(adapters)
+    streams = [{"id": f"s{i}", "tasks": [{"name": "det", "adapter": names[i % 2], "frames_per_chunk": 1,
+                                          "deadline_ms": 30000}]} for i in range(4)]
+    extra = {"cluster": {"daemons": 2}} if cluster else {}
+    return write(tmp_path / "pipeline.yaml", tiny_pipeline(tmp_path, tiny_backbone_dir, adapters, streams, **extra))
+
+
+def test_validate_profile_reports_each_daemon_and_the_cluster(tmp_path, tiny_backbone_dir, tiny_adapters):
+    path = _cluster_pipeline(tmp_path, tiny_backbone_dir, tiny_adapters)
+    proc = run("validate", "--profile", str(path))
+    assert proc.returncode == 0, proc.stderr
+    daemons = [line for line in proc.stdout.splitlines() if line.startswith("cluster: daemon ")]
+    assert len(daemons) == 2 and all("2 stream(s)" in line and line.endswith("fits") for line in daemons)
+    assert "cluster: 2 daemon(s) need" in proc.stdout
+
+
+def test_run_cluster_needs_a_cluster_section_and_a_known_address(tmp_path, tiny_backbone_dir, tiny_adapters):
+    plain = _cluster_pipeline(tmp_path, tiny_backbone_dir, tiny_adapters, cluster=False)
+    proc = run("run", str(plain), "--cluster", "local")
+    assert proc.returncode == 2 and "--cluster needs a cluster: section" in proc.stderr
+    with_cluster = _cluster_pipeline(tmp_path, tiny_backbone_dir, tiny_adapters)
+    proc = run("run", str(with_cluster), "--cluster", "http://head:8265")
+    assert proc.returncode == 2 and "expected local, auto or ray://host:port" in proc.stderr
+
+
+def test_without_cluster_ray_is_never_imported():
+    """`vlora-va run` without --cluster: the supervisor, the daemon and ingest import no Ray (the extra is optional)."""
+    code = ("import sys, vlora_va.cli, vlora_va.supervisor, vlora_va.outputs.attach, vlora_va.ingest.worker, "
+            "vlora_va.serving.daemon, vlora_va.cluster.placement; print('ray' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr

@@ -123,7 +123,35 @@ def _print_capacity(cfg, remeasure: bool = False) -> int:
         print(f"warning: adapter {name} cannot be served: {why}", file=sys.stderr)
     costs = cost_model(cfg, engine, remeasure)
     print(f"capacity: {estimate(cfg, engine.catalog(), costs).message}")
+    if cfg.cluster.enabled:
+        _print_cluster_capacity(cfg, engine.catalog(), costs)
     return 0
+
+
+def _print_cluster_capacity(cfg, catalog, costs) -> None:
+    """The cluster: section's daemons, each taken to run on a machine like this one: the streams placement would
+    give each (vlora_va/cluster/placement.py: affinity, then load) and what they need there, and the cluster's total."""
+    import dataclasses
+
+    from vlora_va.cluster.placement import DaemonLoad, StreamLoad, daemon_loads, place
+    from vlora_va.serving.admission import TARGET_UTILISATION
+    from vlora_va.serving.capacity import estimate
+
+    streams = [StreamLoad(s.id, frozenset(t.adapter for t in s.tasks),
+                          estimate(dataclasses.replace(cfg, streams=(s,)), catalog, costs).need_s,
+                          max((t.priority for t in s.tasks), default=s.priority)) for s in cfg.streams]
+    daemons = [DaemonLoad(d.name, TARGET_UTILISATION, cfg.daemon.max_slots) for d in cfg.cluster.daemons]
+    assignment = place(streams, daemons)
+    loads = daemon_loads(assignment, streams)
+    for d in daemons:
+        mine = sorted(sid for sid, name in assignment.items() if name == d.name)
+        need = loads.get(d.name, 0.0)
+        print(f"cluster: daemon {d.name}: {len(mine)} stream(s) {', '.join(mine) or '-'}: needs {need:.2f} s of "
+              f"compute per second on a machine like this one: {'fits' if need <= TARGET_UTILISATION else 'over'}")
+    total, room = sum(loads.values()), TARGET_UTILISATION * len(daemons)
+    print(f"cluster: {len(daemons)} daemon(s) need {total:.2f} s of compute per second in all, of {room:.2f} "
+          f"({'fits' if max(loads.values(), default=0.0) <= TARGET_UTILISATION else 'a daemon is over'}; daemons "
+          f"sharing one machine share its cores: count one machine's capacity once)")
 
 
 def _load(path: str, endpoint: str | None = None, roles: tuple[str, ...] = ()):

@@ -1,6 +1,7 @@
 """The daemon's analytics (vlora_va/analytics/pipeline.py): tracked rows in chunk order with track ids, line and zone
 events, snapshots, and streams going offline and coming back."""
 
+import dataclasses
 import json
 
 import cv2
@@ -235,3 +236,113 @@ def test_the_snapshot_store_keeps_within_its_size_and_age_and_adopts_an_earlier_
     again = SnapshotStore(cfg)  # a restarted daemon counts what is there
     again.prune()
     assert sorted(p.name for p in (tmp_path / "s").glob("*.jpg")) == ["e3.jpg", "e4.jpg"]
+
+
+# ---------------------------------------------------------------- a stream moved to another daemon (cluster mode)
+
+def two_streams(tmp_path, offline_after_s=1.0) -> PipelineConfig:
+    """config() with a second stream, "yard", like "cam"."""
+    cam = config(tmp_path, offline_after_s=offline_after_s).streams[0]
+    return PipelineConfig(daemon=DaemonConfig(), ingest=IngestConfig(), adapters={},
+                          streams=(cam, dataclasses.replace(cam, id="yard")), sinks=())
+
+
+def yard(rec: ResultRecord) -> ResultRecord:
+    return dataclasses.replace(rec, stream="yard")
+
+
+def test_chunk_order_flush_gives_every_held_row_in_chunk_order_and_starts_afresh():
+    order = ChunkOrder()
+    for seq in (3, 4, 5, 6):
+        order.expect(seq)
+    assert order.done(6, "r6") == [] and order.done(5, "r5") == []  # chunks 3 and 4 not answered
+    assert order.flush() == ["r5", "r6"] and len(order) == 0
+    assert order.done(4, "r4") == ["r4"]  # nothing is expected any more: a late row leaves at once
+    assert order.flush() == []
+
+
+def test_a_released_stream_flushes_its_held_rows_ends_its_tracks_and_starts_fresh_ones(tmp_path):
+    analytics = Analytics(config(tmp_path), run_id="run")
+    written = []
+    for seq in range(8):  # chunks arrive in order; the walker crosses the line, then enters the zone
+        analytics.order["cam", "detect"].expect(seq)
+        analytics.frames("cam", 1000.0 + seq, seq + 0.5)
+    for seq in (0, 1, 2, 3, 5, 7, 6):  # their rows do not: chunk 4 is not answered yet, rows 5 to 7 wait for it
+        written += analytics.rows([(row(seq), None, None)])
+    assert [r.chunk for r, _, _ in written if r.type == "result"] == [0, 1, 2, 3]
+    assert analytics.held() == 3 and analytics.tracks_active() == {"cam": 1}
+    out = analytics.release("cam")
+    results = [r for r, _, _ in out if r.type == "result"]
+    events = [r.to_json() for r, _, _ in out if r.type == "event"]
+    assert [r.chunk for r in results] == [5, 6, 7]  # the held rows, in chunk order, tracked, out now
+    old = set().union(*(track_ids(r) for r, _, _ in written if r.type == "result"))
+    assert len(old) == 1 and all(track_ids(r) == old for r in results)
+    # the walker entered the zone near 5.5 s: its track ends with the move, and so does its presence
+    assert [(e["event"], e.get("phase"), e.get("zone")) for e in events] == [("zone_entered", "start", "lawn"),
+                                                                            ("zone_left", "end", "lawn")]
+    assert events[-1]["ts"] == 7.5 and events[-1]["counts"]["inside"] == {"person": 0}
+    assert analytics.held() == 0 and analytics.tracks_active() == {"cam": 0}
+    # the stream comes back (moved here again) and a second walker comes by: its rows leave at once (nothing is
+    # expected), on a new track, and the rules count afresh (a new epoch of counts: the collector adds them up)
+    back = []
+    for seq in range(10, 18):
+        back += analytics.rows([(later(seq, shift=10), None, None)])
+    again = [r for r, _, _ in back if r.type == "result"]
+    assert [r.chunk for r in again] == list(range(10, 18))
+    new_ids = set().union(*(track_ids(r) for r in again))
+    assert len(new_ids) == 1 and new_ids.isdisjoint(old)
+    crossed = next(r.to_json() for r, _, _ in back if r.type == "event" and r.event == "line_crossed")
+    first = next(r.to_json() for r, _, _ in written if r.type == "event" and r.event == "line_crossed")
+    assert crossed["counts"]["in"] == {"person": 1} and crossed["counts_since"] >= first["counts_since"]
+
+
+def later(seq: int, shift: int) -> ResultRecord:
+    """row(seq - shift) as chunk seq, `shift` seconds of media later: the walker walks by again."""
+    rec = row(seq - shift)
+    frames = tuple(FrameDetections(f.ts + shift, f.detections) for f in rec.result.frames)
+    return dataclasses.replace(rec, chunk=seq, frame_ts=tuple(t + shift for t in rec.frame_ts),
+                               result=DetectionResult(frames))
+
+
+def test_after_release_a_late_chunk_never_makes_the_stream_offline_until_a_heartbeat_arms_it(tmp_path):
+    analytics = Analytics(config(tmp_path, offline_after_s=1.0), run_id="run")
+    for seq in range(3):
+        analytics.rows([(row(seq), None, None)])
+        analytics.frames("cam", 1000.0 + seq, seq + 0.5)
+    analytics.heard("cam", "live", 0.1, received=1002.5)
+    assert analytics.tick(1002.5) == [] and analytics.liveness.online("cam") is True
+    analytics.release("cam")
+    analytics.frames("cam", 1003.0, 3.5)  # a chunk that was on its way when the stream moved
+    assert analytics.tick(1010.0) == [] and analytics.tick(1100.0) == []  # its silence is no outage here
+    assert analytics.liveness.online("cam") is None
+    analytics.heard("cam", "live", 0.0, received=1100.0)  # moved back here: ingest speaks again
+    assert analytics.tick(1100.0) == []  # online from its (new) start is not news
+    analytics.frames("cam", 1101.0, 4.5)  # ... and its chunks count again
+    assert analytics.tick(1101.5) == []
+    offline = [e.to_json() for e in analytics.tick(1102.5)]
+    assert [e["event"] for e in offline] == ["stream_offline"] and offline[0]["ts"] == 4.5
+    assert analytics.liveness.online("cam") is False
+
+
+def test_releasing_one_stream_leaves_the_others_untouched(tmp_path):
+    analytics = Analytics(two_streams(tmp_path), run_id="run")
+    yard_rows = []
+    for seq in range(8):
+        for rec in analytics.rows([(row(seq), None, None), (yard(row(seq)), None, None)]):
+            yard_rows += [rec[0]] if rec[0].stream == "yard" and rec[0].type == "result" else []
+        analytics.frames("cam", 1000.0 + seq, seq + 0.5)
+        analytics.frames("yard", 1000.0 + seq, seq + 0.5)
+    analytics.heard("cam", "live", 0.0, received=1007.5)
+    analytics.heard("yard", "live", 0.0, received=1007.5)
+    assert analytics.tick(1007.5) == []
+    analytics.order["yard", "detect"].expect(8)
+    assert analytics.rows([(yard(row(9)), None, None)]) == []  # yard's row 9 waits for chunk 8
+    out = analytics.release("cam")
+    assert out and {r.stream for r, _, _ in out} == {"cam"}
+    assert analytics.held() == 1 and analytics.tracks_active() == {"cam": 0, "yard": 1}
+    later = [r for r, _, _ in analytics.rows([(yard(row(8)), None, None)]) if r.type == "result"]
+    assert [r.chunk for r in later] == [8, 9]  # still in order, on the same track as before
+    assert set().union(*(track_ids(r) for r in yard_rows + later)) == track_ids(yard_rows[0])
+    # yard is still judged: its silence is an outage (cam's is not: it moved away)
+    assert [(e.event, e.stream) for e in analytics.tick(1010.0) if e.event.startswith("stream")] == [
+        ("stream_offline", "yard")]

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -137,7 +138,7 @@ def test_placement_follows_affinity_and_a_killed_daemon_loses_no_chunk(local_ray
 def test_a_third_daemon_takes_load(local_ray, tmp_path, tiny_backbone_dir, two_adapters):
     from vlora_va.cluster.controller import Controller
 
-    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=40)
+    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=40, http_port=8765)  # each: a free port
     controller = Controller(config, "local", log_level="WARNING")
     try:
         controller.start()
@@ -148,6 +149,15 @@ def test_a_third_daemon_takes_load(local_ray, tmp_path, tiny_backbone_dir, two_a
         adapters = {t.adapter for s in moved for t in config.stream(s).tasks}
         assert len(adapters) == 1  # a whole adapter group moved: the newcomer holds one adapter
         assert ray.get(controller.daemons["daemon-2"].actor.status.remote())["adapters"] == sorted(adapters)
+        # The newcomer's dashboard shows the cluster panel: every daemon, and where each stream runs now.
+        port = controller.daemons["daemon-2"].info["http_port"]
+
+        def panel():
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                    f"http://127.0.0.1:{port}/status", timeout=10) as r:
+                return json.load(r).get("cluster")
+        wait(lambda: (panel() or {}).get("streams") == controller.assignment, "the cluster panel", controller)
+        assert sorted(panel()["daemons"]) == ["daemon-0", "daemon-1", "daemon-2"]
         sent = run_until_ended(controller)
     finally:
         controller.close()

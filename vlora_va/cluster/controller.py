@@ -28,10 +28,11 @@ from vlora_va.cluster.hosts import CollectorHost, DaemonHost, IngestHost
 from vlora_va.contracts.cluster import DAEMON_RESOURCE, NODE_LABEL_KEY, DaemonSpec
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.contracts.events import EventRecord
+from vlora_va.serving.admission import TARGET_UTILISATION
 
 log = logging.getLogger(__name__)
 
-CAPACITY = 0.9  # the load a daemon is placed up to (serving/admission.py's TARGET_UTILISATION)
+CAPACITY = TARGET_UTILISATION  # the load a daemon is placed up to, as admission fills one
 UNLOAD_DELAY_S = 15.0  # an adapter no stream of a daemon uses any more is unloaded after this (in-flight work first)
 LINGER_S = 5.0  # a moved stream's chunks already handed to ZeroMQ get this long to reach the live old daemon
 CALL_TIMEOUT_S = 30.0
@@ -265,6 +266,9 @@ class Controller:
                 self.daemons[name].utilisation = ray.get(ref, timeout=CALL_TIMEOUT_S)["offered_load"]
             except Exception:  # noqa: BLE001 - a daemon dying now is the ping's business
                 continue
+        view = self.snapshot()
+        for d in alive:  # each daemon's dashboard shows the cluster panel
+            d.actor.cluster_view.remote(view)
         for name in self.watch.update(now, {d.spec.name: d.utilisation for d in alive}):
             moves = self.watch.relieve(self.assignment, self.loads, self._daemon_loads(), name, now)
             if moves:

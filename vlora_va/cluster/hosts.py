@@ -134,6 +134,10 @@ class DaemonHost:
         message = {"op": op, "name": name, **({"path": path, "pin": True} if op == "load" else {})}
         return request(self.config.daemon.control_endpoint, message, curve=self.config.security.curve)
 
+    def cluster_view(self, view: dict) -> None:
+        """The controller's latest view of the cluster: this daemon's dashboard shows it (status()["cluster"])."""
+        self.daemon.cluster_view = view
+
     def release_stream(self, stream: str) -> None:
         self.daemon.release_stream(stream)
 

@@ -74,6 +74,7 @@ class Daemon:
         self.heartbeat = time.monotonic()  # the loop's last round (for /healthz)
         self._log_malformed = Throttle(log, "malformed messages")
         self._released: queue.SimpleQueue[str] = queue.SimpleQueue()  # streams moved away (any thread puts)
+        self.cluster_view: dict | None = None  # cluster mode: the controller's latest view (shown on the dashboard)
 
     # ------------------------------------------------------------------ what others read
     @property

@@ -52,6 +52,7 @@ class Status:
             "totals": {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name != "shed_by"},
             "ingest": {s: dict(list(v.items())) for s, v in list(d.metrics.ingest.items())},
             "loop_age_s": round(time.monotonic() - d.heartbeat, 3),
+            **({"cluster": d.cluster_view} if d.cluster_view is not None else {}),
         }
 
     def tick(self) -> None:

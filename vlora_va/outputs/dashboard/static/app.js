@@ -364,10 +364,28 @@ function renderSystem() {
   }
   $("#adapters").replaceChildren(...chips);
   $("#capacity").textContent = sys.capacity ? `capacity: ${sys.capacity}` : "";
+  renderCluster(sys.cluster);
   $("#totals").textContent = `${t.chunks ?? 0} chunks · ${t.ok ?? 0} served · ${t.deadline_missed ?? 0} late · ` +
     `${t.shed ?? 0} shed · ${t.errors ?? 0} errors · ${t.ingest_dropped ?? 0} ingest drops · ${t.malformed ?? 0} malformed · ` +
     `${t.batches ?? 0} batches`;
   drawSystemCharts();
+}
+
+// The cluster controller's view (vlora_va/cluster/controller.py snapshot), when this daemon is one of a cluster.
+function renderCluster(c) {
+  $("#cluster").hidden = !c;
+  if (!c) return;
+  const rows = Object.entries(c.daemons || {}).sort().map(([name, d]) => {
+    const tr = document.createElement("tr");
+    const streams = Object.entries(c.streams || {}).filter(([, on]) => on === name).map(([s]) => s).sort();
+    for (const text of [name, d.alive ? "up" : "down", (d.adapters || []).join(", ") || "–", fmt(d.load, 2),
+                        `${fmt(d.utilisation, 2)} s/s`, streams.join(", ") || "–"]) {
+      tr.append(el("td", "", text));
+    }
+    if (!d.alive) tr.className = "down";
+    return tr;
+  });
+  $("#cluster-list tbody").replaceChildren(...rows);
 }
 
 function drawSystemCharts() {
