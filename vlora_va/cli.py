@@ -209,6 +209,8 @@ def _run_cluster(cfg, args) -> int:
     except ImportError as e:
         log.error("--cluster needs Ray: pip install 'vlora-va[cluster]' (%s)", e)
         return 2
+    signal.signal(signal.SIGHUP, lambda *_: log.warning(
+        "SIGHUP: cluster mode does not reload %s; stop and start vlora-va run --cluster to apply changes", args.config))
     return run_cluster(cfg, address, args.log_level, _stop_on_signals())
 
 

@@ -18,6 +18,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from tests.outputs.test_mqtt_sink import Broker, _require_mosquitto  # noqa: E402
 from tests.pipeline_helpers import tiny_pipeline, write  # noqa: E402
 from vlora_va.contracts.cluster import DaemonSpec  # noqa: E402
 from vlora_va.contracts.config import load_config  # noqa: E402
@@ -41,7 +42,7 @@ def two_adapters(tmp_path_factory):
             "a2": make_adapter(root / "a2", "detection", ["car"], seed=2)}
 
 
-def cluster_config(tmp_path, backbone, adapters, chunks: int, **daemon):
+def cluster_config(tmp_path, backbone, adapters, chunks: int, mqtt_port: int = 0, **daemon):
     """Four streams, s0 and s1 on adapter a1, s2 and s3 on a2; each sends `chunks` chunks, paced like a camera.
     drop_policy block: ingest drops nothing, so every chunk it made is one it sent (the books are exact)."""
     streams = [{"id": f"s{i}", "loop": True, "max_chunks": chunks,
@@ -50,7 +51,38 @@ def cluster_config(tmp_path, backbone, adapters, chunks: int, **daemon):
     cfg = tiny_pipeline(tmp_path, backbone, adapters, streams, cluster={"daemons": 2})
     cfg["daemon"].update({"endpoint": "tcp://127.0.0.1:5555", **daemon})
     cfg["ingest"]["drop_policy"] = "block"
+    if mqtt_port:
+        cfg["sinks"].append({"type": "mqtt", "host": "127.0.0.1", "port": mqtt_port})
     return load_config(write(tmp_path / "pipeline.yaml", cfg))
+
+
+@pytest.fixture
+def broker(tmp_path):
+    _require_mosquitto()
+    from vlora_va.cluster.hosts import free_port
+
+    b = Broker(tmp_path / "mosquitto", free_port("127.0.0.1"))
+    b.start()
+    yield b
+    b.kill()
+
+
+class Availability:
+    """The test's own subscriber to vlora/daemons/+/available: every message, in order, per daemon."""
+
+    def __init__(self, port: int):
+        import paho.mqtt.client as mqtt
+
+        self.seen: dict[str, list[str]] = collections.defaultdict(list)
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        self.client.on_message = lambda _c, _u, m: self.seen[m.topic.split("/")[2]].append(m.payload.decode())
+        self.client.connect("127.0.0.1", port)
+        self.client.subscribe("vlora/daemons/+/available", qos=1)
+        self.client.loop_start()
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
 
 
 def run_until_ended(controller, during=None, timeout=WAIT_S) -> dict:
@@ -94,12 +126,14 @@ def wait(condition, what: str, controller, timeout=WAIT_S):
 
 
 def test_placement_follows_affinity_and_a_killed_daemon_loses_no_chunk(local_ray, tmp_path, tiny_backbone_dir,
-                                                                          two_adapters):
+                                                                          two_adapters, broker):
     from vlora_va.cluster.controller import Controller
 
     # Batches wait up to 2 s for more requests: at the kill, the daemon holds chunks it has not answered yet.
-    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=60, max_wait_ms=2000)
+    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=60, max_wait_ms=2000,
+                            mqtt_port=broker.port)
     controller = Controller(config, "local", log_level="WARNING")
+    available = Availability(broker.port)
     try:
         controller.start()
         placed = dict(controller.assignment)
@@ -114,12 +148,21 @@ def test_placement_follows_affinity_and_a_killed_daemon_loses_no_chunk(local_ray
         survivor = next(n for n in controller.daemons if n != victim)
         moved = sorted(s for s, d in placed.items() if d == victim)
         wait(lambda: rows_seen(controller) >= 12, "rows from the daemons", controller)
-        killed_at = time.time()
+        assert available.seen[victim][-1:] == ["online"] and available.seen[survivor][-1:] == ["online"]
         os.kill(controller.daemons[victim].info["pid"], signal.SIGKILL)
         wait(lambda: not controller.daemons[victim].alive, "the controller to notice the death", controller)
         assert all(controller.assignment[s] == survivor for s in moved)  # served again by the other daemon
+        # MQTT: the dead daemon's last will says it; the survivor stays online.
+        wait(lambda: available.seen[victim][-1:] == ["offline"], "the victim's will on MQTT", controller)
+        # Ray restarts the victim: once ready it is online again and takes streams back (about half the load).
+        wait(lambda: controller.daemons[victim].alive, "the victim to come back", controller)
+        wait(lambda: available.seen[victim][-1:] == ["online"], "the restarted victim online on MQTT", controller)
+        back = sorted(s for s, d in controller.assignment.items() if d == victim)
+        assert len(back) == 2
+        survivor_said = list(available.seen[survivor])
         sent = run_until_ended(controller)
     finally:
+        available.close()
         controller.close()
     results, events = read_rows(tmp_path / "results.jsonl")
     assert_one_row_per_sent_chunk(results, sent)
@@ -132,7 +175,11 @@ def test_placement_follows_affinity_and_a_killed_daemon_loses_no_chunk(local_ray
         move = [e for e in events if e["event"] == "stream_moved" and e["stream"] == sid]
         assert move and move[0]["from"] == victim and move[0]["to"] == survivor and move[0]["reason"] == "daemon lost"
     assert {r["daemon"] for r in results} == {victim, survivor}  # one file holds every daemon's rows
-    assert killed_at > 0
+    for sid in back:  # the restarted victim served the streams it took back, after the survivor had them
+        mine = [r for r in results if r["stream"] == sid]
+        first_on_survivor = min(r["chunk"] for r in mine if r["daemon"] == survivor)
+        assert any(r["daemon"] == victim and r["status"] == "ok" and r["chunk"] > first_on_survivor for r in mine)
+    assert "offline" not in survivor_said
 
 
 def test_a_third_daemon_takes_load(local_ray, tmp_path, tiny_backbone_dir, two_adapters):
@@ -166,3 +213,34 @@ def test_a_third_daemon_takes_load(local_ray, tmp_path, tiny_backbone_dir, two_a
     assert all(r["status"] == "ok" for r in results)  # a planned move loses nothing
     assert any(r["daemon"] == "daemon-2" for r in results if r["stream"] in moved)
     assert {e["stream"] for e in events if e["event"] == "stream_moved" and e["reason"] == "daemon joined"} == set(moved)
+
+
+def test_a_restarted_collector_binds_its_address_again_and_rows_keep_coming(local_ray, tmp_path, tiny_backbone_dir,
+                                                                             two_adapters):
+    from vlora_va.cluster.controller import Controller
+
+    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=40)
+    controller = Controller(config, "local", log_level="WARNING")
+    try:
+        controller.start()
+        wait(lambda: rows_seen(controller) >= 8, "rows from the daemons", controller)
+        pid = ray.get(controller.collector.pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        # Ray restarts it with the same arguments: the same address, where the daemons' PUSH sockets reconnect.
+        def restarted():
+            try:
+                return ray.get(controller.collector.pid.remote()) != pid
+            except ray.exceptions.ActorUnavailableError:  # restarting
+                return False
+        wait(restarted, "the collector to restart", controller)
+        assert ray.get(controller.collector.endpoint.remote()) == controller._collector_at
+        wait(lambda: rows_seen(controller) >= 8, "rows in the restarted collector", controller)
+        sent = run_until_ended(controller)
+    finally:
+        controller.close()
+    results, _ = read_rows(tmp_path / "results.jsonl")
+    keys = collections.Counter((r["stream"], r["chunk"]) for r in results)
+    assert max(keys.values()) == 1  # nothing twice
+    for sid, p in sent.items():  # rows lost with the dead collector are a gap; every stream's last chunks arrive
+        last = p["stats"]["chunks_sent"] - 1
+        assert all((sid, c) in keys for c in range(last - 5, last + 1)), sid

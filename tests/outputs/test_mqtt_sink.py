@@ -1,7 +1,9 @@
 """The MQTT sink against a real Mosquitto broker (Debian `mosquitto`), started by the tests on a free loopback port
 with its own config in tmp_path: every event arrives at QoS 1, also across a broker restart; the retained count
 and status topics hold the last values; drops are counted while the broker stays down; the daemon's last will
-says "offline" when its process dies; bad config names the key. Subscribers are real paho clients."""
+says "offline" when its process dies; bad config names the key. Subscribers are real paho clients.
+A cluster daemon's own `vlora/daemons/<name>/available` (outputs/availability.py) is tested here too: it shares
+the sink's broker, connection code and will."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from tests.conftest import free_port
 from vlora_va.contracts.config import ConfigError, SinkConfig, parse_config
 from vlora_va.contracts.events import EventRecord
 from vlora_va.contracts.results import Latency, ResultRecord
+from vlora_va.outputs.availability import DaemonAvailability
 from vlora_va.outputs.sinks import make_sink
 from vlora_va.outputs.sinks.mqtt import MqttSink
 
@@ -465,6 +468,116 @@ def test_the_last_will_says_offline_when_the_sink_process_dies(broker, subscribe
         proc.wait(10)
         proc.stdout.close()
     assert subscribers(broker.port).retained()["vlora/available"] == "offline"
+
+
+# ---------------------------------------------------------------- a cluster daemon's availability
+def availability(port: int, daemon: str = "d1", **kw) -> DaemonAvailability:
+    return DaemonAvailability(SinkConfig(type="mqtt", host="127.0.0.1", port=port, **kw), daemon,
+                              retry_initial_s=0.05, retry_max_s=0.2)
+
+
+HOLDER_PROCESS = """\
+import sys, time
+from vlora_va.contracts.config import SinkConfig
+from vlora_va.outputs.availability import DaemonAvailability
+DaemonAvailability(SinkConfig(type="mqtt", host="127.0.0.1", port=int(sys.argv[1])), sys.argv[2]).__enter__()
+print("HOLDING", flush=True)
+time.sleep(600)
+"""
+
+
+def start_holder(port: int, daemon: str) -> subprocess.Popen:
+    """A process holding daemon's availability (its "online" is awaited at the broker by the caller)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER_PROCESS, str(port), daemon], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    assert ready and proc.stdout.readline().startswith("HOLDING"), "the holder process did not start"
+    return proc
+
+
+def end_holder(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(10)
+    proc.stdout.close()
+
+
+def test_daemon_availability_is_retained_online_while_held_again_after_a_broker_restart_and_offline_after(
+        broker, subscribers):
+    live = subscribers(broker.port)
+    with availability(broker.port) as a:
+        assert a.topic == "vlora/daemons/d1/available"
+        assert wait_for(lambda: live.on(a.topic) == ["online"])
+        assert subscribers(broker.port).retained() == {a.topic: "online"}  # retained; the collector's topic untouched
+        broker.kill()  # SIGKILL: the broker forgets its retained messages; paho's loop reconnects by itself
+        broker.start()
+        again = subscribers(broker.port)
+        assert wait_for(lambda: again.on(a.topic) == ["online"])  # said again on the new connection
+    assert wait_for(lambda: again.on(a.topic) == ["online", "offline"])  # a clean exit says it
+    assert subscribers(broker.port).retained() == {a.topic: "offline"}
+
+
+def test_daemon_availability_last_will_says_offline_when_its_process_dies(broker, subscribers):
+    live = subscribers(broker.port)
+    proc = start_holder(broker.port, "d1")
+    try:
+        assert wait_for(lambda: live.on("vlora/daemons/d1/available") == ["online"], 30)
+        proc.send_signal(signal.SIGKILL)  # no clean exit: only the broker can say it
+        proc.wait(10)
+        assert wait_for(lambda: live.on("vlora/daemons/d1/available") == ["online", "offline"])
+    finally:
+        end_holder(proc)
+    assert subscribers(broker.port).retained() == {"vlora/daemons/d1/available": "offline"}
+
+
+def test_a_restarted_daemon_takes_over_a_silent_ones_connection_and_its_will_comes_before_online(broker, subscribers):
+    """A daemon whose node went silent (SIGSTOP: its connection stays open, the broker would notice only after the
+    keepalive) is started again under its name: the broker sends the old connection's will at once, then the new
+    one says online, so the topic ends "online" and no late will overwrites it."""
+    live = subscribers(broker.port)
+    proc = start_holder(broker.port, "d1")
+    try:
+        assert wait_for(lambda: live.on("vlora/daemons/d1/available") == ["online"], 30)
+        proc.send_signal(signal.SIGSTOP)
+        with availability(broker.port, "d1"):
+            assert wait_for(lambda: live.on("vlora/daemons/d1/available") == ["online", "offline", "online"])
+            assert subscribers(broker.port).retained() == {"vlora/daemons/d1/available": "online"}
+    finally:
+        end_holder(proc)
+
+
+def test_daemon_availability_with_the_broker_down_never_raises_logs_once_and_exits_promptly(caplog):
+    caplog.set_level(logging.INFO, logger="vlora_va")
+    t0 = time.monotonic()
+    with availability(free_port(), password="s3cret-pw", username="alice") as a:  # nothing listens there
+        assert time.monotonic() - t0 < 0.5  # entering never waits for the broker
+        assert wait_for(lambda: a.failures >= 4)
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 1.5
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "Connection refused" in warnings[0], warnings
+    assert "s3cret-pw" not in caplog.text
+
+
+def test_daemon_availability_says_online_when_a_broker_that_was_down_comes(tmp_path, subscribers):
+    _require_mosquitto()
+    port = free_port()
+    late = Broker(tmp_path / "late", port)
+    with availability(port) as a:
+        assert wait_for(lambda: a.failures >= 1)
+        late.start()
+        try:
+            live = subscribers(port)
+            assert wait_for(lambda: live.on(a.topic) == ["online"])
+        finally:
+            late.kill()
+
+
+def test_daemon_availability_names_one_topic_level_and_needs_an_mqtt_sink():
+    assert availability(1883, "gpu/0+#").topic == "vlora/daemons/gpu_0__/available"
+    with pytest.raises(ValueError, match="needs an mqtt sink, got a 'jsonl' sink"):
+        DaemonAvailability(SinkConfig(type="jsonl", path="x.jsonl"), "d1")
+    with pytest.raises(ValueError, match="daemon's name"):
+        availability(1883, "")
 
 
 # ---------------------------------------------------------------- config

@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 
 from vlora_va.cluster import placement
-from vlora_va.cluster.hosts import CollectorHost, DaemonHost, IngestHost
+from vlora_va.cluster.hosts import READY_TIMEOUT_S, CollectorHost, DaemonHost, IngestHost, free_port
 from vlora_va.contracts.cluster import DAEMON_RESOURCE, NODE_LABEL_KEY, DaemonSpec
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.contracts.events import EventRecord
@@ -37,6 +38,8 @@ UNLOAD_DELAY_S = 15.0  # an adapter no stream of a daemon uses any more is unloa
 LINGER_S = 5.0  # a moved stream's chunks already handed to ZeroMQ get this long to reach the live old daemon
 CALL_TIMEOUT_S = 30.0
 STATUS_EVERY_S = 1.0
+INGEST_START_S = 120.0
+PING_TIMEOUT_S = 5.0
 
 
 class ClusterError(RuntimeError):
@@ -47,6 +50,11 @@ def connect(address: str, config: PipelineConfig) -> bool:
     """Ray for `address`: "local" starts a local instance with the cluster's daemon resources; "auto" or
     "ray://host:port" joins an existing cluster (refused without token authentication unless
     cluster.allow_unauthenticated). Returns True when this call started Ray (and must shut it down)."""
+    if address == "local" and "ray" not in sys.modules:
+        # Ray's own ports (GCS, raylet) listen on every interface even for a one-machine instance: token
+        # authentication keeps strangers out. Ray reads the mode when it is imported, so before that; the token it
+        # makes (~/.ray/auth_token) is then made private.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
     if ray.is_initialized():
@@ -59,6 +67,9 @@ def connect(address: str, config: PipelineConfig) -> bool:
         # one machine: everything on loopback (nothing of Ray's or ours listens on the network)
         ray.init(num_cpus=os.cpu_count() or 1, resources=need, include_dashboard=False, log_to_driver=True,
                  _node_ip_address="127.0.0.1")
+        token = Path.home() / ".ray" / "auth_token"
+        if token.is_file() and token.stat().st_uid == os.getuid():
+            token.chmod(0o600)
         if any(s.node_label for s in config.cluster.daemons) or any(s.group for s in config.streams):
             log.info("cluster: local: one node, so node_label and group are not used")
         return True
@@ -102,16 +113,23 @@ class Controller:
         self._moved_n = 0
         self._next_status = 0.0
         self._run_id = f"{int(time.time()):x}"
+        self._ingest_lost: set = set()
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._started_ray = connect(self.address, self.config)
         local = self.address == "local"
-        self.collector = ray.remote(num_cpus=0, max_restarts=-1)(CollectorHost).remote(self.config, 0, self.log_level)
-        collector_at = ray.get(self.collector.endpoint.remote(), timeout=CALL_TIMEOUT_S)
-        self._collector_at = collector_at
+        self.host = "127.0.0.1" if local else ""  # "": each actor binds its node's address
+        # The collector runs on this node, on a port chosen here: Ray restarts it with the same arguments, so a
+        # restarted collector binds the same address and the daemons' PUSH sockets find it again.
+        host = self.host or ray.util.get_node_ip_address()
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.collector = ray.remote(CollectorHost).options(num_cpus=0, max_restarts=-1, scheduling_strategy=here) \
+            .remote(self.config, host, free_port(host), self.log_level)
+        self._collector_at = ray.get(self.collector.endpoint.remote(), timeout=CALL_TIMEOUT_S)
         for spec in self.config.cluster.daemons:
             self._start_daemon(spec, local)
         for d in self.daemons.values():
@@ -134,7 +152,7 @@ class Controller:
         if spec.node_label and not local:
             options["label_selector"] = {NODE_LABEL_KEY: spec.node_label}
         actor = ray.remote(DaemonHost).options(name=f"vlora-daemon-{spec.name}-{self._run_id}", **options).remote(
-            self.config, spec.name, self._collector_at, spec.threads, "", self.log_level)
+            self.config, spec.name, self._collector_at, spec.threads, self.host, self.log_level)
         d = self.daemons[spec.name] = DaemonState(spec, actor)
         d.ready_ref = actor.ready.remote()
         return d
@@ -142,6 +160,11 @@ class Controller:
     def _wait_ready(self, d: DaemonState) -> None:
         import ray
 
+        done, _ = ray.wait([d.ready_ref], timeout=READY_TIMEOUT_S)
+        if not done:
+            raise ClusterError(f"daemon {d.spec.name} was not ready in {READY_TIMEOUT_S:.0f} s: does a node offer "
+                               f"its resources {dict(d.spec.resources)}"
+                               f"{f' and label {NODE_LABEL_KEY}={d.spec.node_label}' if d.spec.node_label else ''}?")
         d.info = ray.get(d.ready_ref)
         d.alive, d.ready_ref = True, None
         log.info("daemon %s ready at %s (pid %s on %s; adapters %s)", d.spec.name, d.info["endpoint"], d.info["pid"],
@@ -159,6 +182,7 @@ class Controller:
 
     def _start_ingest(self, local: bool) -> None:
         import ray
+        from ray.exceptions import GetTimeoutError
 
         groups: dict[str, list[str]] = {}
         for s in self.config.streams:
@@ -175,6 +199,12 @@ class Controller:
                 actor = ray.remote(IngestHost).options(**options).remote(self.config, routes, self.log_level)
                 for sid in part:
                     self.ingest[sid] = actor
+                try:
+                    ray.get(actor.progress.remote(), timeout=INGEST_START_S)
+                except GetTimeoutError:
+                    raise ClusterError(f"streams {', '.join(part)}: no node took their ingest worker in "
+                                       f"{INGEST_START_S:.0f} s (does a node carry label {NODE_LABEL_KEY}={group}?)") \
+                        from None
 
     # ------------------------------------------------------------------ watching
     def step(self) -> None:
@@ -183,15 +213,17 @@ class Controller:
         from ray.exceptions import GetTimeoutError, RayActorError
 
         now = time.time()
+        pings = {name: d.actor.ping.remote() for name, d in self.daemons.items() if d.alive}  # all at once
+        deadline = time.monotonic() + PING_TIMEOUT_S
+        for name, ref in pings.items():
+            try:
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except GetTimeoutError:  # busy, not dead: only Ray's word that its process is gone moves streams
+                log.warning("daemon %s did not answer a ping within %.0f s", name, PING_TIMEOUT_S)
+            except RayActorError as e:
+                self._lost(self.daemons[name], e)
         for d in list(self.daemons.values()):
-            if d.alive:
-                try:
-                    ray.get(d.actor.ping.remote(), timeout=CALL_TIMEOUT_S)
-                except GetTimeoutError:
-                    log.warning("daemon %s did not answer a ping within %.0f s", d.spec.name, CALL_TIMEOUT_S)
-                except RayActorError as e:
-                    self._lost(d, e)
-            elif d.ready_ref is not None:
+            if not d.alive and d.ready_ref is not None:
                 done, _ = ray.wait([d.ready_ref], timeout=0)
                 if done:
                     self._came_back(d)
@@ -201,7 +233,6 @@ class Controller:
             self._rebalance(now)
 
     def _lost(self, d: DaemonState, why: Exception) -> None:
-        import ray
 
         t0 = time.time()
         d.alive = False
@@ -215,12 +246,12 @@ class Controller:
         else:
             log.error("no daemon left: the streams wait for one (ingest applies its drop policy)")
         # Every chunk the dead daemon owed gets a row, once its last rows (in the network) are in.
-        ray.get(self.collector.settle.remote(name), timeout=CALL_TIMEOUT_S)
+        self._collect("settle", name)
         chunks = []
         for actor in set(self.ingest.values()):
-            chunks += ray.get(actor.take_books.remote(name), timeout=CALL_TIMEOUT_S)
-        written = ray.get(self.collector.lost.remote(name, chunks), timeout=CALL_TIMEOUT_S)
-        log.warning("daemon %s: %d chunk(s) it was sent, %d row(s) written for those it never answered; failover "
+            chunks += self._ingest(actor, "take_books", name) or []
+        written = self._collect("lost", name, chunks)
+        log.warning("daemon %s: %d chunk(s) it was sent, %s row(s) written for those it never answered; failover "
                     "took %.2f s", name, len(chunks), written, time.time() - t0)
         if self.config.cluster.max_restarts != 0:
             d.ready_ref = d.actor.ready.remote()  # Ray restarts it: it takes load again once ready
@@ -239,6 +270,10 @@ class Controller:
             return
         d.alive, d.ready_ref = True, None
         log.info("daemon %s is back at %s (pid %s)", d.spec.name, d.info["endpoint"], d.info["pid"])
+        waiting = sorted(s for s, on in self.assignment.items() if on == d.spec.name)
+        if waiting:  # it was the last daemon: its streams waited for it, at its old address
+            self._apply([placement.Move(s, None, d.spec.name, "daemon lost") for s in waiting], old_alive=False,
+                        t0=time.time())
         self._joined(d)
 
     def add_daemon(self, spec: DaemonSpec) -> None:
@@ -277,15 +312,14 @@ class Controller:
 
     # ------------------------------------------------------------------ moves
     def _apply(self, moves: list, old_alive: bool, t0: float) -> None:
-        import ray
 
         for m in moves:
             target = self.daemons[m.target]
             for adapter in self._adapters_of(m.stream) - set(target.info["adapters"]):
                 self._adapter(target, "load", adapter)
             target.unload_at = {a: t for a, t in target.unload_at.items() if a not in self._adapters_of(m.stream)}
-            ray.get(self.ingest[m.stream].move.remote(m.stream, target.info["endpoint"], m.target,
-                                                      LINGER_S if old_alive else 0.0), timeout=CALL_TIMEOUT_S)
+            self._ingest(self.ingest[m.stream], "move", m.stream, target.info["endpoint"], m.target,
+                         LINGER_S if old_alive else 0.0)
             source = self.daemons.get(m.source) if m.source else None
             if source is not None and old_alive and source.alive:
                 source.actor.release_stream.remote(m.stream)
@@ -314,14 +348,48 @@ class Controller:
 
     def _adapter(self, d: DaemonState, op: str, name: str) -> None:
         import ray
+        from ray.exceptions import RayActorError
 
         path = str(Path(self.config.adapters[name]).resolve()) if op == "load" else ""
-        reply = ray.get(d.actor.adapter.remote(op, name, path), timeout=CALL_TIMEOUT_S + 150)
+        try:
+            reply = ray.get(d.actor.adapter.remote(op, name, path), timeout=CALL_TIMEOUT_S + 150)
+        except RayActorError as e:  # it died meanwhile: the next ping says so and its streams move
+            log.error("daemon %s: adapter %s %s failed: %s", d.spec.name, name, op, type(e).__name__)
+            return
         if reply.get("ok"):
             held = set(d.info["adapters"])
             d.info["adapters"] = sorted(held | {name} if op == "load" else held - {name})
         else:
             log.error("daemon %s: adapter %s %s refused: %s", d.spec.name, name, op, reply.get("error"))
+
+    def _collect(self, method: str, *args, timeout: float = CALL_TIMEOUT_S):
+        """A call to the collector; None (said) when it fails: Ray restarts a collector that died, and rows wait in
+        the daemons' PUSH sockets meanwhile, but what this call carried (a dead daemon's lost rows) is not written."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return ray.get(getattr(self.collector, method).remote(*args), timeout=timeout)
+        except (RayActorError, GetTimeoutError) as e:
+            log.error("the collector did not take %s (%s)", method, type(e).__name__)
+            return None
+
+    def _ingest(self, actor, method: str, *args, timeout: float = CALL_TIMEOUT_S):
+        """A call to an ingest actor; None when it is gone. Its streams stop then (an ingest actor is not restarted:
+        its sources would start over), said once; the rest of the cluster goes on."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        if actor in self._ingest_lost:
+            return None
+        try:
+            return ray.get(getattr(actor, method).remote(*args), timeout=timeout)
+        except RayActorError as e:
+            self._ingest_lost.add(actor)
+            streams = sorted(s for s, a in self.ingest.items() if a is actor)
+            log.error("the ingest worker of streams %s is gone (%s): they stop; the other streams go on",
+                      ", ".join(streams), type(e).__name__)
+            return None
 
     # ------------------------------------------------------------------ what is where
     def _adapters_of(self, stream: str) -> set[str]:
@@ -354,12 +422,11 @@ class Controller:
 
     # ------------------------------------------------------------------ run and stop
     def sources_ended(self) -> bool:
-        import ray
-
+        """Every stream has handed all its chunks to ZeroMQ (its source ended), or lost its ingest worker."""
         progress = {}
         for actor in set(self.ingest.values()):
-            progress.update(ray.get(actor.progress.remote(), timeout=CALL_TIMEOUT_S))
-        return bool(progress) and all(p["flushed"] for p in progress.values())
+            progress.update(self._ingest(actor, "progress") or {})
+        return all(p["flushed"] for p in progress.values())
 
     def run(self, stop: threading.Event | None = None) -> int:
         """Start, watch until the sources end or stop is set, shut down. Returns an exit code."""
@@ -382,7 +449,8 @@ class Controller:
         import ray
 
         ingest = list(set(self.ingest.values()))
-        ray.get([a.stop.remote() for a in ingest], timeout=CALL_TIMEOUT_S)
+        for a in ingest:
+            self._ingest(a, "stop")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not self.sources_ended():
             self.step()  # a daemon may die while the queues flush
@@ -398,9 +466,9 @@ class Controller:
                 log.error("daemon %s did not drain: %s", d.spec.name, e)
                 ok = False
         self.ingest_report = {}  # stream id -> what its ingest worker did (chunks sent, dropped...)
-        for report in ray.get([a.release.remote() for a in ingest], timeout=120):
-            self.ingest_report.update(report)
-        snap = ray.get(self.collector.close.remote(), timeout=120)
+        for a in ingest:
+            self.ingest_report.update(self._ingest(a, "release", timeout=120) or {})
+        snap = self._collect("close", timeout=120) or {"rows": 0, "duplicates": 0, "lost": 0}
         log.info("collector: %d rows to the sinks, %d duplicates dropped, %d 'daemon lost' rows", snap["rows"],
                  snap["duplicates"], snap["lost"])
         self.collector = None

@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+from contextlib import ExitStack
 
 from vlora_va.common.logs import setup_logging
 from vlora_va.contracts.config import PipelineConfig
@@ -70,6 +71,14 @@ class DaemonHost:
         self.config = dataclasses.replace(config, daemon=d, sinks=())
         self.started = time.time()
         self.daemon = Daemon(self.config)
+        # the collector owns <prefix>/available; each daemon says <prefix>/daemons/<name>/available on the broker of
+        # every mqtt sink, until stop() (its last will says "offline" when the process dies)
+        self._availability = ExitStack()
+        for sink in config.sinks:
+            if sink.type == "mqtt":
+                from vlora_va.outputs.availability import DaemonAvailability
+
+                self._availability.enter_context(DaemonAvailability(sink, name))
         self._stop = threading.Event()
         self._drained = threading.Event()
         self._failed: BaseException | None = None
@@ -146,6 +155,7 @@ class DaemonHost:
         self._stop.set()
         self._drained.wait(timeout_s)
         self._thread.join(timeout_s)
+        self._availability.close()
         t = self.daemon.stats
         return {"name": self.name, "requests": t.requests, "ok": t.ok, "shed": t.shed, "errors": t.errors}
 
@@ -204,16 +214,20 @@ class IngestHost:
 
 
 class CollectorHost:
-    def __init__(self, config: PipelineConfig, port: int = 0, log_level: str = "INFO"):
-        """port: where daemons connect (0: any free one; a restarted collector is given the one it had)."""
+    def __init__(self, config: PipelineConfig, host: str = "", port: int = 0, log_level: str = "INFO"):
+        """host, port: where daemons connect (default: this node's address; 0: any free port). The controller gives
+        a fixed port, so a collector Ray restarts binds the address the daemons know."""
         setup_logging(log_level, "collector")
         load_plugins(config.plugins)
         from vlora_va.cluster.collector import Collector
 
-        self.collector = Collector(config, f"tcp://{node_address()}:{port or '*'}")
+        self.collector = Collector(config, f"tcp://{host or node_address()}:{port or '*'}")
 
     def endpoint(self) -> str:
         return self.collector.endpoint
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def settle(self, daemon: str) -> None:
         self.collector.settle(daemon)

@@ -177,8 +177,8 @@ def fill_joined(assignment: dict[str, str], streams: list[StreamLoad], daemons: 
     """Moves onto the daemon that joined (listed in `daemons`) until it carries about its fair share (within one
     stream's load). Lowest priority first; within a priority, whole groups of one adapter set on one source
     (the source then drops that adapter), those of adapters the newcomer already holds first, the largest that
-    fits first. No source is left under SOURCE_FLOOR of its fair share, unless the move still evens the pair out
-    (`_source_ok`)."""
+    fits first. No source is left under SOURCE_FLOOR of its fair share, unless it ends at most half the moved
+    load under it (`_source_ok`)."""
     _check_daemons(daemons)
     by_id = _index(streams)
     _check_assignment(assignment, by_id)
@@ -216,11 +216,11 @@ def _unit_key(state: "_State", joined: str, goal: float, unit: tuple[str, frozen
 
 
 def _source_ok(state: "_State", joined: str, src: str, load: float) -> bool:
-    """Taking `load` off the source keeps it above SOURCE_FLOOR of its share, or at least no lower than the newcomer
-    then carries (with few streams one stream is a large part of a share, and the floor alone would keep 4 streams on
-    2 daemons when a third joins)."""
+    """Taking `load` off the source keeps it above SOURCE_FLOOR of its share, or leaves it at most half the load
+    under its share (the newcomer's own rule: with few streams one stream is a large part of a share, and the floor
+    alone would keep 4 equal streams on 2 daemons when a third joins)."""
     return (state.load[src] - load >= SOURCE_FLOOR * state.share[src] - TOL
-            or state.load[src] - load >= state.load[joined] + load - TOL)
+            or state.load[src] - load >= state.share[src] - load / 2 - TOL)
 
 
 def _take(state: "_State", joined: str, goal: float, src: str, group: list[StreamLoad]) -> list[Move]:

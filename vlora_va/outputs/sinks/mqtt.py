@@ -16,6 +16,9 @@ when the broker acknowledged every message it makes (at qos >= 1; at qos 0, when
 socket). A failure drops the paho client with everything paho still holds and raises, so the rows stay queued
 and the retry publishes them again on a new connection: at least once at qos 1 (a message whose PUBACK was lost
 arrives twice), nothing lost up to the queue bound. The sink never uses paho's own reconnect or offline queue.
+
+The client set-up (credentials, TLS, the retained "offline" last will), the clean end of a connection and the
+topic levels are functions here, shared with a cluster daemon's own availability topic (outputs/availability.py).
 """
 
 from __future__ import annotations
@@ -42,6 +45,46 @@ DISCONNECT_WAIT_S = 1.0  # a clean DISCONNECT that cannot be sent in this time: 
 _UNSAFE_LEVEL = re.compile(r"[/+#\x00]")  # would add topic levels or wildcards (MQTT refuses wildcards in a publish)
 
 
+def topic_name(prefix: str, *levels: str) -> str:
+    """prefix/level/...: each level's "/", "+", "#" and NUL become "_", so a name is one level, never a wildcard."""
+    return "/".join([prefix, *(_UNSAFE_LEVEL.sub("_", str(v)) or "_" for v in levels)])
+
+
+def broker_name(host: str, port: int, tls_ca: str) -> str:
+    """mqtt://host:port (mqtts:// with TLS) for names and logs: never the credentials."""
+    where = f"[{host}]" if ":" in host else host
+    return f"{'mqtts' if tls_ca else 'mqtt'}://{where}:{port}"
+
+
+def new_client(client_id: str, *, username: str, password: str, tls_ca: str, will_topic: str, qos: int,
+               timeout_s: float, reconnect_on_failure: bool) -> mqtt.Client:
+    """A paho client (clean session) with the credentials, TLS and a retained "offline" last will on will_topic:
+    the broker publishes it when the connection dies without a DISCONNECT."""
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=True,
+                         reconnect_on_failure=reconnect_on_failure)
+    if username or password:
+        client.username_pw_set(username or None, password or None)
+    if tls_ca:
+        client.tls_set(ca_certs=tls_ca)
+    client.will_set(will_topic, "offline", qos=qos, retain=True)
+    client.connect_timeout = timeout_s
+    return client
+
+
+def end_client(client: mqtt.Client, closed: threading.Event) -> None:
+    """End the connection and paho's thread; paho's queue of unacknowledged messages goes with it. `closed` is set
+    by the client's on_disconnect."""
+    # a clean DISCONNECT: no last will (a new connection follows, or the owner already said offline)
+    if client.disconnect() != mqtt.MQTT_ERR_NO_CONN and not closed.wait(DISCONNECT_WAIT_S):
+        sock = client.socket()  # a stuck socket: loop_stop would wait for the keepalive
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    client.loop_stop()
+
+
 class MqttSink(QueuedSink):
     """Publishes event rows to an MQTT broker (topics: module docstring). Connects in its own thread, never in
     write(); while the broker is unreachable it retries with backoff and keeps rows queued up to queue_max."""
@@ -52,8 +95,7 @@ class MqttSink(QueuedSink):
                  close_timeout_s: float = CLOSE_TIMEOUT_S, name: str | None = None):
         if qos not in (0, 1, 2):
             raise ValueError(f"qos must be 0, 1 or 2, got {qos!r}")
-        where = f"[{host}]" if ":" in host else host
-        super().__init__(name or f"{'mqtts' if tls_ca else 'mqtt'}://{where}:{port}/{topic_prefix}",
+        super().__init__(name or f"{broker_name(host, port, tls_ca)}/{topic_prefix}",
                          queue_max=queue_max, batch_max=MQTT_BATCH_MAX, retry_initial_s=retry_initial_s,
                          retry_max_s=retry_max_s, close_timeout_s=close_timeout_s)
         self.host, self.port, self.prefix, self.qos = host, port, topic_prefix, qos
@@ -147,7 +189,7 @@ class MqttSink(QueuedSink):
         return out
 
     def _topic(self, *levels: str) -> str:
-        return "/".join([self.prefix, *(_UNSAFE_LEVEL.sub("_", str(v)) or "_" for v in levels)])
+        return topic_name(self.prefix, *levels)
 
     def _announce_streams(self) -> None:
         with self._cv:
@@ -176,13 +218,10 @@ class MqttSink(QueuedSink):
         """A new connection (any old client and what it held is dropped first), then `available` = online and
         the retained state again, for a broker that restarted without its retained messages."""
         self._drop_client()
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self._client_id, clean_session=True,
-                             reconnect_on_failure=False)  # reconnecting is ours: paho would resend what we retry
-        if self._username or self._password:
-            client.username_pw_set(self._username or None, self._password or None)
-        if self.tls_ca:
-            client.tls_set(ca_certs=self.tls_ca)
-        client.will_set(self._topic("available"), "offline", qos=self.qos, retain=True)
+        timeout = self._timeout()
+        client = new_client(self._client_id, username=self._username, password=self._password, tls_ca=self.tls_ca,
+                            will_topic=self._topic("available"), qos=self.qos, timeout_s=timeout,
+                            reconnect_on_failure=False)  # reconnecting is ours: paho would resend what we retry
         answered, closed = threading.Event(), threading.Event()
         answer: dict = {}
 
@@ -196,8 +235,6 @@ class MqttSink(QueuedSink):
             closed.set()
 
         client.on_connect, client.on_disconnect = on_connect, on_disconnect
-        timeout = self._timeout()
-        client.connect_timeout = timeout
         client.connect(self.host, self.port, keepalive=KEEPALIVE_S)
         self._client, self._closed = client, closed
         client.loop_start()
@@ -217,17 +254,8 @@ class MqttSink(QueuedSink):
     def _drop_client(self) -> None:
         """End the connection and paho's thread; paho's queue of unacknowledged messages goes with it."""
         client, self._client = self._client, None
-        if client is None:
-            return
-        client.disconnect()  # a clean DISCONNECT: no last will (a new connection follows, or close said offline)
-        if not self._closed.wait(DISCONNECT_WAIT_S):  # a stuck socket: loop_stop would wait for the keepalive
-            sock = client.socket()
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        client.loop_stop()
+        if client is not None:
+            end_client(client, self._closed)
 
     # ------------------------------------------------------------------ publishing
     def _publish(self, topic: str, payload: str, retain: bool) -> mqtt.MQTTMessageInfo:
