@@ -23,7 +23,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import signal
 import statistics
 import sys
@@ -33,19 +32,13 @@ from pathlib import Path
 
 import yaml
 
+from vlora_va.testing.host import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def rows_of(path: Path) -> list[dict]:

@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from vlora_va.cluster import placement as pl  # noqa: E402
 from vlora_va.cluster.placement import DaemonLoad, StreamLoad  # noqa: E402
+from vlora_va.testing.host import cpu_name  # noqa: E402
 
 OUT = ROOT / "bench" / "results"
 FRAMES = (2, 4, 8)  # frames per 1-s chunk of the three stream kinds
@@ -212,14 +213,6 @@ def summarise(runs: list[dict]) -> dict:
 
 
 # ---------------------------------------------------------------- output
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def met(ok: bool) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ from vlora_va.analytics.rules import SceneRules, TrackPoint  # noqa: E402
 from vlora_va.analytics.tracking import StreamTracker, TrackIds  # noqa: E402
 from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections  # noqa: E402
 from vlora_va.contracts.scene import LineConfig, TrackingConfig, ZoneConfig  # noqa: E402
+from vlora_va.testing.host import cpu_name  # noqa: E402
 from vlora_va.training.track_metrics import identity_truth, score_tracks  # noqa: E402
 
 VIDEO = ROOT / "sample_videos" / "pedestrians.mp4"
@@ -176,14 +176,6 @@ def cost(kinds: list[str], repeats: int, n: int = 50, frames: int = 120) -> list
     return out
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def table(doc: dict) -> str:

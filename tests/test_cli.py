@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 
@@ -221,3 +222,45 @@ def test_without_cluster_ray_is_never_imported():
             "vlora_va.serving.daemon, vlora_va.cluster.placement; print('ray' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
+
+
+def test_run_cluster_local_serves_every_chunk_once_with_token_auth(tmp_path, tiny_backbone_dir, tiny_adapters):
+    """`vlora-va run --cluster local` end to end: Ray started by the command, with token authentication (its token
+    file private), two daemons, every chunk ingest made answered once in the one JSONL file, exit 0."""
+    import json
+
+    import yaml
+
+    pytest.importorskip("ray")
+    path = _cluster_pipeline(tmp_path, tiny_backbone_dir, tiny_adapters)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["daemon"]["endpoint"] = "tcp://127.0.0.1:5555"
+    for s in cfg["streams"]:
+        s.update(loop=False, max_chunks=6, realtime=False)
+    cfg["ingest"]["drop_policy"] = "block"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "HOME": str(tmp_path), "RAY_AUTH_MODE": ""}
+    env.pop("RAY_AUTH_MODE")
+    proc = subprocess.run([*CLI, "run", "--cluster", "local", str(path)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    token = tmp_path / ".ray" / "auth_token"
+    assert token.is_file() and token.stat().st_mode & 0o077 == 0  # made by Ray for the local instance, kept private
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    keys = sorted((r["stream"], r["chunk"]) for r in rows if r["type"] == "result")
+    assert keys == sorted((f"s{i}", c) for i in range(4) for c in range(6))  # each chunk once
+    assert {r["daemon"] for r in rows if r["type"] == "result"} == {"daemon-0", "daemon-1"}
+
+
+def test_run_cluster_says_in_one_line_why_a_daemon_cannot_start(tmp_path, tiny_backbone_dir, tiny_adapters):
+    import yaml
+
+    pytest.importorskip("ray")
+    path = _cluster_pipeline(tmp_path, tiny_backbone_dir, tiny_adapters)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["daemon"]["backbone"] = str(tmp_path / "no-such-backbone")
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([*CLI, "run", "--cluster", "local", str(path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == 2
+    assert re.search(r"daemon daemon-\d could not start: .*cannot load backbone .*no-such-backbone", proc.stderr)

@@ -117,10 +117,10 @@ class Controller:
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
+        self._started_ray = connect(self.address, self.config)  # first: it may set Ray's mode before Ray is imported
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self._started_ray = connect(self.address, self.config)
         local = self.address == "local"
         self.host = "127.0.0.1" if local else ""  # "": each actor binds its node's address
         # The collector runs on this node, on a port chosen here: Ray restarts it with the same arguments, so a
@@ -159,13 +159,17 @@ class Controller:
 
     def _wait_ready(self, d: DaemonState) -> None:
         import ray
+        from ray.exceptions import RayError
 
         done, _ = ray.wait([d.ready_ref], timeout=READY_TIMEOUT_S)
         if not done:
             raise ClusterError(f"daemon {d.spec.name} was not ready in {READY_TIMEOUT_S:.0f} s: does a node offer "
                                f"its resources {dict(d.spec.resources)}"
                                f"{f' and label {NODE_LABEL_KEY}={d.spec.node_label}' if d.spec.node_label else ''}?")
-        d.info = ray.get(d.ready_ref)
+        try:
+            d.info = ray.get(d.ready_ref)
+        except RayError as e:  # its constructor failed (no backbone, a bad device...): said in one line
+            raise ClusterError(f"daemon {d.spec.name} could not start: {str(e).strip().splitlines()[-1]}") from None
         d.alive, d.ready_ref = True, None
         log.info("daemon %s ready at %s (pid %s on %s; adapters %s)", d.spec.name, d.info["endpoint"], d.info["pid"],
                  d.info["node"], ", ".join(d.info["adapters"]) or "none")

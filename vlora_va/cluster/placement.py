@@ -180,14 +180,7 @@ def fill_joined(assignment: dict[str, str], streams: list[StreamLoad], daemons: 
     fits first. No source is left under SOURCE_FLOOR of its fair share, unless it ends at most half the moved
     load under it (`_source_ok`)."""
     _check_daemons(daemons)
-    by_id = _index(streams)
-    _check_assignment(assignment, by_id)
-    state = _State(daemons, 0.0)
-    if joined not in state.daemons:
-        raise ValueError(f"the daemon that joined, {joined!r}, is not among the daemons given")
-    for sid, d in sorted(assignment.items()):
-        if d in state.daemons:
-            state.add(d, by_id[sid])
+    state = _placed(assignment, streams, daemons, joined, "the daemon that joined")
     state.set_shares(sum(state.load.values()))
     goal = state.share[joined]
     moves: list[Move] = []
@@ -304,15 +297,8 @@ class OverloadWatch:
         A stream moved within `cooldown_s` stays. A stream no target has room for stays (it is skipped, and the
         next may fit); with no room anywhere, no move: the daemon stays overloaded and its admission control
         sheds its lowest priorities. The moves are remembered for the cooldown: apply them."""
-        by_id = _index(streams)
-        _check_assignment(assignment, by_id)
         self._forget_moves(now)
-        state = _State(daemons, 0.0)
-        if overloaded not in state.daemons:
-            raise ValueError(f"the overloaded daemon {overloaded!r} is not among the daemons given")
-        for sid, d in sorted(assignment.items()):
-            if d in state.daemons:
-                state.add(d, by_id[sid])
+        state = _placed(assignment, streams, daemons, overloaded, "the overloaded daemon")
         cap = {n: d.capacity for n, d in state.daemons.items()}
         measured = {n: self._last[n] * cap[n] for n in state.daemons if n in self._last}
         model = state.load[overloaded]
@@ -491,6 +477,21 @@ class _State:
 
 
 # ---------------------------------------------------------------- checks
+def _placed(assignment: dict[str, str], streams: list[StreamLoad], daemons: list[DaemonLoad], name: str,
+            what: str) -> "_State":
+    """The packing state of `assignment` over `daemons` (streams on daemons not listed are left out), which must
+    include `name` (`what` says which daemon that is, for the error)."""
+    by_id = _index(streams)
+    _check_assignment(assignment, by_id)
+    state = _State(daemons, 0.0)
+    if name not in state.daemons:
+        raise ValueError(f"{what}, {name!r}, is not among the daemons given")
+    for sid, d in sorted(assignment.items()):
+        if d in state.daemons:
+            state.add(d, by_id[sid])
+    return state
+
+
 def _index(streams: list[StreamLoad]) -> dict[str, StreamLoad]:
     by_id: dict[str, StreamLoad] = {}
     for s in streams:

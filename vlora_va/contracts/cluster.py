@@ -134,12 +134,7 @@ def _daemons(c, raw: Any) -> tuple[DaemonSpec, ...]:
         c.error(path, f"{len(raw)} daemons, at most {MAX_DAEMONS}")
         return ()
     specs = [_daemon(c, item, f"{path}[{i}]", i) for i, item in enumerate(raw)]
-    first: dict[str, int] = {}
-    for i, s in enumerate(specs):
-        if s is not None and s.name in first:
-            c.error(f"{path}[{i}].name", f"duplicate daemon name {s.name!r} (also {path}[{first[s.name]}])")
-        elif s is not None:
-            first[s.name] = i
+    c.unique(specs, "name", path, "daemon name")
     return tuple(s for s in specs if s is not None)
 
 

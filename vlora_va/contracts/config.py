@@ -296,6 +296,18 @@ class _Checker:
         """Whether a problem was recorded at path or inside it."""
         return any(e.key_path == path or e.key_path.startswith((f"{path}.", f"{path}[")) for e in self.errors)
 
+    def unique(self, items: list, key: str, path: str, what: str) -> None:
+        """Report every item (None: already reported) whose `key` attribute an earlier item has: `what` names it."""
+        first: dict[Any, int] = {}
+        for i, item in enumerate(items):
+            if item is None:
+                continue
+            value = getattr(item, key)
+            if value in first:
+                self.error(f"{path}[{i}].{key}", f"duplicate {what} {value!r} (also {path}[{first[value]}])")
+            else:
+                first[value] = i
+
     def raise_if_any(self) -> None:
         if self.errors:
             raise ConfigError.of(self.errors)
@@ -760,12 +772,7 @@ def parse_config(text: str, file: str | None = None, base_dir: str | os.PathLike
         c.error("streams", "expected a non-empty list of streams")
         streams_raw = []
     streams = [_stream(c, s, f"streams[{i}]", adapters, base) for i, s in enumerate(streams_raw)]
-    first: dict[str, int] = {}
-    for i, s in enumerate(streams):
-        if s is not None and s.id in first:
-            c.error(f"streams[{i}].id", f"duplicate stream id {s.id!r}")
-        elif s is not None:
-            first[s.id] = i
+    c.unique(streams, "id", "streams", "stream id")
     sinks = _sinks(c, top.get("sinks"), base)
     daemon = _daemon(c, top.get("daemon"), base)
     ingest = _ingest(c, top.get("ingest"))
