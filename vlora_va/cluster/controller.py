@@ -308,7 +308,8 @@ class Controller:
         view = self.snapshot()
         for d in alive:  # each daemon's dashboard shows the cluster panel
             d.actor.cluster_view.remote(view)
-        for name in self.watch.update(now, {d.spec.name: d.utilisation for d in alive}):
+        # utilisation: the offered load over what a daemon is placed up to (placement.OverloadWatch)
+        for name in self.watch.update(now, {d.spec.name: d.utilisation / CAPACITY for d in alive}):
             moves = self.watch.relieve(self.assignment, self.loads, self._daemon_loads(), name, now)
             if moves:
                 log.warning("daemon %s stayed overloaded: moving %d stream(s)", name, len(moves))
