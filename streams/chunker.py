@@ -23,6 +23,7 @@ from vlora_va.contracts.geometry import Letterbox, letterbox_geometry
 from vlora_va.contracts.plugins import SOURCES
 from vlora_va.contracts.scene import SnapshotConfig, scene_outside_frame
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest
+from vlora_va.ingest.filtering import FrameFilter
 from vlora_va.ingest.source import Frame
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,8 @@ class Chunker:
         # A source that is not live (a file) read as fast as possible: its requests are never shed, the daemon's
         # backpressure slows the reading instead.
         self.best_effort = not stream.realtime and not SOURCES.load(stream.scheme).live
+        # frame filtering (vlora_va/ingest/filtering.py): per task that asks for it
+        self.filters = {t.name: FrameFilter(t.filter) for t in stream.tasks if t.filter is not None}
         self._reset()
 
     def _check_scene(self, size: tuple[int, int]) -> None:
@@ -182,14 +185,21 @@ class Chunker:
         return chunk
 
     def _build(self, ready_wall: float) -> ReadyChunk:
+        # Which tasks reuse an earlier chunk (their frames showed nothing new): -1 for those that send.
+        reuse = [self.filters[t.name].decide(self.seq, [self._images[p] for p in idx]) if t.name in self.filters
+                 else -1 for t, idx in zip(self.stream.tasks, self.task_frames)]
+        # Only the frames a sending task refers to travel; positions are renumbered among those.
+        keep = sorted({p for r, idx in zip(reuse, self.task_frames) if r < 0 for p in idx})
+        where = {p: i for i, p in enumerate(keep)}
         tasks = tuple(
-            TaskRequest(name=t.name, adapter=t.adapter, frames=idx, deadline_ms=t.deadline_ms, priority=t.priority,
-                        best_effort=self.best_effort)
-            for t, idx in zip(self.stream.tasks, self.task_frames))
+            TaskRequest(name=t.name, adapter=t.adapter, frames=tuple(where[p] for p in idx) if r < 0 else (),
+                        deadline_ms=t.deadline_ms, priority=t.priority, best_effort=self.best_effort,
+                        reuse_chunk=r, reuse_ts=tuple(self._ts[p] for p in idx) if r >= 0 else ())
+            for t, idx, r in zip(self.stream.tasks, self.task_frames, reuse))
         s = self.image_size
         header = ChunkHeader(
-            stream=self.stream.id, seq=self.seq, fps=self.stream.fps, frame_ts=tuple(self._ts),
+            stream=self.stream.id, seq=self.seq, fps=self.stream.fps, frame_ts=tuple(self._ts[p] for p in keep),
             frame_shape=(s, s, 3), orig_size=self._size, letterbox=self._letterbox, tasks=tasks,
             ready_wall=ready_wall, outage_s=round(self._outage, 3),
-            snapshots=tuple(self.send_idx.index(i) for i in self._snap_idx))
-        return ReadyChunk(header, self._images, self._jpegs)
+            snapshots=tuple(where[self.send_idx.index(i)] for i in self._snap_idx))  # tracked frames always travel
+        return ReadyChunk(header, [self._images[p] for p in keep], self._jpegs)

@@ -77,6 +77,8 @@ class ChunkQueue:
         self._items: collections.deque[ReadyChunk] = collections.deque()
         self._cond = threading.Condition()
         self._lost_outage: dict[str, float] = {}  # outage_s of dropped chunks, owed to the stream's next sent one
+        # stream -> its tasks' frame filters: a dropped chunk that a filter took as its reference is no reference
+        self.filters: dict[str, dict] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -118,6 +120,8 @@ class ChunkQueue:
     def _dropped(self, chunk: ReadyChunk) -> None:
         h = chunk.header
         self.stats[h.stream].chunks_dropped += 1
+        for f in self.filters.get(h.stream, {}).values():
+            f.invalidate(h.seq)
         if h.outage_s:
             self._lost_outage[h.stream] = self._lost_outage.get(h.stream, 0.0) + h.outage_s
         log.debug("stream %s: dropped chunk %d (%s)", h.stream, h.seq, self.policy)
@@ -303,6 +307,7 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
                          hw_decode=config.ingest.hw_decode)
     try:
         chunker = Chunker(stream, config.daemon.image_size, snapshots=config.snapshots)
+        queue.filters[stream.id] = chunker.filters
         frames = _resumed(source, stream, chunker, state) if Resume.started(state) else source
         for frame in frames:
             stats.reconnects = source.reconnects

@@ -253,8 +253,9 @@ SCHEMA_CASES = [
     ("frame_shape", [28, 28], "header.frame_shape: expected 3 to 3 items, got 2"),
     ("frame_shape", [28, 28, 4], "header.frame_shape: expected [H, W, 3], got [28, 28, 4]"),
     ("orig_size", [640, 480, 1], "header.orig_size: expected 2 to 2 items, got 3"),
-    ("frame_ts", [], "header.frame_ts: expected 1 to 128 items, got 0"),
-    ("frame_ts", [0.0] * (MAX_FRAMES + 1), "header.frame_ts: expected 1 to 128 items, got 129"),
+    # no frames at all only when every task reuses an earlier chunk (frame filtering)
+    ("frame_ts", [], "header.tasks[0].frames: expected distinct indices into the 0 frames sent"),
+    ("frame_ts", [0.0] * (MAX_FRAMES + 1), "header.frame_ts: expected 0 to 128 items, got 129"),
     ("frame_ts", [0.0, 0.2, 0.1], "header.frame_ts: timestamps must not decrease"),
     ("tasks", [], "header.tasks: expected 1 to 32 items, got 0"),
     ("tasks", [{"name": f"t{i}", "adapter": "a", "frames": [0], "deadline_ms": 100.0} for i in range(MAX_TASKS + 1)],
@@ -264,7 +265,11 @@ SCHEMA_CASES = [
     ("tasks.0.frames", [2, 2], "header.tasks[0].frames: expected distinct indices into the 3 frames sent, got [2, 2]"),
     ("tasks.0.frames", [-1], "header.tasks[0].frames[0]: must be in [0, 127], got -1"),
     ("tasks.0.frames", [MAX_FRAMES], "header.tasks[0].frames[0]: must be in [0, 127], got 128"),
-    ("tasks.0.frames", [], "header.tasks[0].frames: expected 1 to 128 items, got 0"),
+    ("tasks.0.frames", [], "header.tasks[0].frames: expected 1 to 128 frames (or reuse_chunk)"),
+    # a reused chunk (frame filtering): no frames, the times it stands for, an earlier chunk
+    ("tasks.0.reuse_chunk", -2, "header.tasks[0].reuse_chunk: must be in [-1, 9007199254740992], got -2"),
+    ("tasks.0.reuse_chunk", 0, "header.tasks[0]: a reused chunk has no frames"),
+    ("tasks.0.reuse_ts", [1.0], "header.tasks[0].frames: expected 1 to 128 frames (or reuse_chunk)"),
     # unknown fields (among them v1's deadline_wall), missing required fields
     ("deadline_wall", 101.0, "header: unknown field 'deadline_wall'"),
     ("tasks.0.deadline_wall", 101.0, "header.tasks[0]: unknown field 'deadline_wall'"),

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from vlora_va.contracts.cluster import ClusterConfig, parse_cluster, parse_group
+from vlora_va.contracts.filtering import FilterConfig, parse_filter
 from vlora_va.contracts.plugins import BACKBONE_BACKENDS, POLICIES, SINKS, SOURCES, load_plugins, source_scheme
 from vlora_va.contracts.scene import (
     LineConfig,
@@ -141,6 +142,8 @@ class TaskConfig:
     # link boxes across chunks into tracks (vlora_va/analytics/): frames are taken on an even stride that runs
     # across chunk boundaries, and the stream's lines and zones count this task's confirmed tracks
     track: bool = False
+    # skip frames that show nothing new since the task's last sent ones (contracts/filtering.py); None: every frame
+    filter: FilterConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -457,7 +460,7 @@ def _task(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, str
           stream_priority: int) -> TaskConfig | None:
     """One task; None when it cannot be built (reported). adapters / stream_frames None: not checked against them
     (they are broken themselves)."""
-    d = c.mapping(raw, path, {"name", "adapter", "frames_per_chunk", "deadline_ms", "priority", "track"})
+    d = c.mapping(raw, path, {"name", "adapter", "frames_per_chunk", "deadline_ms", "priority", "track", "filter"})
     if d is None:
         return None
     adapter = c.get(d, "adapter", path, str)
@@ -477,10 +480,11 @@ def _task(c: _Checker, raw: Any, path: str, adapters: dict[str, str] | None, str
         c.error(f"{path}.deadline_ms", f"must be at most one hour (3600000), got {deadline:.0f}")
     priority = _priority(c, d, path, stream_priority)
     track = c.get(d, "track", path, bool, False)
+    frame_filter = parse_filter(c, d.get("filter"), f"{path}.filter", track)
     if adapter is None or name is None:
         return None
     return TaskConfig(name=name, adapter=adapter, frames_per_chunk=n, deadline_ms=deadline, priority=priority,
-                      track=track)
+                      track=track, filter=frame_filter)
 
 
 def _priority(c: _Checker, d: dict, path: str, default: int) -> int:

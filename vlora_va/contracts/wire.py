@@ -60,6 +60,11 @@ class TaskRequest:
     # Not live (a file read as fast as possible): never shed, served when live work leaves room; its
     # source waits instead (backpressure). The deadline is still reported.
     best_effort: bool = False
+    # Frame filtering (contracts/filtering.py): >= 0, the task's frames showed nothing new since chunk reuse_chunk, so
+    # none is sent (frames is empty) and its row is that chunk's result; reuse_ts are the media times of the frames it
+    # would have had (the row's frame_ts). Left out of the JSON when unused.
+    reuse_chunk: int = -1
+    reuse_ts: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,9 @@ class ChunkHeader:
         for optional in ("outage_s", "reconnects", "decoded", "snapshots"):
             if not d[optional]:
                 del d[optional]
+        for t in d["tasks"]:
+            if t["reuse_chunk"] < 0:
+                del t["reuse_chunk"], t["reuse_ts"]
         return json.dumps(d, separators=(",", ":")).encode()
 
 
@@ -122,10 +130,12 @@ class Chunk:
         ready = min(h.ready_wall + clock_offset, received)
         return [
             Request(stream=h.stream, seq=h.seq, task=t.name, adapter=t.adapter,
-                    frames=[self.frames[i] for i in t.frames], frame_ts=[h.frame_ts[i] for i in t.frames],
+                    frames=[self.frames[i] for i in t.frames],
+                    frame_ts=list(t.reuse_ts) if t.reuse_chunk >= 0 else [h.frame_ts[i] for i in t.frames],
                     letterbox=h.letterbox, orig_size=h.orig_size, ready=ready, received=received,
                     deadline=ready + t.deadline_ms / 1000.0, priority=t.priority, dropped_before=h.dropped_before,
-                    best_effort=t.best_effort, outage_before_s=h.outage_s, jpegs=self.jpegs)
+                    best_effort=t.best_effort, outage_before_s=h.outage_s, jpegs=self.jpegs,
+                    reuse_chunk=t.reuse_chunk)
             for t in h.tasks
         ]
 
@@ -230,18 +240,20 @@ def _obj(fields: dict[str, Check], optional: dict[str, Any] | None = None) -> Ch
 TASK_SCHEMA = _obj({
     "name": _text(NAME, "a task name of 1-64 letters, digits, '_.-'"),
     "adapter": _text(NAME, "an adapter name of 1-64 letters, digits, '_.-'"),
-    "frames": _list(_int(0, MAX_FRAMES - 1), 1, MAX_FRAMES),
+    "frames": _list(_int(0, MAX_FRAMES - 1), 0, MAX_FRAMES),  # empty only for a reused chunk (_relations)
     "deadline_ms": _num(1.0, 3_600_000.0),
     "priority": _int(-1000, 1000),
     "best_effort": _bool,
-}, optional={"priority": 0, "best_effort": False})
+    "reuse_chunk": _int(-1, MAX_SEQ),
+    "reuse_ts": _list(_num(0.0, MAX_MEDIA_S), 0, MAX_FRAMES),
+}, optional={"priority": 0, "best_effort": False, "reuse_chunk": -1, "reuse_ts": ()})
 
 HEADER_SCHEMA = _obj({
     "v": _const(PROTOCOL_VERSION),
     "stream": _text(STREAM_ID, "a stream id of 1-64 letters, digits, '_.-'"),
     "seq": _int(0, MAX_SEQ),
     "fps": _num(0.01, 1000.0),
-    "frame_ts": _list(_num(0.0, MAX_MEDIA_S), 1, MAX_FRAMES),
+    "frame_ts": _list(_num(0.0, MAX_MEDIA_S), 0, MAX_FRAMES),  # none when every task reuses a chunk
     "frame_shape": _list(_int(1, MAX_FRAME_SIDE), 3, 3),
     "orig_size": _list(_int(1, 16384), 2, 2),
     "letterbox": _obj({"scale": _num(1e-4, 1e4), "pad_x": _num(0.0, MAX_FRAME_SIDE), "pad_y": _num(0.0, MAX_FRAME_SIDE)}),
@@ -282,6 +294,12 @@ def _relations(d: dict) -> None:
         if bad or len(set(t["frames"])) != len(t["frames"]):
             raise WireError(f"{where}.frames: expected distinct indices into the {len(ts)} frames sent, "
                             f"got {list(t['frames'])[:8]}")
+        if t["reuse_chunk"] >= 0:
+            if t["frames"] or not t["reuse_ts"] or t["reuse_chunk"] >= d["seq"]:
+                raise WireError(f"{where}: a reused chunk has no frames, the media times of those it stands for "
+                                f"(reuse_ts), and an earlier chunk (reuse_chunk < seq)")
+        elif not t["frames"] or t["reuse_ts"]:
+            raise WireError(f"{where}.frames: expected 1 to {MAX_FRAMES} frames (or reuse_chunk)")
     snaps = d["snapshots"]
     if any(j >= len(ts) for j in snaps) or len(set(snaps)) != len(snaps):
         raise WireError(f"header.snapshots: expected distinct indices into the {len(ts)} frames sent, "

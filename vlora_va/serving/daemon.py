@@ -134,8 +134,12 @@ class Daemon:
         if item.requests:
             first = item.requests[0]
             self.rows.analytics.frames(item.stream, first.ready, max(first.frame_ts, default=0.0))
-        self.rows.expect([(r.stream, r.task, r.seq) for r in item.requests])
-        admitted = self.admission.admit(item.requests, self.catalog, self.adapters.failed, self.adapters.loading,
+        self.rows.expect(item.requests)
+        # Filtered frames (a task that reuses an earlier chunk's result) cost no compute: straight to their rows.
+        fresh = [r for r in item.requests if r.reuse_chunk < 0]
+        if len(fresh) < len(item.requests):
+            self.rows.reused([r for r in item.requests if r.reuse_chunk >= 0])
+        admitted = self.admission.admit(fresh, self.catalog, self.adapters.failed, self.adapters.loading,
                                         time.time())
         self.adapters.hold(admitted.held)
         self.rows.refuse(admitted.refused)

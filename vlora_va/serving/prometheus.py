@@ -91,6 +91,8 @@ class DaemonMetrics:
         self._sink_queue = Gauge("vlora_sink_queue_rows", "Rows accepted by a sink and not yet delivered", ["sink"],
                                  registry=r)
         self.sinks: dict[str, dict] = {}  # sink name -> its last stats()
+        self._reused = Counter("vlora_results_reused", "Result rows answered from an earlier chunk: the task's frames "
+                               "were filtered at ingest (nothing new)", ["stream", "task"], registry=r)
         self._events = Counter("vlora_events", "Event rows written, by event name", ["stream", "event"], registry=r)
         self._crossings = Counter("vlora_line_crossings", "Line crossings of confirmed tracks (a line's running "
                                   "totals)", ["stream", "line", "direction", "class"], registry=r)
@@ -143,13 +145,16 @@ class DaemonMetrics:
         self._malformed.inc()
 
     def row(self, stream: str, task: str, status: str, deadline_met: bool, total_s: float,
-            cause: str | None = None) -> None:
+            cause: str | None = None, reused: bool = False) -> None:
         """One result row written (every request gets exactly one): its stream, task, status, whether it met its
-        deadline, its total latency, and for a shed row why (the label). Metrics count; they never keep a row."""
+        deadline, its total latency, for a shed row why (the label), and whether it reused an earlier chunk's result
+        (frame filtering). Metrics count; they never keep a row."""
         t = self.totals
         stream = self.stream_label(stream)
         task = task if stream != OTHER_STREAMS else OTHER_STREAMS
         self._results.labels(stream, task, status).inc()
+        if reused:
+            self._reused.labels(stream, task).inc()
         if status == "ok":
             t.ok += 1
             self._latency_s.labels(stream, task).observe(total_s)

@@ -29,6 +29,7 @@ from vlora_va.contracts.results import Payload, ResultRecord
 from vlora_va.engine.executor import Engine
 from vlora_va.engine.plan import BatchPlan, Catalog
 from vlora_va.serving.prometheus import DaemonMetrics
+from vlora_va.serving.reuse import Reuse, reused_row
 from vlora_va.serving.scheduling import Shed
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class Rows:
         self._log_errors = Throttle(log, "error rows")
         self._provenance = self._make_provenance()
         self.analytics = Analytics(config)
+        self.reuse = Reuse()  # rows of filtered frames: an earlier chunk's result (serving/reuse.py)
 
     # ------------------------------------------------------------------ where rows go
     def attach(self, sinks: list) -> None:
@@ -114,14 +116,26 @@ class Rows:
         """Requests that cannot be served, for one reason."""
         self.refuse([(r, "error", reason, None) for r in requests])
 
-    def expect(self, keys: list[tuple[str, str, int]]) -> None:
-        """(stream, task, chunk) of the requests the daemon accepted (before admission: each gets a row)."""
-        self.analytics.expect(keys)
+    def expect(self, requests: list[Request]) -> None:
+        """The requests the daemon accepted (before admission: each gets a row)."""
+        self.analytics.expect([(r.stream, r.task, r.seq) for r in requests])
+        self.reuse.expect(requests)
+
+    def reused(self, requests: list[Request]) -> None:
+        """Requests whose frames ingest filtered out: their rows are an earlier chunk's (now, or once it is written)."""
+        now = time.time()
+        rows = [(rec, None, r) for r in requests
+                if (rec := self.reuse.take(r, now, self.provenance(r.adapter))) is not None]
+        if rows:
+            self._write(rows)
 
     def tick(self, now: float, deaf: bool = False) -> None:
         """What time passing makes: streams going offline or coming back (events), the active tracks gauge.
         deaf: the daemon is not reading its socket now (backpressure), so ingest's silence says nothing."""
         self.analytics.liveness.deaf(deaf, now)
+        late = self.reuse.expire(now)
+        if late:
+            self._write([(rec, "deadline", req) for req, rec in late])
         events = self.analytics.tick(now)
         if events:
             self._write([(e, None, None) for e in events])
@@ -135,7 +149,11 @@ class Rows:
             self._emit(rows)
 
     def finish(self) -> None:
-        """The daemon has answered every request: the tracks end, and with them the zone presences (events)."""
+        """The daemon has answered every request: reuse requests still waiting will get no source row, the tracks
+        end, and with them the zone presences (events)."""
+        left = self.reuse.expire(time.time(), everything=True)
+        if left:
+            self._write([(rec, "deadline", req) for req, rec in left])
         events = self.analytics.end()
         if events:
             self._write([(e, None, None) for e in events])
@@ -153,17 +171,24 @@ class Rows:
         for rec, cause, _ in rows:
             if rec.type != "result":
                 continue
-            self.metrics.row(rec.stream, rec.task, rec.status, rec.deadline_met, rec.latency.total_s, cause)
+            self.metrics.row(rec.stream, rec.task, rec.status, rec.deadline_met, rec.latency.total_s, cause,
+                             reused="reused_chunk" in rec.extra)
             if rec.status == "error":
                 self._log_errors.error(time.monotonic(), "stream %s chunk %d task %s: %s", rec.stream, rec.chunk,
                                        rec.task, rec.reason)
         records = [rec for rec, _, _ in rows]
         self.metrics.events([rec for rec in records if rec.type == "event"])
+        released = []  # reuse requests that waited for one of these rows
+        for rec in records:
+            if rec.type == "result":
+                released += self.reuse.written(rec)
         for sink in self.sinks:
             sink.write(records)
         # A tracked task's served row may leave with a later write (a shed row of an earlier chunk releases it):
         # its observers hear of it whenever it leaves.
-        served = [(req, rec) for rec, _, req in rows if req is not None and rec.type == "result" and rec.status == "ok"]
+        # (a reused row has no frames to show: its observers saw them with the chunk it reuses)
+        served = [(req, rec) for rec, _, req in rows
+                  if req is not None and rec.type == "result" and rec.status == "ok" and req.reuse_chunk < 0]
         for fn in list(self._served_observers):
             try:
                 for req, rec in served:
@@ -177,4 +202,7 @@ class Rows:
             except Exception:  # noqa: BLE001 - an observer must not take serving down
                 log.exception("a row observer failed and is removed")
                 self._row_observers.remove(fn)
+        if released:
+            now = time.time()
+            self._write([(reused_row(req, source, now), None, req) for req, source in released])
         return rows

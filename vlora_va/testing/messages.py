@@ -54,7 +54,7 @@ FIELDS: dict[str, tuple] = {
     "stream": ("text",),
     "seq": ("int", 0, MAX_SEQ),
     "fps": ("num", 0.01, 1000.0),
-    "frame_ts": ("list", 1, MAX_FRAMES),
+    "frame_ts": ("list", 0, MAX_FRAMES),  # empty only when every task reuses a chunk (a relation, checked apart)
     "frame_ts[]": ("num", 0.0, MAX_MEDIA_S),
     "frame_shape": ("list", 3, 3),
     "frame_shape[]": ("int", 1, MAX_SIDE),
@@ -68,11 +68,14 @@ FIELDS: dict[str, tuple] = {
     "tasks[]": ("obj",),
     "tasks[].name": ("text",),
     "tasks[].adapter": ("text",),
-    "tasks[].frames": ("list", 1, MAX_FRAMES),
+    "tasks[].frames": ("list", 0, MAX_FRAMES),  # empty only with reuse_chunk (a relation)
     "tasks[].frames[]": ("int", 0, MAX_FRAMES - 1),
     "tasks[].deadline_ms": ("num", 1.0, 3_600_000.0),
     "tasks[].priority": ("int", -1000, 1000),
     "tasks[].best_effort": ("bool",),
+    "tasks[].reuse_chunk": ("int", -1, MAX_SEQ),  # frame filtering; absent in generated messages
+    "tasks[].reuse_ts": ("list", 0, MAX_FRAMES),
+    "tasks[].reuse_ts[]": ("num", 0.0, MAX_MEDIA_S),
     "ready_wall": ("num", 0.0, MAX_WALL),
     "sent_wall": ("num", 0.0, MAX_WALL),
     "dropped_before": ("int", 0, MAX_SEQ),
@@ -82,7 +85,7 @@ FIELDS: dict[str, tuple] = {
     "snapshots": ("list", 0, MAX_FRAMES),  # the JPEG parts that follow the frames: absent in generated messages
 }
 OPTIONAL = {"dropped_before", "outage_s", "reconnects", "decoded", "snapshots", "tasks[].priority",
-            "tasks[].best_effort"}
+            "tasks[].best_effort", "tasks[].reuse_chunk", "tasks[].reuse_ts"}
 # legal values of the optional header fields that ingest leaves out when 0
 OPTIONAL_VALUES = {"outage_s": (0.0, 1.5, MAX_MEDIA_S), "reconnects": (0, 3, MAX_SEQ), "decoded": (0, 30, MAX_SEQ)}
 NAME_CHARS = string.ascii_letters + string.digits + "_.-"
@@ -764,7 +767,7 @@ def wire_fields() -> set[str]:
     from vlora_va.contracts.geometry import Letterbox
     from vlora_va.contracts.wire import ChunkHeader, TaskRequest
 
-    lists = {"frame_ts", "frame_shape", "orig_size", "tasks", "tasks[].frames"}
+    lists = {"frame_ts", "frame_shape", "orig_size", "tasks", "tasks[].frames", "tasks[].reuse_ts"}
     out = set()
     for f in dataclasses.fields(ChunkHeader):
         out.add(f.name)

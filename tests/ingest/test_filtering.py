@@ -1,0 +1,119 @@
+"""vlora_va.ingest.filtering and its use by the chunker: a task whose frames show nothing new since the last ones
+sent for it sends none, names the chunk whose result stands for it, and the message carries only the frames a
+sending task needs (none at all when every task reuses)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import av
+import cv2
+import numpy as np
+import pytest
+
+from tests.ingest.ingest_helpers import IMAGE_SIZE, stream
+from vlora_va.contracts.config import TaskConfig
+from vlora_va.contracts.filtering import FilterConfig
+from vlora_va.contracts.wire import decode_message, encode_chunk
+from vlora_va.ingest.chunker import Chunker
+from vlora_va.ingest.filtering import THUMB, FrameFilter, difference, thumbnail
+from vlora_va.ingest.source import Frame
+
+
+def image(level: int, side: int = 2 * THUMB, seed: int = 0) -> np.ndarray:
+    """A textured RGB image whose grey level is shifted by `level` (a light change)."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(60, 180, (side, side, 3), dtype=np.int16)
+    return np.clip(base + level, 0, 255).astype(np.uint8)
+
+
+def test_the_feature_is_the_largest_mean_grey_difference_of_the_thumbnails():
+    a, b = image(0), image(0, seed=1)
+    # reference: grey (OpenCV's weights), then the mean of each 2x2 block (area resize of a 2x image), then |a - b|
+    def ref_thumb(im):
+        g = cv2.cvtColor(im, cv2.COLOR_RGB2GRAY).astype(np.float64)
+        return g.reshape(THUMB, 2, THUMB, 2).mean(axis=(1, 3))
+    want = np.mean(np.abs(ref_thumb(a) - ref_thumb(b)))
+    same = thumbnail(a)
+    assert difference([same, same], [same, thumbnail(b)]) == pytest.approx(want, abs=0.01)  # the larger pair
+
+
+def test_unchanged_frames_reuse_the_chunk_last_sent_until_the_refresh():
+    f = FrameFilter(FilterConfig(threshold=2.5, refresh_chunks=4))
+    decisions = [f.decide(seq, [image(0)]) for seq in range(9)]
+    assert decisions == [-1, 0, 0, 0, -1, 4, 4, 4, -1]  # frames at least every 4 chunks
+    assert (f.sent, f.reused) == (3, 6)
+
+
+def test_a_slow_drift_adds_up_against_the_frames_last_sent():
+    """One grey level per chunk never passes a 2.5 threshold against the previous chunk, but it does against the
+    reference: frames are sent again once the scene has drifted that far."""
+    f = FrameFilter(FilterConfig(threshold=2.5, refresh_chunks=100))
+    assert [f.decide(seq, [image(seq)]) for seq in range(7)] == [-1, 0, 0, -1, 3, 3, -1]
+
+
+def test_a_change_anywhere_in_the_tasks_frames_sends_them():
+    f = FrameFilter(FilterConfig(threshold=2.5, refresh_chunks=100))
+    assert f.decide(0, [image(0), image(0)]) == -1
+    moved = image(0)
+    moved[40:120, 40:100] = 255  # someone walks in, in the second frame only
+    assert f.decide(1, [image(0), moved]) == -1
+    assert f.decide(2, [image(0), moved]) == 1
+
+
+def test_a_dropped_reference_makes_the_next_chunk_send():
+    f = FrameFilter(FilterConfig(threshold=2.5, refresh_chunks=100))
+    assert f.decide(0, [image(0)]) == -1
+    f.invalidate(5)  # not the reference: nothing changes
+    assert f.decide(1, [image(0)]) == 0
+    f.invalidate(0)  # the reference will never reach the daemon
+    assert f.decide(2, [image(0)]) == -1
+    assert f.decide(3, [image(0)]) == 2
+
+
+def frame(rgb: np.ndarray, ts: float) -> Frame:
+    return Frame(av.VideoFrame.from_ndarray(rgb, format="rgb24"), ts, time.time())
+
+
+def chunks_of(chunker: Chunker, frames: list[np.ndarray], fps: float) -> list:
+    out = [chunker.add(frame(rgb, i / fps)) for i, rgb in enumerate(frames)]
+    return [c for c in out if c is not None]
+
+
+def filtered(name: str, k: int, threshold: float = 2.5) -> TaskConfig:
+    return TaskConfig(name=name, adapter=name, frames_per_chunk=k, deadline_ms=1000.0,
+                      filter=FilterConfig(threshold=threshold, refresh_chunks=100))
+
+
+def test_a_reusing_task_sends_no_frames_and_the_message_carries_only_what_the_others_need():
+    still = image(0, side=96)
+    tasks = (filtered("act", 4), TaskConfig(name="det", adapter="det", frames_per_chunk=1, deadline_ms=500.0))
+    chunker = Chunker(stream("cam", "x.mp4", fps=4, tasks=tasks), IMAGE_SIZE)
+    first, second = chunks_of(chunker, [still] * 8, fps=4)
+    assert len(first.frames) == 4 and first.header.tasks[0].reuse_chunk == -1
+    act, det = second.header.tasks
+    assert act.reuse_chunk == 0 and act.frames == () and act.reuse_ts == (1.0, 1.25, 1.5, 1.75)
+    assert det.reuse_chunk == -1 and len(second.frames) == 1 and second.header.frame_ts == (1.5,)
+    assert det.frames == (0,)
+    # Over the wire, the daemon's requests: the reusing task has no frames and the times it stands for.
+    requests = decode_message(encode_chunk(second.header, second.frames)).requests(time.time())
+    assert [(r.task, r.reuse_chunk, len(r.frames), r.frame_ts) for r in requests] == [
+        ("act", 0, 0, [1.0, 1.25, 1.5, 1.75]), ("det", -1, 1, [1.5])]
+
+
+def test_when_every_task_reuses_the_message_is_a_header_alone():
+    still = image(0, side=96)
+    chunker = Chunker(stream("cam", "x.mp4", fps=2, tasks=(filtered("a", 2), filtered("b", 1))), IMAGE_SIZE)
+    _, second = chunks_of(chunker, [still] * 4, fps=2)
+    parts = encode_chunk(second.header, second.frames)
+    assert len(parts) == 1 and second.header.frame_ts == ()
+    requests = decode_message(parts).requests(time.time())
+    assert [(r.task, r.reuse_chunk, r.frame_ts) for r in requests] == [("a", 0, [1.0, 1.5]), ("b", 0, [1.5])]
+
+
+def test_a_task_without_a_filter_sends_every_chunk():
+    still = image(0, side=96)
+    chunker = Chunker(stream("cam", "x.mp4", fps=2, tasks=(replace(filtered("a", 2), filter=None),)), IMAGE_SIZE)
+    assert all(c.header.tasks[0].reuse_chunk == -1 and len(c.frames) == 2
+               for c in chunks_of(chunker, [still] * 6, fps=2))
