@@ -382,6 +382,7 @@ DELEGATED = {
     "tune": ("vlora_va.kernels.tuning", "main", "profile ATMM strategies/tiles on this device and write the table"),
     "train": ("vlora_va.training.cli", "main_train", "train adapters from a spec (knowledge fusion)"),
     "eval": ("vlora_va.training.cli", "main_eval", "evaluate an adapter on videos"),
+    "filter": ("vlora_va.training.cli", "main_filter", "frame filtering: `filter tune` measures a task's threshold"),
 }
 
 

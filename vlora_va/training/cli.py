@@ -208,3 +208,53 @@ def _print_human(where: str, h: dict | None, what: str = "per person") -> None:
               + f"; confusion (rows = reference, last column = missed) {h['activities']}: {h['confusion']}"
               + (f"; at IoU >= 0.3: top-1 {fmt_ratio(h['at_iou_0.3']['top1'])}, found "
                  f"{fmt_ratio(h['at_iou_0.3']['recall'])}" if "at_iou_0.3" in h else ""))
+
+
+def main_filter(argv: list[str] | None = None) -> int:
+    """`vlora-va filter tune CONFIG --stream S --task T`: the frame-filter threshold for a task (filter_tune.py)."""
+    ap = argparse.ArgumentParser(prog="vlora-va filter", description="Frame filtering for quiet cameras.")
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("tune", help="measure filter thresholds on the stream's video against the unfiltered results "
+                                    "and print the largest within max_loss (paste it under the task as filter:)")
+    p.add_argument("config", help="pipelines.yaml")
+    p.add_argument("--stream", required=True)
+    p.add_argument("--task", required=True)
+    p.add_argument("--range", default="0-55", metavar="START-END",
+                   help="seconds of the stream's video to tune on (default 0-55: the shipped adapters' training range)")
+    p.add_argument("--max-loss", type=float, default=0.02, help="accuracy loss allowed (default 0.02)")
+    p.add_argument("--refresh-chunks", type=int, default=10)
+    p.add_argument("--json", type=Path, help="also write the report here")
+    args = ap.parse_args(argv)
+    from vlora_va.contracts.config import ConfigError, load_config
+    from vlora_va.training.filter_tune import tune
+
+    try:
+        cfg = load_config(args.config)
+        start, end = (float(x) for x in args.range.split("-", 1))
+        stream = cfg.stream(args.stream)
+        if args.task not in {t.name for t in stream.tasks}:
+            raise ValueError(f"stream {args.stream} has no task {args.task!r} (tasks: "
+                             f"{', '.join(t.name for t in stream.tasks)})")
+    except ConfigError as e:
+        for problem in e.errors:
+            print(f"invalid: {problem}", file=sys.stderr)
+        return 2
+    except KeyError:
+        print(f"no stream {args.stream!r} in {args.config}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"{e}", file=sys.stderr)
+        return 2
+    report = tune(cfg, args.stream, args.task, start, end, args.max_loss, args.refresh_chunks)
+    print(f"{report.stream}/{report.task} ({report.kind}, {report.chunks} chunks, refresh every "
+          f"{report.refresh_chunks}): loss against the unfiltered results, share of chunks filtered")
+    for c in report.candidates:
+        mark = " <- chosen" if c is report.chosen else ""
+        print(f"  threshold {c.threshold:5g}: loss {c.loss:.4f}, filtered {c.reused_share:.0%}{mark}")
+    print(report.yaml())
+    if args.json:
+        import dataclasses
+        import json
+
+        args.json.write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+    return 0
