@@ -5,8 +5,9 @@
                                    └► otherwise: send, and these thumbnails become the reference
 
 The reference is what was last *sent*, not the previous chunk: a scene drifting slowly (light, a shadow) adds up
-until it passes the threshold, instead of slipping under it one small step at a time. A thumbnail costs a resize
-of an image ingest has already made (tens of microseconds); no torch. If a chunk that was the reference never
+until it passes the threshold, instead of slipping under it one small step at a time. A decision costs a colour
+conversion and a resize of an image ingest has already made (about 0.2 ms per 336-px frame on the reference
+machine, `bench/filtering.py`); no torch. If a chunk that was the reference never
 reaches the daemon (ingest's queue dropped it), `invalidate()` makes the next chunk send its frames.
 """
 

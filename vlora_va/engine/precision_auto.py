@@ -6,8 +6,16 @@ of the precisions that (1) this CPU runs natively (bf16 only with native bf16, i
 served adapter passed the accuracy gate for (`GATE_FILE` beside the adapter, written by
 `bench/precision_accuracy.py`: the held-out paired difference to fp32 whose bootstrap 95% interval must not lie
 below `GATE_MIN_DELTA`, for the adapter's exact weights), and (3) measured faster than fp32 on this machine by
-`SPEED_MARGIN` (`measure_speeds`: a few interleaved forwards of the pipeline's own mix of image sizes, cached
-beside the cost profiles, and re-checked at each start by one fresh round of the two fastest: `ranking_holds`).
+`SPEED_MARGIN` (`measure_speeds`: a few interleaved forwards of the pipeline's own mix of image sizes).
+
+The choice is stable from one start to the next (`decide`). The speeds and the choice are cached beside the cost
+profiles, keyed by what changes them (CPU, threads, torch, backbone, workload, int8 activation width: a changed
+key is a cache miss, measured afresh). Each later start re-times the previous choice against the cached runner-up
+(one round) and keeps the previous choice unless the runner-up is at least `SWITCH_MARGIN` faster there and again
+in a full measurement, both on a quiet machine (`others_share`: other processes took at most `QUIET_MAX_SHARE`
+of the CPUs while it ran). Why: bf16 and int8 can run within a few percent of each other, and taking whichever
+was ahead at each start flipped the precision, and with it the detections, between runs; a probe on a busy
+machine ranks them wrong (a neighbour slows int8 more than bf16).
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ log = logging.getLogger(__name__)
 GATE_FILE = "precision.json"  # an adapter's accuracy-gate results, beside its weights
 GATE_MIN_DELTA = -0.01  # a precision stays off when its accuracy interval (vs fp32) lies below this
 SPEED_MARGIN = 0.95  # auto takes a lower precision only when it runs in at most this share of the fp32 time
+# A later start leaves its previous choice only for a precision measured at least this much faster (its time at most
+# 1 / 1.10 of the previous one's): start-to-start noise on a CPU is ~5%, and a flip changes detections.
+SWITCH_MARGIN = 0.10
 
 
 # ---------------------------------------------------------------- the accuracy gate
@@ -116,11 +127,12 @@ def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: s
 
 
 def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds: dict[str, float] | None,
-           dtype_setting: str = "auto") -> Choice:
+           dtype_setting: str = "auto", previous: str | None = None) -> Choice:
     """The precision to run. setting: daemon.precision ("auto" or one of PRECISIONS); gate: {precision: why the
     accuracy gate keeps it off, or None}; speeds: {precision: measured seconds of the same work,
     `measure_speeds`} (None: not measured); dtype_setting: daemon.dtype (an explicit bfloat16 / float16 fixes
-    the precision)."""
+    the precision); previous: auto's choice at the last start, kept unless another precision measured at least
+    SWITCH_MARGIN faster (`stay_or_switch`)."""
     if setting != "auto":
         why = caps.runs(setting)
         if why:
@@ -141,14 +153,32 @@ def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds
     timed = {p: speeds[p] for p in usable if p in speeds}
     best = min(timed, key=timed.get)
     ratios = ", ".join(f"{p} {timed[p] / speeds['fp32']:.2f}x" for p in timed if p != "fp32")
+    if previous in timed:
+        return stay_or_switch(previous, timed, f"{ratios} of fp32")
     if best == "fp32" or timed[best] > SPEED_MARGIN * speeds["fp32"]:
         return Choice("fp32", f"no precision measured faster than fp32 here ({ratios})")
     return Choice(best, f"fastest here ({ratios} of fp32), accuracy gate passed")
 
 
+def stay_or_switch(previous: str, speeds: dict[str, float], detail: str = "") -> Choice:
+    """The previous choice, unless the fastest of `speeds` (seconds, measured now) beats it by SWITCH_MARGIN; the
+    reason gives the margin measured."""
+    best = min(speeds, key=speeds.get)
+    if best == previous:
+        return Choice(previous, "kept from the last start: still the fastest here" + (f" ({detail})" if detail else ""))
+    margin = speeds[previous] / speeds[best] - 1
+    verdict = f"{best} measured {margin:.1%} faster; a switch needs {SWITCH_MARGIN:.0%}"
+    verdict += f"; {detail}" if detail else ""
+    if margin < SWITCH_MARGIN:
+        return Choice(previous, f"kept from the last start ({verdict})")
+    return Choice(best, f"switched from {previous} ({verdict})")
+
+
 # ---------------------------------------------------------------- measuring speed (auto on a CPU)
 PROBE_MAX_IMAGES = 4  # images per size in one timed forward (CPU time is near linear in images: scaled up)
-RECHECK_MARGIN = 1.10  # a cached ranking holds while its fastest runs within this of the runner-up, measured now
+FULL_ROUNDS = 3  # interleaved rounds of a full measurement (the fastest counts); a re-check times one
+QUIET_MAX_SHARE = 0.15  # a measurement counts as quiet while other processes took at most this share of the CPUs
+LOAD_WINDOW_S = 0.25  # the shortest window that share is read over (/proc/stat counts in 10 ms ticks)
 
 
 def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workload: dict[int, float]) -> dict:
@@ -164,7 +194,7 @@ def _speed_path(directory: Path, key: dict) -> Path:
 
 
 def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[int, float],
-                   rounds: int = 3) -> dict[str, float]:
+                   rounds: int = FULL_ROUNDS) -> dict[str, float]:
     """Seconds of backbone compute one second of the pipeline's images takes in each precision.
 
     workload: images per second the pipeline sends, by image size. Per size one plain-backbone forward of
@@ -194,40 +224,140 @@ def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[in
     return {p: min(t) for p, t in times.items()}
 
 
-def ranking_holds(speeds: dict[str, float], measure) -> bool:
-    """Whether cached speeds still rank right here: one fresh round (`measure(precisions)`) of the cached fastest
-    and the runner-up. A cache taken while other work shared the cores can rank them wrong (int8 and bf16 suffer
-    differently from a neighbour), and the choice would then stay wrong for every later start."""
-    if len(speeds) < 2:
-        return True
-    first, second = sorted(speeds, key=speeds.get)[:2]
-    fresh = measure([first, second])
-    return fresh[first] <= RECHECK_MARGIN * fresh[second]
+# ---------------------------------------------------------------- is the machine quiet while it measures
+def _machine_busy() -> tuple[float, int] | None:
+    """(CPU-seconds the whole machine has been busy since boot, its number of CPUs) from /proc/stat; None where
+    there is none. Busy is everything but idle and iowait, steal included (a VM's neighbours)."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+        ticks = [int(v) for v in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, IndexError, ValueError):
+        return None
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), max(1, cpus)
 
 
-def cached_speeds(directory: Path, key: dict, measure, still_holds=None) -> dict[str, float]:
-    """The speeds measured for `key` (this machine, threads, torch, backbone, workload) while `still_holds(speeds)`
-    agrees with them; otherwise measure() and cache."""
+def others_share(fn):
+    """(fn(), the share of the machine's CPU time that other processes took while it ran; None where that cannot
+    be read). The machine's busy time less this process's own, over at least LOAD_WINDOW_S: a shorter run (a
+    tiny model) is followed by an idle wait, as the counters advance in ticks."""
+    before, own, t0 = _machine_busy(), time.process_time(), time.perf_counter()
+    result = fn()
+    rest = LOAD_WINDOW_S - (time.perf_counter() - t0)
+    if rest > 0:
+        time.sleep(rest)
+    after, own, wall = _machine_busy(), time.process_time() - own, time.perf_counter() - t0
+    if before is None or after is None:
+        return result, None
+    return result, min(1.0, max(0.0, (after[0] - before[0] - own) / (wall * after[1])))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Speeds measured now (`measure_speeds`), and how busy the rest of the machine was meanwhile."""
+    speeds: dict[str, float]
+    others: float | None  # share of the CPUs other processes took while measuring (None: not readable here)
+
+    @property
+    def quiet(self) -> bool:
+        return self.others is None or self.others <= QUIET_MAX_SHARE
+
+    @property
+    def load(self) -> str:
+        return ("machine load not readable here" if self.others is None else
+                f"other processes took {self.others:.0%} of the CPUs, quiet is at most {QUIET_MAX_SHARE:.0%}")
+
+
+# ---------------------------------------------------------------- the cache: last start's speeds and choice
+@dataclass(frozen=True)
+class Cached:
+    speeds: dict[str, float]
+    choice: str | None  # None: a cache written before choices were kept
+
+
+def read_cache(directory: Path, key: dict) -> Cached | None:
+    """What the last start measured and chose for `key`; None when nothing is cached for it (a changed key: other
+    threads, torch, backbone, workload ... names another file) or the file is unreadable or holds another key."""
     path = _speed_path(directory, key)
     try:
         data = json.loads(path.read_text())
-        if data.get("key") == key:
-            speeds = {p: float(s) for p, s in data["speeds"].items()}
-            if still_holds is None or still_holds(speeds):
-                return speeds
-            log.warning("cached precision speeds (%s) no longer rank the precisions right here: measuring again",
-                        path)
+        if data.get("key") != key:
+            log.info("%s holds precision speeds for another key: measuring again", path)
+            return None
+        choice = data.get("choice")
+        return Cached({p: float(t) for p, t in data["speeds"].items()}, choice if isinstance(choice, str) else None)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    speeds = measure()
+        return None
+
+
+def write_cache(directory: Path, key: dict, probe: Probe, choice: str) -> None:
+    path = _speed_path(directory, key)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"key": key, "speeds": speeds}, indent=1))
+        tmp.write_text(json.dumps({"key": key, "speeds": probe.speeds, "choice": choice, "others_share": probe.others},
+                                  indent=1))
         tmp.rename(path)
     except OSError as e:
         log.warning("precision speeds not cached (%s)", e)
-    return speeds
+
+
+# ---------------------------------------------------------------- deciding at a start
+def decide(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str, cache_dir: Path, key: dict,
+           probe) -> Choice:
+    """auto's choice on a CPU: the cached previous choice unless another usable precision is at least SWITCH_MARGIN
+    faster in a one-round re-check against the cached runner-up and again in a full measurement, both quiet.
+    Nothing cached for `key` (first start, or a stale key): a full measurement decides. probe(precisions, rounds)
+    -> Probe."""
+    usable, _ = candidates(caps, gate, dtype_setting)
+    if len(usable) == 1:
+        return choose("auto", caps, gate, None, dtype_setting)
+    cached = read_cache(cache_dir, key)
+    previous = cached.choice if cached and cached.choice in usable else None
+    if previous is None or not set(usable) <= set(cached.speeds):  # first start, stale, or the gate changed
+        return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous)
+    rival = min((p for p in usable if p != previous), key=cached.speeds.get)
+    check = probe([previous, rival], 1)
+    if not check.quiet:
+        return Choice(previous, f"kept from the last start: the machine was busy during the re-check ({check.load}); "
+                                "a switch is measured on a quiet machine only")
+    kept = stay_or_switch(previous, check.speeds, "timed in a one-round re-check")
+    if kept.precision == previous:
+        return kept
+    return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous)
+
+
+def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous) -> Choice:
+    """A full measurement of every usable precision decides (and is cached); with a previous choice, only a quiet
+    one may change it."""
+    full = probe(usable, FULL_ROUNDS)
+    if previous is not None and not full.quiet:
+        return Choice(previous, f"kept from the last start: the machine was busy while measuring ({full.load}); "
+                                "a switch is measured on a quiet machine only")
+    if not full.quiet:
+        log.warning("precision speeds measured on a busy machine (%s): the ranking may be off; a later quiet start "
+                    "re-checks it", full.load)
+    choice = choose("auto", caps, gate, full.speeds, dtype_setting, previous)
+    write_cache(cache_dir, key, full, choice.precision)
+    return choice
+
+
+def prober(backbone: nn.Module, workload: dict[int, float]):
+    """probe(precisions, rounds) -> Probe: `measure_speeds` of this backbone and workload, with the machine's load
+    meanwhile; each probe is logged."""
+    mix = ", ".join(f"{n:g}/s at {s} px" for s, n in sorted(workload.items()))
+
+    def probe(precisions: list[str], rounds: int) -> Probe:
+        t0 = time.perf_counter()
+        speeds, others = others_share(lambda: measure_speeds(backbone, precisions, workload, rounds))
+        measured = Probe(speeds, others)
+        log.info("precision speeds (%d round%s, %.1f s, %s; seconds of backbone compute per second of the "
+                 "pipeline's images, %s): %s", rounds, "s" * (rounds > 1), time.perf_counter() - t0, measured.load,
+                 mix, ", ".join(f"{p} {t:.3f}" for p, t in speeds.items()))
+        return measured
+
+    return probe
 
 
 def pick(setting: str, dtype_setting: str, device: str, backbone: nn.Module, backbone_id: str, adapters: dict,
@@ -238,14 +368,5 @@ def pick(setting: str, dtype_setting: str, device: str, backbone: nn.Module, bac
     gate = {p: gate_allows(adapters, p) for p in ("bf16", "int8")}
     if setting != "auto" or caps.device != "cpu" or dtype_setting in ("bfloat16", "float16"):
         return choose(setting, caps, gate, None, dtype_setting)
-    usable, _ = candidates(caps, gate, dtype_setting)
-    if len(usable) == 1:
-        return choose(setting, caps, gate, None, dtype_setting)
     key = speed_key(caps, backbone_id, backbone, workload)
-    t0 = time.perf_counter()
-    speeds = cached_speeds(cache_dir, key, lambda: measure_speeds(backbone, usable, workload),
-                           lambda cached: ranking_holds(cached, lambda ps: measure_speeds(backbone, ps, workload, 1)))
-    mix = ", ".join(f"{n:g}/s at {s} px" for s, n in sorted(workload.items()))
-    log.info("precision speeds (%.1f s; seconds of backbone compute per second of the pipeline's images, %s): %s",
-             time.perf_counter() - t0, mix, ", ".join(f"{p} {s:.3f}" for p, s in speeds.items()))
-    return choose(setting, caps, gate, speeds, dtype_setting)
+    return decide(caps, gate, dtype_setting, cache_dir, key, prober(backbone, workload))
