@@ -18,7 +18,7 @@ run: $(VENV)/.setup-base
 	$(VENV)/bin/vlora-va run pipelines.yaml
 
 test: $(VENV)/.setup-test
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest --durations=25
 
 bench: $(VENV)/.setup-base
 	$(VENV)/bin/python bench/atmm.py --threads 2 --batches 8,32

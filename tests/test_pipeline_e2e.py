@@ -8,17 +8,22 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.pipeline_helpers import Run
 from vlora_va.analytics.tracking import one_box_per_object
 from vlora_va.contracts.geometry import pair_iou
-from vlora_va.contracts.results import DetectionResult, FrameDetections, is_result
+from vlora_va.contracts.results import DetectionResult, FrameDetections, JsonlFollower, is_result
 from vlora_va.engine.backbones import DEFAULT_BACKBONE, cache_dir, fetched_ok
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,40 +263,163 @@ def test_ctrl_c_answers_every_chunk_ingest_sent(tmp_path):
         assert sum(r["stream"] == sid for r in rows) == sent[sid] * n
 
 
-def served_latency_bounds(rows: list[dict]) -> None:
-    """The real-time contract: served results meet their deadline at the 99th percentile and none is
-    written later than twice its deadline."""
+# ---------------------------------------------------------------- live runs, measured from outside
+READ_AT = "_read_at"  # the wall time this test read a row from the sink (added to the rows it returns)
+POLL_S = 0.01  # how often the sink is read: a row's read time is at most this late
+SAMPLE_S = 0.25  # how often the daemon's RSS is sampled
+
+
+@dataclasses.dataclass
+class Followed:
+    log: str  # the run's log (stderr)
+    rows: list[dict]  # result rows, in sink order, each with READ_AT
+    rss_kb: list[tuple[float, int]]  # (wall time, the daemon process's resident set) sampled during the run
+
+
+def follow(path: Path, timeout: float = 900, during=None) -> Followed:
+    """`vlora-va run` on a pipeline file to its end (it must exit 0), its JSONL sink read as it grows, like a
+    consumer's tail -f: each row is stamped with the wall time this test read it, and the daemon's RSS is sampled.
+    during(live, rows): called every SAMPLE_S while it runs."""
+    live = Run(path)
+    follower = JsonlFollower(live.sink)
+    rows: list[dict] = []
+    rss: list[tuple[float, int]] = []
+    daemon_pid, next_sample = None, 0.0
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            ended = live.proc.poll() is not None
+            lines = follower.new_lines()
+            read_at = time.time()
+            rows.extend({**row, READ_AT: read_at} for line in lines if is_result(row := json.loads(line)))
+            if ended:
+                break
+            assert time.monotonic() < deadline, f"vlora-va run still running after {timeout} s:\n{live.log()[-3000:]}"
+            if time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + SAMPLE_S
+                daemon_pid = daemon_pid or started_pid(live.log())
+                if daemon_pid and (kb := rss_kb(daemon_pid)):
+                    rss.append((time.time(), kb))
+                if during is not None:
+                    during(live, rows)
+            time.sleep(POLL_S)  # the sink's poll period (what it waits on is the process's end, above)
+    finally:
+        live.close()
+    log = live.log()
+    assert live.proc.returncode == 0, log[-3000:]
+    assert len(re.findall(r"daemon started \(pid \d+\)", log)) == 1, "the daemon was restarted: RSS samples mix two"
+    return Followed(log, rows, rss)
+
+
+def started_pid(log: str) -> int | None:
+    m = re.search(r"daemon started \(pid (\d+)\)", log)
+    return int(m.group(1)) if m else None
+
+
+def rss_kb(pid: int) -> int | None:
+    """A process's resident set (kB), None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    return int(m.group(1)) if m else None
+
+
+def end_to_end_s(row: dict) -> float:
+    """Capture to delivery: from the capture of the chunk's last frame (`captured_at`: ingest's clock, which on one
+    machine is the daemon's and this test's) to the moment this test read the row from the sink."""
+    return row[READ_AT] - datetime.fromisoformat(row["captured_at"]).timestamp()
+
+
+def served_on_time(rows: list[dict], min_served: int) -> None:
+    """The real-time contract, measured from outside the daemon: served rows are read from the sink within their
+    deadline at the 99th percentile, and none later than twice it; at least min_served rows were served."""
     ok = [r for r in rows if r["status"] == "ok"]
-    assert ok
-    late = sorted(r["latency_ms"]["total"] / r["deadline_ms"] for r in ok)
+    assert len(ok) >= min_served, f"{len(ok)} rows served, expected at least {min_served}"
+    late = sorted(end_to_end_s(r) * 1000 / r["deadline_ms"] for r in ok)
     assert late[int(0.99 * (len(late) - 1))] <= 1.0, late[-5:]
     assert late[-1] <= 2.0, late[-5:]
 
 
-def test_default_pipeline_in_real_time_meets_its_deadlines(tmp_path):
-    """The default pipeline paced like live cameras: whatever this machine's speed, what is served is on
-    time (the rest is shed with a reason), and the capacity estimate is said at start-up."""
+def summary(seconds: list[float]) -> str:
+    if not seconds:
+        return "none"
+    ordered = sorted(seconds)
+    return (f"median {ordered[len(ordered) // 2]:.3f} s, p99 {ordered[int(0.99 * (len(ordered) - 1))]:.3f} s, "
+            f"max {ordered[-1]:.3f} s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def results_in_metrics(port: int) -> tuple[dict[tuple[str, str, str], int], float]:
+    """The daemon's own counts from its /metrics: result rows by (stream, task, status), and the offered load
+    (seconds of compute per second) it measures now."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    counts, offered = {}, 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vlora_results_total":
+                counts[(sample.labels["stream"], sample.labels["task"], sample.labels["status"])] = int(sample.value)
+            elif sample.name == "vlora_offered_load":
+                offered = sample.value
+    return counts, offered
+
+
+LOAD_LIMIT = 0.5  # "well below capacity": at most half of what the admission estimate says this machine can do
+
+
+def test_below_half_its_capacity_every_row_is_served_on_time(tmp_path):
+    """The default pipeline's detection tasks (tracked on the surveillance stream, plain on the bikes), paced like
+    live cameras: about 0.4 s of compute per second on the 2-core reference machine (the activity task would
+    take it to 0.7), at most half of what the admission estimate (said at start-up) gives this machine. Nothing
+    is shed or dropped, and every row is read from the sink within its deadline, measured by this test from the
+    frame's capture."""
     path = pipeline(tmp_path, max_chunks=25, realtime=True)
     cfg = yaml.safe_load(path.read_text())
     cfg["ingest"]["drop_policy"] = "drop_oldest"
+    for s in cfg["streams"]:
+        s["tasks"] = [t for t in s["tasks"] if t["adapter"] == "detect"]
     path.write_text(yaml.safe_dump(cfg))
-    proc, rows = run(path)
+    live = follow(path)
+    need = re.search(r"capacity: 2 stream\(s\), \d+ images/s: needs (\d+\.\d+) s of compute per second here",
+                     live.log)
+    assert need, live.log[-3000:]
+    assert float(need.group(1)) <= LOAD_LIMIT, f"the estimate says this load needs {need.group(1)} s/s here: not a " \
+                                               f"load below half this machine's capacity (the test's premise)"
+    rows = live.rows
+    print(f"\nneeds {need.group(1)} s/s; {len(rows)} rows; capture to sink read: "
+          f"{summary([end_to_end_s(r) for r in rows])}")
     check_rows(rows, cfg)
-    served_latency_bounds(rows)
-    assert re.search(r"capacity: 2 stream\(s\), \d+ images/s: needs \d+\.\d+ s of compute per second here", proc.stderr)
-    detect = [d for r in rows if r["status"] == "ok" and r["task"] == "detect" and r["stream"] == "pedestrians"
-              for f in r["frames"] for d in f["detections"]]
-    assert sum(d["class"] == "person" for d in detect) >= 10  # people walk through every second of this scene
+    sent = ingest_sent(live.log)
+    assert {s["id"]: sum(r["stream"] == s["id"] for r in rows) for s in cfg["streams"]} == sent  # one task each
+    assert [r for r in rows if r["status"] != "ok" or not r["deadline_met"] or r.get("dropped_before")] == []
+    late = [(r["stream"], r["chunk"], r["task"], round(end_to_end_s(r), 3)) for r in rows
+            if end_to_end_s(r) * 1000 > r["deadline_ms"]]
+    assert late == [], f"read from the sink after the deadline: {late}"
+    people = [d for r in rows if r["stream"] == "pedestrians" for f in r["frames"] for d in f["detections"]
+              if d["class"] == "person"]
+    assert len(people) >= 10  # people walk through every second of this scene
+
+
+OVERLOAD_MIN = 1.3  # the offered load the overload test must reach (seconds of compute per second)
+RSS_GROWTH_MAX_MB = 300  # the daemon's RSS under overload may exceed its RSS when serving began by at most this
 
 
 def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_path):
     """Five copies of the surveillance stream (each detect + 8-frame activity) overload two cores; beside
-    them a light stream (detect on bikes, 1 frame/s) runs on after they end. Under overload served work keeps
-    its deadlines and the shed rows are counted per stream; once the load drops, the light stream is served
-    in full again, without a restart."""
+    them a light stream (detect on bikes, 1 frame/s) runs on after they end. Under overload, at the offered load
+    the daemon measures, served work keeps its deadlines (measured by this test from capture to the sink), memory
+    stays bounded, and the shed rows of each stream are what the daemon counts for it; once the load drops, the
+    light stream is served in full again, without a restart."""
+    port = free_port()
     cfg = yaml.safe_load((ROOT / "pipelines.yaml").read_text())
     cfg["daemon"]["endpoint"] = f"ipc://{tmp_path}/daemon.sock"
-    cfg["daemon"]["http_port"] = 0
+    cfg["daemon"]["http_port"] = port  # its /metrics: the daemon's own counts
     cfg["ingest"].update(drop_policy="drop_oldest", streams_per_worker=2)
     cfg["adapters"] = {n: str(ROOT / p) for n, p in cfg["adapters"].items()}
     peds = next(s for s in cfg["streams"] if s["id"] == "pedestrians")
@@ -309,16 +437,51 @@ def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_pat
     cfg["sinks"] = [{"type": "jsonl", "path": str(tmp_path / "results.jsonl")}]
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc, rows = run(path, timeout=900)
+    heavy_ids = {s["id"] for s in heavy}
+    seen = {"offered": 0.0, "counts": None}
+
+    def watch(live: Run, rows: list[dict]) -> None:
+        """The daemon's offered load, all along; its counts once every heavy chunk has its rows (18 chunks, two
+        tasks: check_rows below says no chunk was dropped), while the light stream runs on."""
+        if "daemon ready" not in live.log():
+            return
+        try:
+            counts, offered = results_in_metrics(port)
+        except OSError:  # its HTTP server may start a moment after it says ready
+            return
+        seen["offered"] = max(seen["offered"], offered)
+        if seen["counts"] is None and all(sum(r["stream"] == sid for r in rows) == 2 * 18 for sid in heavy_ids):
+            seen["counts"] = counts  # scraped after those rows were read: they were counted before written
+
+    live = follow(path, during=watch)
+    rows = live.rows
+    served = [r for r in rows if r["status"] == "ok"]
+    base = next(kb for t, kb in live.rss_kb if t >= rows[0][READ_AT])  # once serving began
+    peak = max(kb for _, kb in live.rss_kb)
+    print(f"\noffered up to {seen['offered']:.2f} s/s; {len(served)} of {len(rows)} rows served; capture to sink "
+          f"read: {summary([end_to_end_s(r) for r in served])}; daemon RSS {base // 1024} MB when serving began, "
+          f"peak {peak // 1024} MB")
     check_rows(rows, cfg)
-    served_latency_bounds(rows)
-    shed = {s["id"]: sum(r["status"] == "shed" for r in rows if r["stream"] == s["id"]) for s in heavy}
-    assert sum(shed.values()) > 0 and "overload:" in proc.stderr
+    served_on_time(rows, min_served=len(rows) // 4)
+    assert seen["offered"] >= OVERLOAD_MIN, f"the daemon measured at most {seen['offered']:.2f} s/s offered"
+    assert "overload:" in live.log
+    # per stream and task, the rows say what the daemon counted (shed above all)
+    counts = seen["counts"]
+    assert counts is not None, "the heavy streams' rows were never all in while the daemon ran"
+    mine = {}
+    for r in rows:
+        if r["stream"] in heavy_ids:
+            mine[(r["stream"], r["task"], r["status"])] = mine.get((r["stream"], r["task"], r["status"]), 0) + 1
+    assert {k: v for k, v in counts.items() if k[0] in heavy_ids and v} == mine
+    assert all(mine.get((sid, "activity", "shed"), 0) + mine.get((sid, "detect", "shed"), 0) > 0 for sid in heavy_ids)
+    # memory: bounded queues, whatever the load (RSS once serving began vs its peak under overload)
+    assert peak - base <= RSS_GROWTH_MAX_MB * 1024, f"daemon RSS {base // 1024} MB when serving began, peak " \
+                                                   f"{peak // 1024} MB"
     # Once the heavy streams are over (18 s) and the 5-s load window has forgotten them, everything is served.
     tail = [r for r in rows if r["stream"] == "bikes" and r["chunk"] >= 27]
     assert tail and all(r["status"] == "ok" and r["deadline_met"] for r in tail), [
         (r["chunk"], r["status"], r.get("reason")) for r in tail if r["status"] != "ok"]
     stopped = re.search(r"daemon stopped: (\d+) chunks, (\d+) requests, (\d+) results, (\d+) shed, (\d+) errors",
-                        proc.stderr)
+                        live.log)
     chunks, requests, ok, n_shed, errors = map(int, stopped.groups())
     assert requests == ok + n_shed + errors == len(rows) and errors == 0

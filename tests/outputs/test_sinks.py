@@ -130,7 +130,7 @@ def test_jsonl_unwritable_path_is_reported_counted_and_never_blocks(tmp_path, ca
     caplog.set_level(logging.INFO, logger="vlora_va.outputs.sinks")
     with JsonlSink(path, queue_max=50) as sink:
         times = timed_writes([sink], [records(i, 5) for i in range(0, 100, 5)])
-        time.sleep(0.3)
+        assert wait_for(lambda: sink.stats()["errors"] >= 1)  # it tried to open the file, and failed
         s = sink.stats()
         t0 = time.monotonic()
     close_s = time.monotonic() - t0
@@ -389,7 +389,7 @@ def test_hung_webhook_never_stalls_write_or_the_other_sinks(hung_server, tmp_pat
         with webhook(hung_server, queue_max=100, timeout_s=1.0, close_timeout_s=1.0) as hook:
             times = timed_writes([hook, jsonl], [records(i, 5) for i in range(0, 1000, 5)])
             assert jsonl.flush(10)
-            time.sleep(1.2)  # at least one POST timed out
+            assert wait_for(lambda: hook.stats()["errors"] >= 1)  # at least one POST timed out
             s = hook.stats()
             t0 = time.monotonic()
         close_s = time.monotonic() - t0
@@ -415,14 +415,34 @@ def test_zmq_pub_publishes_and_an_endpoint_in_use_is_counted_not_fatal(tmp_path,
             clash.write(records(0, 3))
             assert clash.stats() == {"written": 0, "dropped": 3, "errors": 1, "queue": 0}
         sub.connect(endpoint)
-        time.sleep(0.3)  # PUB/SUB: a late subscriber misses what was sent before it joined
+        probes = subscribed(pub, sub)  # PUB/SUB: a late subscriber misses what was sent before it joined
         pub.write(records(0, 5))
-        got = [sub.recv_multipart() for _ in range(5)]
+        got = []
+        while len(got) < 5:
+            topic, message = sub.recv_multipart()
+            if json.loads(message)["chunk"] != PROBE_CHUNK:  # probes sent before the first one arrived
+                got.append((topic, message))
     sub.close(linger=0)
     ctx.term()
     assert [(t, json.loads(m)) for t, m in got] == [(b"cam", r.to_json()) for r in records(0, 5)]
-    assert pub.stats()["written"] == 5
+    assert pub.stats()["written"] == 5 + probes
     assert any("cannot bind" in r.getMessage() for r in caplog.records)
+
+
+PROBE_CHUNK = 10**6
+
+
+def subscribed(pub, sub, timeout: float = 10.0) -> int:
+    """Publish probe rows until the subscriber receives one: from then on it gets everything published (a fixed
+    sleep would guess how long joining takes). Returns how many probes were published."""
+    deadline, sent = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        pub.write(records(PROBE_CHUNK, 1))
+        sent += 1
+        if sub.poll(20):
+            assert json.loads(sub.recv_multipart()[1])["chunk"] == PROBE_CHUNK
+            return sent
+    raise AssertionError(f"the subscriber received none of {sent} probes in {timeout} s")
 
 
 def _free_port() -> int:

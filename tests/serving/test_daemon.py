@@ -25,6 +25,7 @@ from vlora_va.engine.modes import UNMERGED, LoRAMode
 from vlora_va.outputs.attach import run_with_outputs
 from vlora_va.serving.daemon import Daemon
 from vlora_va.serving.scheduling import make_plan
+from vlora_va.testing.messages import make_seeing_detector, payload_difference
 from vlora_va.testing.tiny import TINY_IMAGE
 
 
@@ -225,11 +226,21 @@ def test_deadlines_survive_a_sender_whose_clock_is_off(running, skew_s):
     assert all(r["deadline_met"] and 100 <= r["latency_ms"]["total"] < 2000 for r in rows)
 
 
+@pytest.fixture(scope="module")
+def seeing(tmp_path_factory):
+    """A detection adapter whose untrained head fires (vlora_va/testing/messages.py): its rows carry detections,
+    so comparing them means something (the plain tiny detector finds nothing, and two empty lists always agree)."""
+    return make_seeing_detector(tmp_path_factory.mktemp("seeing") / "detect")
+
+
 @pytest.mark.parametrize("policy", ["vlora", "edf", "merge-only", "unmerge-only", "dlora"])
-def test_every_policy_serves_each_request_with_its_own_adapter(tmp_path, tiny_backbone_dir, tiny_adapters, policy):
+def test_every_policy_serves_each_request_with_its_own_adapter(tmp_path, tiny_backbone_dir, tiny_adapters, seeing,
+                                                               policy):
     """Distinguishable adapters, interleaved and skewed, through each policy (merge-only switches the base
-    weights between batches): every row equals that request computed alone with its own adapter."""
-    cfg = config(tmp_path, tiny_backbone_dir, tiny_adapters, policy=policy, premerge_max_mb=0, max_batch_images=4)
+    weights between batches): every row equals that request computed alone with its own adapter, and every
+    detection row compared holds detections."""
+    adapter_dirs = {"detect": seeing, "actions": tiny_adapters["actions"]}
+    cfg = config(tmp_path, tiny_backbone_dir, adapter_dirs, policy=policy, premerge_max_mb=0, max_batch_images=4)
     d = RunningDaemon(cfg)
     plan = ["detect", "detect", "actions", "detect", "actions", "detect", "detect", "detect", "actions", "detect"]
     for seq, adapter in enumerate(plan):
@@ -237,7 +248,7 @@ def test_every_policy_serves_each_request_with_its_own_adapter(tmp_path, tiny_ba
     rows = {r["chunk"]: r for r in d.finish()}
     assert all(r["status"] == "ok" for r in rows.values())
     # The reference: a fresh engine, each adapter alone, unmerged.
-    adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+    adapters = {n: load_adapter_dir(n, p, 32) for n, p in adapter_dirs.items()}
     ref = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE)
     from vlora_va.contracts.wire import decode_chunk
 
@@ -246,26 +257,47 @@ def test_every_policy_serves_each_request_with_its_own_adapter(tmp_path, tiny_ba
         req = decode_chunk([bytes(memoryview(p)) for p in parts]).requests(time.time())[0]
         want = ref.execute(make_plan([req], LoRAMode(UNMERGED), ref.catalog()))[0].to_json()
         got = rows[seq]
-        if adapter == "actions":
-            assert got["scores"] == pytest.approx(want["scores"], abs=2e-4), (seq, got["mode"])
-        else:
-            assert [f["detections"] for f in got["frames"]] == [f["detections"] for f in want["frames"]]
+        if adapter == "detect":  # a comparison of two empty lists would pass whatever adapter served the row
+            assert all(f["detections"] for f in got["frames"]), (seq, got["mode"], got["frames"])
+        problem = payload_difference(got, want)
+        assert problem is None, f"chunk {seq} ({adapter}, mode {got['mode']}): {problem}"
     if policy == "merge-only":
         assert d.daemon.stats.switches >= 2  # it did switch between the adapters under load
 
 
-def test_ready_only_after_every_plan_key_is_warm(tmp_path, tiny_backbone_dir, tiny_adapters):
-    cfg = config(tmp_path, tiny_backbone_dir, tiny_adapters)
-    daemon = Daemon(cfg)
-    assert not daemon.warmed
-    stop, ready = threading.Event(), threading.Event()
-    t = threading.Thread(target=run_with_outputs, args=(daemon, stop, ready), daemon=True)
-    t.start()
-    assert ready.wait(60)
-    kinds = {(k.size, k.mode) for k in daemon.warmed}
-    assert kinds == {(TINY_IMAGE, m) for m in ("premerged", "unmerged", "merged", "mixture")}
-    stop.set()
-    t.join(30)
+@pytest.mark.parametrize("policy, premerge_mb", [("vlora", 1024), ("vlora", 0), ("dlora", 0)])
+def test_no_plan_key_runs_for_the_first_time_after_ready(tmp_path, tiny_backbone_dir, tiny_adapters, policy,
+                                                          premerge_mb):
+    """Ready means warm: every plan key the daemon runs while serving already ran in its warm-up, before it said
+    ready, so no request pays a first call's costs (allocations, kernel choice; on a GPU, a compile). The load
+    mixes the adapters and batch sizes; without premerged weights vlora serves it in several LoRA modes."""
+    cfg = config(tmp_path, tiny_backbone_dir, tiny_adapters, policy=policy, premerge_max_mb=premerge_mb,
+                 max_batch_images=4)
+    d = RunningDaemon(cfg)
+    ready_at = time.monotonic()  # nothing was sent before: nothing the engine ran since ready is before this
+    seq = 0
+    for burst in (["detect"], ["detect", "actions"], ["actions"] * 3, ["detect"] * 4, ["detect", "actions"] * 2):
+        for adapter in burst:  # a burst lands in one queue: batches of its size and mix
+            d.send(chunk_parts("cam", seq, [("t", adapter)], n_frames=1))
+            seq += 1
+        wait_answered(d, seq)  # the next burst is batched on its own
+    rows = d.finish()
+    assert len(rows) == seq and all(r["status"] == "ok" for r in rows)
+    first_runs = d.daemon.engine.first_runs
+    late = {k: round(t - ready_at, 3) for k, t in first_runs.items() if t > ready_at}
+    assert not late, f"plan keys run for the first time after ready (s after): {late}"
+    if policy == "vlora":  # it may serve in every mode it has, so it warms every one
+        modes = {"unmerged", "merged", "mixture"} | ({"premerged"} if premerge_mb else set())
+        assert {(k.size, k.mode) for k in d.daemon.warmed} == {(TINY_IMAGE, m) for m in modes}
+    if policy == "vlora" and not premerge_mb:  # this load ran more than one mode after ready
+        assert len({r["mode"].split(":")[0] for r in rows}) >= 2, {r["mode"] for r in rows}
+
+
+def wait_answered(d: RunningDaemon, n: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while d.daemon.stats.answered < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert d.daemon.stats.answered >= n, f"{d.daemon.stats.answered} of {n} requests answered"
 
 
 def test_log_and_gauges_keep_moving_under_sustained_load(tmp_path, tiny_backbone_dir, tiny_adapters, caplog):
