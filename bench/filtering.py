@@ -72,8 +72,8 @@ def main() -> int:
     ap.add_argument("--refresh", type=int, default=10)
     args = ap.parse_args()
     thresholds = [float(x) for x in args.thresholds.split(",")]
-    doc = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "refresh_chunks": args.refresh,
-           "decide_us_per_336px_frame": filter_cost_us(), "runs": []}
+    doc = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "refresh_chunks": args.refresh, "decide_us_per_336px_frame": filter_cost_us(), "runs": []}
     for name in args.videos.split(","):
         video = ROOT / "sample_videos" / f"{name}.mp4"
         if not video.is_file():

@@ -3,12 +3,14 @@ names, with its own chunk number and times, or a shed row saying that chunk was 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 import pytest
 
 from tests.serving.test_daemon import RunningDaemon, config
+from vlora_va.contracts.filtering import FilterConfig
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
 from vlora_va.contracts.results import DetectionResult, FrameDetections, ResultRecord
@@ -35,7 +37,7 @@ def served(req: Request, boxes: int = 1) -> ResultRecord:
 def test_a_reuse_of_a_written_row_is_that_row_with_its_own_chunk_and_times():
     reuse = Reuse()
     first = request(0)
-    reuse.expect([first])
+    reuse.expect([(first.stream, first.task, first.seq)])
     source = served(first)
     assert reuse.written(source) == []
     rec = reuse.take(request(1, reuse=0), time.time())
@@ -46,7 +48,7 @@ def test_a_reuse_of_a_written_row_is_that_row_with_its_own_chunk_and_times():
 def test_a_reuse_waits_for_a_row_still_to_come_and_leaves_with_it():
     reuse = Reuse()
     first = request(3)
-    reuse.expect([first])
+    reuse.expect([(first.stream, first.task, first.seq)])
     assert reuse.take(request(4, reuse=3), time.time()) is None and len(reuse) == 1
     released = reuse.written(served(first))
     assert [(req.seq, src.chunk) for req, src in released] == [(4, 3)] and len(reuse) == 0
@@ -57,7 +59,7 @@ def test_a_reuse_of_a_chunk_not_served_is_shed_saying_so(source_status):
     reuse = Reuse()
     if source_status == "shed":
         first = request(0)
-        reuse.expect([first])
+        reuse.expect([(first.stream, first.task, first.seq)])
         reuse.written(ResultRecord.not_served(first, "shed", "deadline", time.time()))
     rec = reuse.take(request(1, reuse=0), time.time())
     assert (rec.status, rec.reason, rec.extra["reused_chunk"], rec.deadline_met) == (
@@ -66,7 +68,7 @@ def test_a_reuse_of_a_chunk_not_served_is_shed_saying_so(source_status):
 
 def test_a_held_reuse_is_shed_at_its_deadline_and_all_at_drain():
     reuse = Reuse()
-    reuse.expect([request(0), request(5)])
+    reuse.expect([("cam", "det", 0), ("cam", "det", 5)])
     reuse.take(request(1, reuse=0, deadline_in=-1.0), time.time())  # already late
     reuse.take(request(6, reuse=5), time.time())
     late = reuse.expire(time.time())
@@ -91,7 +93,10 @@ def parts(seq: int, frames: int, reuse: int = -1):
 def test_the_daemon_answers_frameless_chunks_from_the_chunk_they_reuse(tmp_path, tiny_backbone_dir):
     seeing = make_seeing_detector(tmp_path / "seeing")
     # Batches wait up to 1 s for more: chunk 3 is still queued when the chunk reusing it arrives.
-    d = RunningDaemon(config(tmp_path, tiny_backbone_dir, {"seeing": seeing}, max_wait_ms=1000))
+    cfg = config(tmp_path, tiny_backbone_dir, {"seeing": seeing}, max_wait_ms=1000)
+    cam = cfg.streams[0]  # its task filters (the daemon keeps the rows a reuse may name only where one does)
+    task = dataclasses.replace(cam.tasks[0], filter=FilterConfig(threshold=1.0))
+    d = RunningDaemon(dataclasses.replace(cfg, streams=(dataclasses.replace(cam, tasks=(task,)),)))
     for message in (parts(0, 2), parts(1, 0, reuse=0), parts(3, 2), parts(4, 0, reuse=3), parts(6, 0, reuse=5)):
         d.send(message)
     rows = {r["chunk"]: r for r in d.finish()}

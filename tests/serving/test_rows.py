@@ -44,7 +44,7 @@ streams:
     rows.observe_served(lambda req, rec: heard.append(rec.chunk))
     reqs = [decode_chunk([bytes(memoryview(p)) for p in chunk_parts("cam", seq, [("det", "detect")])])
             .requests(time.time())[0] for seq in (0, 1)]
-    rows.expect(reqs)
+    rows.expect([(r.stream, r.task, r.seq) for r in reqs])
     plan = make_plan([reqs[1]], LoRAMode(UNMERGED), engine.catalog())
     rows.served(plan, engine.execute(plan), time.time(), time.time(), "unmerged", engine.catalog())
     assert sink.written == [] and heard == []  # chunk 1 waits for chunk 0's row

@@ -137,7 +137,7 @@ class DaemonHost:
         return out
 
     def adapter(self, op: str, name: str, path: str = "") -> dict:
-        """Load or unload an adapter through the daemon's own control socket (the same checks as `vlora-va adapters`)."""
+        """Load or unload an adapter through the daemon's own control socket (the checks of `vlora-va adapters`)."""
         from vlora_va.serving.control import request
 
         message = {"op": op, "name": name, **({"path": path, "pin": True} if op == "load" else {})}

@@ -223,7 +223,8 @@ def _take(state: "_State", joined: str, goal: float, src: str, group: list[Strea
     whole = state.load[joined] + sum(s.load for s in group) <= goal + TOL
     for s in sorted(group, key=lambda s: (-s.load, s.id)):
         closer = state.load[joined] + s.load <= goal + (TOL if whole else s.load / 2)
-        if s.load > 0 and closer and _source_ok(state, joined, src, s.load) and state.slots_ok(joined, s):  # moving what costs nothing helps none
+        # (moving what costs nothing helps none)
+        if s.load > 0 and closer and _source_ok(state, joined, src, s.load) and state.slots_ok(joined, s):
             state.remove(src, s)
             state.add(joined, s)
             moves.append(Move(s.id, src, joined, "daemon joined"))

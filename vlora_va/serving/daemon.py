@@ -134,9 +134,9 @@ class Daemon:
         if item.requests:
             first = item.requests[0]
             self.rows.analytics.frames(item.stream, first.ready, max(first.frame_ts, default=0.0))
-        self.rows.expect(item.requests)
         # Filtered frames (a task that reuses an earlier chunk's result) cost no compute: straight to their rows.
         fresh = [r for r in item.requests if r.reuse_chunk < 0]
+        self.rows.expect([(r.stream, r.task, r.seq) for r in item.requests], [(r.stream, r.task, r.seq) for r in fresh])
         if len(fresh) < len(item.requests):
             self.rows.reused([r for r in item.requests if r.reuse_chunk >= 0])
         admitted = self.admission.admit(fresh, self.catalog, self.adapters.failed, self.adapters.loading,

@@ -48,11 +48,9 @@ class Reuse:
         """Reuse requests waiting for their source chunk's row."""
         return sum(len(v) for v in self._held.values())
 
-    def expect(self, requests: list[Request]) -> None:
-        """Requests that carry frames, accepted: a reuse of their chunk waits for their row."""
-        for r in requests:
-            if r.reuse_chunk < 0:
-                self._open.add((r.stream, r.task, r.seq))
+    def expect(self, keys: list[tuple[str, str, int]]) -> None:
+        """(stream, task, chunk) of accepted requests that carry frames: a reuse of their chunk waits for their row."""
+        self._open.update(keys)
 
     def written(self, rec: ResultRecord) -> list[tuple[Request, ResultRecord]]:
         """A result row went out: remembered; the held reuse requests of its chunk, with it."""

@@ -47,7 +47,9 @@ class Rows:
         self._log_errors = Throttle(log, "error rows")
         self._provenance = self._make_provenance()
         self.analytics = Analytics(config)
-        self.reuse = Reuse()  # rows of filtered frames: an earlier chunk's result (serving/reuse.py)
+        # Rows of filtered frames are an earlier chunk's result (serving/reuse.py): kept only where a task filters,
+        # so a pipeline without filters pays nothing for it (and a chunk's path stays as short as it was).
+        self.reuse: Reuse | None = Reuse() if any(t.filter for s in config.streams for t in s.tasks) else None
 
     # ------------------------------------------------------------------ where rows go
     def attach(self, sinks: list) -> None:
@@ -116,13 +118,17 @@ class Rows:
         """Requests that cannot be served, for one reason."""
         self.refuse([(r, "error", reason, None) for r in requests])
 
-    def expect(self, requests: list[Request]) -> None:
-        """The requests the daemon accepted (before admission: each gets a row)."""
-        self.analytics.expect([(r.stream, r.task, r.seq) for r in requests])
-        self.reuse.expect(requests)
+    def expect(self, keys: list[tuple[str, str, int]], carrying: list[tuple[str, str, int]] | None = None) -> None:
+        """(stream, task, chunk) of the requests the daemon accepted (before admission: each gets a row); carrying:
+        those of them that carry frames (a reuse of their chunk waits for their row), default all."""
+        self.analytics.expect(keys)
+        if self.reuse is not None:
+            self.reuse.expect(keys if carrying is None else carrying)
 
     def reused(self, requests: list[Request]) -> None:
         """Requests whose frames ingest filtered out: their rows are an earlier chunk's (now, or once it is written)."""
+        if self.reuse is None:  # a sender filters that this daemon's pipeline file did not say: learn from now on
+            self.reuse = Reuse()
         now = time.time()
         rows = [(rec, None, r) for r in requests
                 if (rec := self.reuse.take(r, now, self.provenance(r.adapter))) is not None]
@@ -133,7 +139,7 @@ class Rows:
         """What time passing makes: streams going offline or coming back (events), the active tracks gauge.
         deaf: the daemon is not reading its socket now (backpressure), so ingest's silence says nothing."""
         self.analytics.liveness.deaf(deaf, now)
-        late = self.reuse.expire(now)
+        late = self.reuse.expire(now) if self.reuse is not None else []
         if late:
             self._write([(rec, "deadline", req) for req, rec in late])
         events = self.analytics.tick(now)
@@ -151,7 +157,7 @@ class Rows:
     def finish(self) -> None:
         """The daemon has answered every request: reuse requests still waiting will get no source row, the tracks
         end, and with them the zone presences (events)."""
-        left = self.reuse.expire(time.time(), everything=True)
+        left = self.reuse.expire(time.time(), everything=True) if self.reuse is not None else []
         if left:
             self._write([(rec, "deadline", req) for req, rec in left])
         events = self.analytics.end()
@@ -179,7 +185,7 @@ class Rows:
         records = [rec for rec, _, _ in rows]
         self.metrics.events([rec for rec in records if rec.type == "event"])
         released = []  # reuse requests that waited for one of these rows
-        for rec in records:
+        for rec in records if self.reuse is not None else ():
             if rec.type == "result":
                 released += self.reuse.written(rec)
         for sink in self.sinks:
