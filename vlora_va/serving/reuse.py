@@ -78,10 +78,9 @@ class Reuse:
         rows."""
         out = []
         for key in list(self._held):
-            late = [r for r in self._held[key] if everything or now > r.deadline]
-            if late:
-                self._held[key] = [r for r in self._held[key] if r not in late]
-                if not self._held[key]:
-                    del self._held[key]
-                out += [(r, reused_row(r, None, now)) for r in late]
+            held = self._held.pop(key)
+            waiting = [r for r in held if not (everything or now > r.deadline)]
+            if waiting:
+                self._held[key] = waiting
+            out += [(r, reused_row(r, None, now)) for r in held if everything or now > r.deadline]
         return out
