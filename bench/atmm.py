@@ -74,7 +74,7 @@ def make_einsum(A, B, slots, scale, tokens, n_rows):
     """dLoRA-style: every adapter on every row (padded to the max rank), selected by a one-hot mask."""
     used = sorted(set(s for s in slots if s >= 0))
     Au, Bu = A[used], B[used]  # [U, R, in], [U, out, R] (gathered once, as a resident adapter set)
-    onehot = torch.zeros(len(used), n_rows)
+    onehot = torch.zeros(len(used), n_rows, dtype=A.dtype, device=A.device)
     for i, a in enumerate(slots):
         if a >= 0:
             onehot[used.index(a), i * tokens:(i + 1) * tokens] = scale[a]
@@ -164,18 +164,28 @@ def vit_s() -> nn.Module:
     return Dinov2Model(cfg).eval()
 
 
+def targets_here(model, targets) -> list[str]:
+    """The target entries as the installed transformers names the layers (q_proj -> query before 5.18): without
+    this, an older transformers would get LoRA on fc1/fc2 only (seen on the GPU machine, transformers 5.17)."""
+    from vlora_va.engine.adapters import fit_target_modules
+    from vlora_va.engine.backbones import linear_names
+
+    return fit_target_modules(targets, linear_names(model))
+
+
 def random_adapters(model, targets, ranks, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = []
     for r in ranks:
         w = {n: (torch.randn(r, m.in_features, generator=g) * 0.01, torch.randn(m.out_features, r, generator=g) * 0.01)
              for n, m in model.named_modules()
-             if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in targets}
+             if isinstance(m, nn.Linear) and any(n == t or n.endswith("." + t) for t in targets)}
         out.append(w)
     return out
 
 
 def with_atmm(base, targets, ranks, max_rank=64, premerge=False):
+    targets = targets_here(base, targets)
     m = copy.deepcopy(base)
     ctx = lora.inject_lora(m, targets, num_slots=len(ranks), max_rank=max_rank)
     for s, w in enumerate(random_adapters(base, targets, ranks)):

@@ -1,28 +1,35 @@
-"""The GPU benchmark (issue 12): correctness and speed of every CUDA path, on a machine with a CUDA GPU.
+"""The GPU benchmark (issues 12 and 31): correctness and speed of every CUDA path, on a machine with a CUDA GPU.
 
-    python bench/gpu.py              # everything (~10 minutes on one H100)
-    python bench/gpu.py --skip sweep # without the streams-per-GPU sweep of the real daemon
+    python bench/gpu_prepare.py                      # here, on the CPU: .gpu/ (backbone, held-out frames, reference)
+    python bench/gpu.py --parts correctness,backbone --prepared .gpu --out OUT   # on the GPU machine
+    python bench/gpu.py --dry-run --parts all        # every part on the CPU, tiny sizes: the code paths, no figures
 
-Parts:
-  correctness  each CUDA path against the plain loop (kernels.reference): ATMM Triton over segments and over
-               fixed per-image runs, the premerged grouped GEMM, in fp32 / fp16 / bf16; and the whole engine on
-               CUDA (bf16, CUDA graphs) against the engine on the CPU (fp32) on held-out frames with the real
-               backbone and the shipped adapters: boxes matched by IoU > 0.9, same class, scores, labels
-  ops          the LoRA op alone at ViT-S shapes against peft's mixed batch, a dLoRA-style one-hot einsum and a
-               per-request loop, each op captured in a CUDA graph (no host time) and eager
-  backbone     the whole DINOv2-S forward, 4 adapters r=16 on every linear layer, in each LoRA mode against
-               merged weights, bf16, eager and graphed, batch 16 and 64
-  sweep        the real daemon on CUDA fed by N synthetic streams (detect + 8-frame activity, 10 fps): streams
-               held with >= 99% of chunks in deadline; PyAV decode frames/s per core for the decode limit
-Writes bench/results/gpu.json and gpu.md. On a machine without CUDA it says so and exits 0.
+Parts (each writes OUT/gpu-<part>.json as it goes, so a part stopped by its time cap keeps what it measured):
+  correctness  ATMM Triton against the plain loop (over segments and over fixed per-image runs) in fp32 / fp16 /
+               bf16; the whole engine on CUDA (bf16 and fp32, CUDA graphs) against the CPU engine's float32 rows
+               (bench/gpu_prepare.py) on held-out frames with the real backbone and the shipped adapters
+  ops          the LoRA op alone at ViT shapes against a dLoRA-style one-hot einsum, a per-request loop and peft
+  backbone     the whole DINOv2-S forward, 4 adapters r=16 on every linear layer, 224 px, bf16, in each LoRA mode
+               against merged weights, eager and graphed, batch 16 and 64
+  switch       the merged weights switched between adapters (all layers), 1,000 cycles: time and drift
+  warmup       the real daemon in this process: after ready, does any plan key run for the first time? and each
+               key's first batch against its steady median
+  decode       PyAV decode of pedestrians.mp4 on one host thread: software, and NVDEC where FFmpeg can open it
+Beside it, each its own script: bench/gpu_streams.py (the real daemon fed by live-decoded copies of
+pedestrians.mp4) and bench/gpu_policies.py (vlora against the baselines on a larger random backbone at 3x load).
+On a machine without CUDA (and without --dry-run) it says so and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import sys
+import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -32,25 +39,70 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+PARTS = ["correctness", "ops", "backbone", "switch", "warmup", "decode"]
+DEV = "cuda"  # "cpu" under --dry-run
+DRY = False
+GRAPH_FAILURES: list[str] = []  # captures that failed (those figures were timed eagerly)
+SCORE_TOL, IOU_MIN = 0.02, 0.9  # issue 31: boxes IoU > 0.9, same class, scores within 0.02
 
-def skipped(out: Path) -> int:
-    print("bench/gpu.py: skipped: no CUDA device here (torch.cuda.is_available() is False)")
-    return 0
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
-def cuda_time(fn, repeats: int = 20, graph: bool = False) -> float:
-    """Median milliseconds of fn on the GPU (CUDA events), eager or replayed from a CUDA graph."""
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+class Results:
+    """One part's JSON file, rewritten after every figure: what a killed part measured is kept."""
+
+    def __init__(self, path: Path, meta: dict):
+        self.path, self.data = path, {"meta": meta}
+        self.save()
+
+    def put(self, key: str, value) -> None:
+        self.data[key] = value
+        self.save()
+
+    def add(self, key: str, value) -> None:
+        self.data.setdefault(key, []).append(value)
+        self.save()
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+
+
+def meta() -> dict:
+    import triton
+
+    m = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+         "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "cpus": os.cpu_count(), "dry_run": DRY}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        m.update(gpu=p.name, sms=p.multi_processor_count, gpu_mem_gb=round(p.total_memory / 2**30, 1),
+                 cuda=torch.version.cuda)
+    return m
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, repeats: int = 20, graph: bool = False) -> float:
+    """Median milliseconds of fn: CUDA events (eager, or replayed from a CUDA graph) on the GPU; the host clock on
+    the CPU (dry runs: graphs ignored)."""
+    if DEV != "cuda":
+        fn()
+        times = []
+        for _ in range(max(2, repeats // 10)):
+            t0 = time.perf_counter()
             fn()
-        fn = g.replay
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    if graph:
+        try:
+            fn = captured(fn)
+        except Exception as e:  # timed eagerly instead, and said so in the part's results
+            GRAPH_FAILURES.append(f"{type(e).__name__}: {str(e)[:200]}")
+            torch.cuda.synchronize()
     for _ in range(3):
         fn()
     times = []
@@ -64,155 +116,206 @@ def cuda_time(fn, repeats: int = 20, graph: bool = False) -> float:
     return statistics.median(times)
 
 
+def captured(fn):
+    """fn recorded as a CUDA graph (warmed up on a side stream first, as capture requires): its replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
 # ---------------------------------------------------------------- correctness
-def correctness_kernels(log) -> dict:
+def correctness(res: Results, prepared: Path) -> None:
+    res.put("kernels", correctness_kernels())
+    res.put("engine", correctness_engine(prepared, res))
+
+
+def correctness_kernels() -> dict:
     from vlora_va.kernels import atmm, atmm_images, atmm_reference
     from vlora_va.testing.atmm_cases import CASES, make  # the same cases the CPU tests use
-    out = {"cases": 0, "failed": []}
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        tol = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 6e-2}[dtype]
-        for case in CASES:
+
+    out = {"cases": 0, "failed": [], "worst": {}}
+    # The interpreter (dry runs) computes bf16 dots wrongly (OFFLINE-ASSETS): fp32 only there, and few cases.
+    dtypes = (torch.float32,) if DRY else (torch.float32, torch.float16, torch.bfloat16)
+    for dtype in dtypes:
+        # float32 on a GPU: Triton's dots are TF32 (10-bit mantissa), ~1.3e-3 of the largest output on an H200
+        tol = {torch.float32: 1e-3 if DRY else 3e-3, torch.float16: 2e-2, torch.bfloat16: 6e-2}[dtype]
+        worst = 0.0
+        for case in CASES[:2] if DRY else CASES:
             x, y, A, B, scale, ranks, idx = make(case, dtype)
             for delora in (None, 0):
                 want = atmm_reference(y.clone(), x, A, B, idx, scale, ranks, delora).float()
-                got = atmm(y.clone().cuda(), x.cuda(), A.cuda(), B.cuda(), idx.cuda(), scale, ranks, delora,
+                got = atmm(y.clone().to(DEV), x.to(DEV), A.to(DEV), B.to(DEV), idx.to(DEV), scale, ranks, delora,
                            impl="triton").float().cpu()
                 out["cases"] += 1
                 err = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
+                worst = max(worst, err)
                 if err > tol:
                     out["failed"].append(f"segments {case[0]} {dtype} delora={delora}: {err:.3g}")
             # fixed per-image runs (what CUDA graphs replay): each element of the case is one image
             elem_slots, T = case[4], case[5]
             if T > 1:
-                n = len(elem_slots)
                 slot = torch.tensor([max(s, 0) for s in elem_slots], dtype=torch.int32)
                 length = torch.tensor([T if s >= 0 else 0 for s in elem_slots], dtype=torch.int32)
                 want = atmm_reference(y.clone(), x, A, B, idx, scale, ranks).float()
-                got = y.clone().cuda()
-                atmm_images(got, x.cuda(), A.cuda(), B.cuda(), slot.cuda(), length.cuda(),
-                            torch.as_tensor(scale, dtype=torch.float32).cuda(), torch.as_tensor(ranks, dtype=torch.int32).cuda(), T)
+                got = y.clone().to(DEV)
+                atmm_images(got, x.to(DEV), A.to(DEV), B.to(DEV), slot.to(DEV), length.to(DEV),
+                            torch.as_tensor(scale, dtype=torch.float32).to(DEV),
+                            torch.as_tensor(ranks, dtype=torch.int32).to(DEV), T, impl="triton")
                 out["cases"] += 1
                 err = (got.float().cpu() - want).abs().max().item() / max(1.0, want.abs().max().item())
+                worst = max(worst, err)
                 if err > tol:
                     out["failed"].append(f"images {case[0]} {dtype}: {err:.3g}")
-    log(f"  kernels: {out['cases']} cases, {len(out['failed'])} failed")
+        out["worst"][str(dtype).removeprefix("torch.")] = worst
+    log(f"  kernels: {out['cases']} cases, {len(out['failed'])} failed, worst relative error {out['worst']}")
     return out
 
 
-def correctness_engine(log) -> dict:
-    """The engine on CUDA (bf16, graphs) against the engine on the CPU (fp32), real backbone, shipped
-    adapters, held-out frames of the surveillance video."""
-    try:
-        import av  # noqa: F401
-    except ImportError:
-        return {"skipped": "PyAV not installed: no held-out frames"}
-    from vlora_va.contracts.requests import Request
+def prepared_backbone(prepared: Path) -> Path:
+    """The carried backbone, unpacked once to /tmp (a bf16 DINOv2-S under the legacy layer names)."""
+    target = Path("/tmp/vlora-gpu") / "backbone"
+    if not (target / "model.safetensors").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(prepared / "backbone.tar.xz") as tar:
+            tar.extractall(target.parent, filter="data")
+    return target
+
+
+def heldout(prepared: Path):
+    import numpy as np
+
+    from vlora_va.contracts.geometry import Letterbox
+
+    z = np.load(prepared / "heldout.npz")
+    return list(z["frames"]), [float(t) for t in z["ts"]], Letterbox(*[float(v) for v in z["letterbox"]])
+
+
+def correctness_engine(prepared: Path, res: Results) -> dict:
+    """The engine on the GPU against the CPU engine's float32 rows (same bf16-rounded weights), every LoRA mode
+    the daemon serves these adapters in."""
+    import gpu_prepare as P
+
     from vlora_va.engine.adapters import load_adapter_dir
     from vlora_va.engine.backbones import load_backbone
     from vlora_va.engine.executor import Engine
-    from vlora_va.engine.heads import box_iou
     from vlora_va.engine.modes import LoRAMode
-    from vlora_va.ingest.chunker import letterbox
     from vlora_va.serving.scheduling import make_plan
 
-    frames, ts = [], []
-    with av.open(str(ROOT / "sample_videos" / "pedestrians.mp4")) as c:
-        s = c.streams.video[0]
-        want = [55.5 + 3 * i for i in range(8)]
-        for f in c.decode(s):
-            t = float(f.pts * s.time_base)
-            if want and t >= want[0] - 1e-6:
-                img, lb = letterbox(f.to_ndarray(format="rgb24"), 336)
-                frames.append(img)
-                ts.append(t)
-                want.pop(0)
-            if not want:
-                break
-
-    def engine(device, dtype):
-        ads = {n: load_adapter_dir(n, ROOT / "adapters" / n, 384) for n in ("detect", "actions")}
-        return Engine(load_backbone("dinov2-small", device=device), ads, 336, premerge_max_mb=1024, device=device,
-                      dtype=dtype, max_batch_images=16)
-
-    now = time.time()
-    reqs = [Request("p", i, "detect", "detect", [f], [t], lb, (768, 576), now, now, now + 9) for i, (f, t) in
-            enumerate(zip(frames, ts))]
-    reqs.append(Request("p", 99, "activity", "actions", frames, ts, lb, (768, 576), now, now, now + 9))
-    cpu = engine("cpu", torch.float32)
-    ref = cpu.execute(make_plan(reqs, LoRAMode("unmerged"), cpu.catalog()))
+    ref = json.loads((prepared / "reference.json").read_text())["rows"]
+    frames, ts, lb = heldout(prepared)
+    backbone_dir = prepared_backbone(prepared)
+    threshold = json.loads((ROOT / "adapters" / "detect" / "head_config.json").read_text())["params"]["score_threshold"]
     out = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        gpu = engine("cuda", dtype)
+    for dtype in (torch.bfloat16, torch.float32):
+        model = load_backbone(str(backbone_dir)).float()
+        ads = {n: load_adapter_dir(n, ROOT / "adapters" / n, model.config.hidden_size) for n in P.ADAPTERS}
+        engine = Engine(model, ads, P.IMAGE_SIZE, premerge_max_mb=1024, device=DEV, dtype=dtype, max_batch_images=16)
         for mode in ("premerged", "unmerged"):
-            gpu.switch(LoRAMode(mode))
-            got = gpu.execute(make_plan(reqs, LoRAMode(mode), gpu.catalog()))
-            boxes = matched = 0
-            worst = 0.0
-            for r, g in zip(ref[:-1], got[:-1]):
-                fr, fg = r.frames[0], g.frames[0]
-                boxes += len(fr.detections)
-                if fr.detections and fg.detections:
-                    iou = box_iou(torch.tensor([d.box for d in fr.detections]), torch.tensor([d.box for d in fg.detections]))
-                    for i, d in enumerate(fr.detections):
-                        j = int(iou[i].argmax())
-                        if iou[i, j] > 0.9 and fg.detections[j].cls == d.cls:
-                            matched += 1
-                            worst = max(worst, abs(fg.detections[j].score - d.score))
+            reqs = P.requests(frames, ts, lb)
+            engine.switch(LoRAMode(mode))
+            got = [p.to_json() for p in engine.execute(make_plan(reqs, LoRAMode(mode), engine.catalog()))]
             key = f"{str(dtype).removeprefix('torch.')}-{mode}"
-            out[key] = {"boxes_cpu": boxes, "matched": matched, "max_score_diff": round(worst, 4),
-                        "activity": [ref[-1].label, got[-1].label],
-                        "activity_max_prob_diff": round(max(abs(ref[-1].scores[k] - got[-1].scores[k])
-                                                            for k in ref[-1].scores), 4)}
+            out[key] = agreement(ref, got, threshold)
+            res.put("engine", out)
             log(f"  engine {key}: {out[key]}")
+        del engine, model
     return out
 
 
+def agreement(ref: list[dict], got: list[dict], threshold: float) -> dict:
+    """How GPU rows agree with the CPU reference rows: every box of either side must have a partner on the other
+    (IoU > 0.9, same class, score within 0.02), except boxes whose score is within 0.02 of the threshold (the
+    other side may fall just below it); activity labels must be equal."""
+    from vlora_va.engine.heads import box_iou
+
+    boxes = matched = excused = 0
+    unmatched, worst = [], 0.0
+    labels = []
+    for n, (r, g) in enumerate(zip(ref, got)):
+        if "label" in r:
+            labels.append((r["label"], g.get("label")))
+            worst_p = max(abs(r["scores"][k] - g["scores"].get(k, 0.0)) for k in r["scores"])
+            continue
+        for i, (fr, fg) in enumerate(zip(r["frames"], g["frames"])):
+            for side, mine, other in (("cpu", fr["detections"], fg["detections"]), ("gpu", fg["detections"],
+                                                                                    fr["detections"])):
+                iou = box_iou(torch.tensor([d["box"] for d in mine]).reshape(-1, 4),
+                              torch.tensor([d["box"] for d in other]).reshape(-1, 4))
+                for k, d in enumerate(mine):
+                    boxes += side == "cpu"
+                    partners = [j for j in range(len(other)) if iou[k, j] > IOU_MIN and other[j]["class"] == d["class"]
+                                and abs(other[j]["score"] - d["score"]) <= SCORE_TOL]
+                    if partners:
+                        matched += side == "cpu"
+                        worst = max(worst, min(abs(other[j]["score"] - d["score"]) for j in partners))
+                    elif abs(d["score"] - threshold) <= SCORE_TOL:
+                        excused += 1
+                    else:
+                        unmatched.append(f"{side} request {n} frame {i}: {d}")
+    ok = not unmatched and all(a == b for a, b in labels)
+    return {"ok": ok, "cpu_boxes": boxes, "matched": matched, "excused": excused, "unmatched": unmatched[:10],
+            "max_score_diff": round(worst, 4), "activity": labels,
+            "activity_max_prob_diff": round(worst_p, 4) if labels else None}
+
+
 # ---------------------------------------------------------------- speed
-def ops(log) -> list[dict]:
+def ops(res: Results) -> None:
     import atmm as A  # bench/atmm.py: baselines and the problem grid
 
     from vlora_va import kernels
     from vlora_va.kernels import tuning
 
-    rows = []
-    for n_in, n_out in ((384, 384), (384, 1536), (1536, 384), (4096, 4096)):
-        for slots, slot_ranks, label in A.op_grid(full=False):
-            y, x, Aw, Bw, seg = tuning.make_problem(n_in, n_out, slots, slot_ranks, A.TOKENS, torch.bfloat16, "cuda")
+    dtype = torch.float32 if DRY else torch.bfloat16
+    shapes = ((384, 384),) if DRY else ((384, 384), (384, 1536), (1536, 384), (768, 768), (768, 3072), (3072, 768))
+    grid = A.op_grid(full=False)[:2] if DRY else A.op_grid(full=False)
+    for n_in, n_out in shapes:
+        for slots, slot_ranks, label in grid:
+            y, x, Aw, Bw, seg = tuning.make_problem(n_in, n_out, slots, slot_ranks, A.TOKENS, dtype, DEV)
             scale = [2.0] * len(slot_ranks)
-            dev = (torch.tensor(scale, device="cuda"), torch.tensor(slot_ranks, dtype=torch.int32, device="cuda"))
+            dev = (torch.tensor(scale, device=DEV), torch.tensor(slot_ranks, dtype=torch.int32, device=DEV))
             einsum = A.make_einsum(Aw, Bw, slots, scale, A.TOKENS, x.shape[0])
-            peft_layer = A.make_peft_layer(n_in, n_out, Aw.float().cpu(), Bw.float().cpu(), slot_ranks, scale).cuda().to(torch.bfloat16)
-            x3 = x.view(len(slots), A.TOKENS, n_in)
-            names = [f"s{s}" for s in slots]
             seg.device_tensors(x.device)
             with torch.no_grad():
-                t = {"atmm": cuda_time(lambda: kernels.atmm(y, x, Aw, Bw, seg, scale, slot_ranks, impl="triton",
-                                                            device_params=dev), graph=True),
-                     "atmm_eager": cuda_time(lambda: kernels.atmm(y, x, Aw, Bw, seg, scale, slot_ranks, impl="triton",
-                                                                  device_params=dev)),
-                     "einsum": cuda_time(lambda: einsum(y, x), graph=True),
-                     "loop": cuda_time(lambda: A.naive_per_request(y, x, Aw, Bw, slots, slot_ranks, scale, A.TOKENS),
-                                       graph=True),
-                     "peft": cuda_time(lambda: peft_layer(x3, adapter_names=names)) - cuda_time(lambda: peft_layer.base_layer(x3))}
+                t = {"atmm": time_ms(lambda: kernels.atmm(y, x, Aw, Bw, seg, scale, slot_ranks, impl="triton",
+                                                          device_params=dev), graph=True),
+                     "einsum": time_ms(lambda: einsum(y, x), graph=True),
+                     "loop": time_ms(lambda: A.naive_per_request(y, x, Aw, Bw, slots, slot_ranks, scale, A.TOKENS),
+                                     graph=True),
+                     "atmm_eager": time_ms(lambda: kernels.atmm(y, x, Aw, Bw, seg, scale, slot_ranks, impl="triton",
+                                                                device_params=dev))}
             r = {"shape": f"{n_in}x{n_out}", "batch": label, "ms": {k: round(v, 4) for k, v in t.items()},
-                 "speedup": {k: round(t[k] / t["atmm"], 2) for k in ("einsum", "loop", "peft")}}
-            rows.append(r)
-            log(f"  {r['shape']} {label}: atmm {t['atmm']:.4f} ms, x einsum {r['speedup']['einsum']}, "
-                f"x loop {r['speedup']['loop']}, x peft {r['speedup']['peft']}")
-    return rows
+                 "speedup": {k: round(t[k] / t["atmm"], 3) for k in ("einsum", "loop")}}
+            res.add("rows", r)
+            log(f"  {r['shape']} {label}: atmm {t['atmm']:.4f} ms, einsum/atmm {r['speedup']['einsum']}, "
+                f"loop/atmm {r['speedup']['loop']}")
+    ratios = [r["speedup"]["einsum"] for r in res.data["rows"]]
+    res.put("summary", {"einsum_over_atmm_min": min(ratios), "einsum_over_atmm_median": statistics.median(ratios),
+                        "goal": "min >= 0.95, median >= 1.1"})
 
 
-def backbone(log) -> list[dict]:
+def backbone(res: Results) -> None:
+    """LoRA overhead over merged weights, the whole backbone (issue 31 goals: <= +10% at batch 64, <= +25% at 16)."""
     import atmm as A
 
-    from vlora_va.engine import lora
     from vlora_va.engine.backends.torch_eager import lower, upper
-    from vlora_va.engine.modes import LoRAMode
+    from vlora_va.engine.modes import DeviceLayout, LoRAMode
 
-    base = A.vit_s().cuda().to(torch.bfloat16)
-    rows = []
-    for batch in (16, 64):
-        x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+    dtype = torch.float32 if DRY else torch.bfloat16
+    base = A.vit_s().to(DEV, dtype)
+    variants = {}
+    for premerge in (True, False):
+        variants["premerged" if premerge else "unmerged"] = A.with_atmm(base, A.ALL, [16] * 4, premerge=premerge)
+    side = 56 if DRY else 224  # dry runs: Triton's interpreter is 1,000x slower than a GPU
+    tokens = (side // 14) ** 2 + 1
+    for batch in (2,) if DRY else (16, 64):
+        x = torch.randn(batch, 3, side, side, device=DEV, dtype=dtype)
         slots = sorted(i * 4 // batch for i in range(batch))
 
         def forward(m):
@@ -222,112 +325,275 @@ def backbone(log) -> list[dict]:
         with torch.inference_mode():
             for graph in (False, True):
                 tag = "graphed" if graph else "eager"
-                t[f"merged-{tag}"] = cuda_time(lambda: forward(base), graph=graph)
-                for premerge in (True, False):
-                    m, ctx = A.with_atmm(base, A.ALL, [16] * 4, premerge=premerge)
-                    layout = lora.DeviceLayout(batch, 257, 4, 64, torch.device("cuda"))
-                    mode = LoRAMode("premerged" if premerge else "unmerged")
-                    ctx.begin(mode, slots, layout)
-                    t[f"{mode.kind}-{tag}"] = cuda_time(lambda: forward(m), graph=graph)
+                t[f"merged-{tag}"] = time_ms(lambda: forward(base), graph=graph)
+                for kind, (m, ctx) in variants.items():
+                    layout = DeviceLayout(batch, tokens, 4, 64, torch.device(DEV))
+                    ctx.begin(LoRAMode(kind), slots, layout)
+                    t[f"{kind}-{tag}"] = time_ms(lambda: forward(m), graph=graph)
                     ctx.clear()
         for k, v in t.items():
             tag = k.split("-")[1]
-            rows.append({"batch": batch, "variant": k, "ms": round(v, 3),
-                         "overhead_pct": round(100 * (v / t[f"merged-{tag}"] - 1), 1)})
-            log(f"  batch {batch} {k}: {v:.3f} ms ({rows[-1]['overhead_pct']:+.1f}% vs merged)")
-    return rows
+            row = {"batch": batch, "variant": k, "ms": round(v, 3), "img_per_s": round(batch / v * 1e3),
+                   "overhead_pct": round(100 * (v / t[f"merged-{tag}"] - 1), 1)}
+            res.add("rows", row)
+            log(f"  batch {batch} {k}: {v:.3f} ms ({row['overhead_pct']:+.1f}% vs merged)")
+        res.put(f"profile_batch{batch}", kernel_profile(base, variants, forward, slots, batch, tokens))
 
 
-def decode_fps(log) -> float | None:
+def kernel_profile(base, variants, forward, slots, batch, tokens) -> dict:
+    """Where each variant's time goes, by the profiler (one eager forward each): the 8 kernels that take the most
+    device time, so an overhead over merged weights is explained by measurement, not guessed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from vlora_va.engine.modes import DeviceLayout, LoRAMode
+
+    out = {}
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
+    for kind, m in [("merged", base)] + [(k, mc[0]) for k, mc in variants.items()]:
+        ctx = None if kind == "merged" else variants[kind][1]
+        with torch.inference_mode():
+            if ctx is not None:
+                ctx.begin(LoRAMode(kind), slots, DeviceLayout(batch, tokens, 4, 64, torch.device(DEV)))
+            forward(m)
+            sync()
+            with profile(activities=acts) as prof:
+                forward(m)
+                sync()
+            if ctx is not None:
+                ctx.clear()
+        attr = "device_time_total" if DEV == "cuda" else "cpu_time_total"
+        events = sorted(prof.key_averages(), key=lambda e: getattr(e, attr, 0), reverse=True)
+        out[kind] = [{"name": e.key[:80], "calls": e.count, "ms": round(getattr(e, attr, 0) / 1e3, 3)}
+                     for e in events[:8]]
+    return out
+
+
+def switch(res: Results, prepared: Path | None) -> None:
+    """Merged weights switched adapter to adapter (every layer), 1,000 cycles: each switch's time (goal <= 1 ms)
+    and drift (the weights after the cycles against a fresh merge from the pristine copy; time early vs late)."""
+    import atmm as A
+
+    from vlora_va.engine import lora
+    from vlora_va.engine.modes import MERGED, LoRAMode
+
+    dtype = torch.float32 if DRY else torch.bfloat16
+    m, ctx = A.with_atmm(A.vit_s().to(DEV, dtype), A.ALL, [16] * 4)
+    cycles = 20 if DRY else 1000
+    pristine = {n: p.detach().clone() for n, p in m.named_parameters()}
+    order = [LoRAMode(MERGED, s) for s in range(4)] + [LoRAMode("unmerged")]
+    times = []
+    for c in range(cycles):
+        for mode in order:
+            sync()
+            t0 = time.perf_counter()
+            lora.switch_weights(m, mode.weights_slot)
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+    after = {n: p.detach().clone() for n, p in m.named_parameters()}  # unmerged: must equal the pristine weights
+    lora.switch_weights(m, 2)
+    merged_after = [g.W.detach().clone() for g in ctx.groups]
+    lora.switch_weights(m, None)
+    lora.switch_weights(m, 2)  # one fresh switch from pristine, compared with the 1,000-cycle state
+    drift_merged = max((a.float() - g.W.float()).abs().max().item() for a, g in zip(merged_after, ctx.groups))
+    drift_base = max((after[n].float() - pristine[n].float()).abs().max().item() for n in pristine)
+    n = len(times)
+    q = sorted(times)
+    row = {"switches": n, "shape_groups": len(ctx.groups), "layers": sum(g.W.shape[0] for g in ctx.groups), "median_ms": round(statistics.median(times), 4),
+           "p99_ms": round(q[int(0.99 * (n - 1))], 4), "max_ms": round(q[-1], 4),
+           "first_100_median_ms": round(statistics.median(times[:100]), 4),
+           "last_100_median_ms": round(statistics.median(times[-100:]), 4),
+           "base_weights_max_abs_diff_after": drift_base, "merged_weights_max_abs_diff_vs_fresh": drift_merged,
+           "goal": "<= 1 ms, no drift"}
+    res.put("switch", row)
+    log(f"  switch: {row}")
+
+
+def warmup(res: Results, prepared: Path) -> None:
+    """The real daemon (real backbone, shipped adapters) in this process: every execution timed by plan key; after
+    ready, a mixed load; then the keys that ran for the first time after ready (must be none) and each key's first
+    batch against its steady median."""
+    import numpy as np
+    import zmq
+
+    from vlora_va.contracts.config import parse_config
+    from vlora_va.outputs.attach import run_with_outputs
+    from vlora_va.serving.daemon import Daemon
+    from vlora_va.serving.startup import build_engine, warm_up
+
+    work = Path("/tmp/vlora-gpu/warmup")
+    work.mkdir(parents=True, exist_ok=True)
+    backbone_dir = prepared_backbone(prepared) if prepared else None
+    cfg = parse_config(f"""
+daemon:
+  endpoint: ipc://{work}/daemon.sock
+  backbone: {backbone_dir}
+  image_size: 336
+  device: {DEV}
+  max_batch_images: {4 if DRY else 64}
+  max_wait_ms: 5
+  http_port: 0
+  profile_cache: {work}/profiles
+adapters:
+  detect: {ROOT}/adapters/detect
+  actions: {ROOT}/adapters/actions
+streams:
+  - id: cam
+    source: unused.mp4
+    tasks:
+      - {{adapter: detect, deadline_ms: 60000}}
+sinks:
+  - type: jsonl
+    path: {work}/results.jsonl
+""", "gpu-warmup.yaml", work)
+    t0 = time.monotonic()
+    engine, _ = build_engine(cfg)
+    runs: dict = {}
+    execute = engine.execute
+
+    def timed(plan):  # every execution, by plan key: first runs (graph capture, compilation) and steady ones
+        s = time.perf_counter()
+        out = execute(plan)
+        dt = (time.perf_counter() - s) * 1e3
+        for k in plan.keys(bucketed=engine.device.type == "cuda"):
+            runs.setdefault(k, []).append((time.monotonic(), dt))
+        return out
+
+    engine.execute = timed
+    daemon = Daemon(cfg, engine=engine)
+    stop, ready, drained = threading.Event(), threading.Event(), threading.Event()
+    thread = threading.Thread(target=run_with_outputs, args=(daemon, stop, ready, drained), daemon=True)
+    thread.start()
+    if not ready.wait(600):
+        raise RuntimeError("the daemon did not become ready in 600 s")
+    ready_at = time.monotonic()
+    res.put("start", {"ready_after_s": round(ready_at - t0, 1), "keys_warmed": len(daemon.warmed)})
+    log(f"  ready after {ready_at - t0:.1f} s, {len(daemon.warmed)} plan keys warmed")
+    sent = mixed_load(daemon, cfg, zmq, np)
+    stop.set()
+    drained.wait(120)
+    thread.join(60)
+    late_keys = [k for k, t in engine.first_runs.items() if t > ready_at]
+    for _ in range(3):  # every key again: a steady time for each to set its first batch against
+        warm_up(engine, daemon.scheduler)
+    late = {str(k): round(engine.first_runs[k] - ready_at, 3) for k in late_keys}
+    keys = []
+    for k, rs in sorted(runs.items(), key=lambda kv: str(kv[0])):
+        steady = [dt for _, dt in rs[1:]]
+        keys.append({"key": str(k), "first_ms": round(rs[0][1], 2), "runs": len(rs),
+                     "steady_median_ms": round(statistics.median(steady), 2) if steady else None,
+                     "first_after_ready": rs[0][0] > ready_at})
+    res.put("after_ready", {"chunks_sent": sent, "answered": daemon.stats.answered, "late_keys": late,
+                            "ok": not late and daemon.stats.answered >= sent})
+    res.put("keys", keys)
+    log(f"  after ready: {sent} chunks sent, {daemon.stats.answered} answered, keys first run after ready: {late}")
+
+
+def mixed_load(daemon, cfg, zmq, np) -> int:
+    """Bursts that mix adapters and batch sizes (each burst batched on its own), answered before the next."""
+    from vlora_va.contracts.geometry import Letterbox
+    from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk
+
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.connect(cfg.daemon.endpoint)
+    rng = np.random.default_rng(0)
+    side = cfg.daemon.image_size
+    seq = 0
+    bursts = [["detect"], ["actions"], ["detect", "actions"], ["detect"] * 3, ["detect"] * 16, ["actions"] * 4,
+              ["detect", "actions"] * 8, ["detect"] * 40, ["detect", "actions"] * 30]
+    for burst in bursts[:5] if DRY else bursts:
+        for adapter in burst:
+            n = 8 if adapter == "actions" else 1
+            frames = [rng.integers(0, 255, (side, side, 3), dtype=np.uint8) for _ in range(n)]
+            now = time.time()
+            header = ChunkHeader(stream="cam", seq=seq, fps=10.0, frame_ts=tuple(seq + 0.1 * i for i in range(n)),
+                                 frame_shape=(side, side, 3), orig_size=(768, 576),
+                                 letterbox=Letterbox(side / 768, 0.0, (side - 576 * side / 768) / 2),
+                                 tasks=(TaskRequest("t", adapter, tuple(range(n)), 60000.0),), ready_wall=now,
+                                 sent_wall=now)
+            push.send_multipart(encode_chunk(header, frames), copy=False)
+            seq += 1
+        deadline = time.monotonic() + 120
+        while daemon.stats.answered < seq and time.monotonic() < deadline:
+            time.sleep(0.01)
+    push.close(linger=1000)
+    ctx.term()
+    return seq
+
+
+def decode(res: Results) -> None:
+    """Frames/s of PyAV decode + RGB conversion of the 768x576 H.264 sample on one thread: software, then the
+    CUDA hardware decoder (NVDEC) with no software fallback, so a failure to open it is seen, not hidden."""
+    import av
+
+    res.put("hwdevices", av.codec.hwaccel.hwdevices_available())
+    for hw in ("off", "cuda"):
+        try:
+            kw = {} if hw == "off" else {"hwaccel": av.codec.hwaccel.HWAccel(hw, allow_software_fallback=False)}
+            t0, n = time.perf_counter(), 0
+            with av.open(str(ROOT / "sample_videos" / "pedestrians.mp4"), **kw) as c:
+                s = c.streams.video[0]
+                s.codec_context.thread_count = 1
+                for f in c.decode(s):
+                    f.to_ndarray(format="rgb24")
+                    n += 1
+                used = bool(s.codec_context.is_hwaccel)
+            row = {"frames": n, "fps": round(n / (time.perf_counter() - t0)), "hardware_used": used}
+        except Exception as e:  # what FFmpeg says when NVDEC cannot be opened (driver library, wheel build)
+            row = {"error": f"{type(e).__name__}: {e}"}
+        res.put(hw, row)
+        log(f"  decode {hw}: {row}")
+
+
+# ---------------------------------------------------------------- driver
+def run_part(part: str, out: Path, prepared: Path | None, args) -> None:
+    res = Results(out / f"gpu-{part}.json", meta())
+    log(f"{part}:")
+    t0 = time.perf_counter()
     try:
-        import av
-    except ImportError:
-        return None
-    t0, n = time.perf_counter(), 0
-    with av.open(str(ROOT / "sample_videos" / "pedestrians.mp4")) as c:
-        s = c.streams.video[0]
-        s.codec_context.thread_count = 1
-        for f in c.decode(s):
-            f.to_ndarray(format="rgb24")
-            n += 1
-    fps = n / (time.perf_counter() - t0)
-    log(f"  PyAV decode + RGB, 768x576 H.264, one core: {fps:.0f} frames/s")
-    return fps
+        if part == "correctness":
+            correctness(res, prepared)
+        elif part == "ops":
+            ops(res)
+        elif part == "backbone":
+            backbone(res)
+        elif part == "switch":
+            switch(res, prepared)
+        elif part == "warmup":
+            warmup(res, prepared)
+        elif part == "decode":
+            decode(res)
+    except Exception as e:  # one part's failure must not cost the others their figures
+        import traceback
 
-
-def sweep(log, streams: list[int], duration: float) -> list[dict]:
-    """The real daemon on CUDA under N synthetic streams (bench/serving.py's load generator)."""
-    import serving as S
-
-    b = S.Backbone("vit-s", 384, 12, 6, 224, 1000.0)
-    work = Path("/tmp/vlora-gpu-sweep")
-    work.mkdir(exist_ok=True)
-    adapters = S.build_adapters(b, "dinov2-small", 2, work)
-    rows = []
-    for n in streams:
-        w = S.Workload(n, 2, 0.5, 1.0)
-        cap = 10.0 * n  # 10 images/s per stream: the load is set in absolute terms here
-        figures, _ = S.run_point(b, "dinov2-small", adapters, "vlora", w, duration, work, 4, seed=n, capacity=cap,
-                                 device="cuda")
-        rows.append({"streams": n, **figures})
-        log(f"  {n} streams: {figures['streams_held']}/{figures['streams']} held, in deadline "
-            f"{figures['in_deadline_per_s']:.0f} img/s, shed {figures['shed_rate']:.1%}")
-    return rows
-
-
-def markdown(res: dict) -> str:
-    L = [f"# GPU benchmark ({res['gpu']}, torch {res['torch']})", ""]
-    if "correctness" in res:
-        k = res["correctness"]["kernels"]
-        L += [f"Kernels against the loop: {k['cases']} cases, {len(k['failed'])} failed.", ""]
-        for key, v in res["correctness"].get("engine", {}).items():
-            L.append(f"- engine {key} vs CPU fp32: {v}")
-        L.append("")
-    if "backbone" in res:
-        L += ["| batch | variant | ms | vs merged |", "|---:|---|---:|---:|"]
-        L += [f"| {r['batch']} | {r['variant']} | {r['ms']} | {r['overhead_pct']:+.1f}% |" for r in res["backbone"]]
-        L.append("")
-    if "ops" in res:
-        sp = [r["speedup"] for r in res["ops"]]
-        L += [f"LoRA op alone (graphed): median x{statistics.median(s['einsum'] for s in sp):.2f} vs einsum "
-              f"(min x{min(s['einsum'] for s in sp):.2f}), x{statistics.median(s['peft'] for s in sp):.2f} vs peft, "
-              f"x{statistics.median(s['loop'] for s in sp):.2f} vs the loop.", ""]
-    if "sweep" in res:
-        L += ["| streams | held | in-deadline img/s | shed | p99 ms |", "|---:|---:|---:|---:|---:|"]
-        L += [f"| {r['streams']} | {r['streams_held']}/{r['streams']} | {r['in_deadline_per_s']:.0f} | "
-              f"{r['shed_rate']:.1%} | {r['p99_latency_ms']} |" for r in res["sweep"]]
-    return "\n".join(L) + "\n"
+        res.put("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}")
+        log(f"  {part} FAILED: {type(e).__name__}: {e}")
+        log(traceback.format_exc()[-2000:])
+    res.put("graph_capture_failures", GRAPH_FAILURES)
+    res.put("seconds", round(time.perf_counter() - t0, 1))
 
 
 def main(argv=None) -> int:
+    global DEV, DRY
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: correctness,ops,backbone,sweep")
-    ap.add_argument("--streams", default="16,64,128,200,256")
-    ap.add_argument("--duration", type=float, default=20.0)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--parts", default="all", help=f"comma list of {','.join(PARTS)}, or all")
+    ap.add_argument("--prepared", type=Path, default=ROOT / ".gpu", help="what bench/gpu_prepare.py wrote")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu")
+    ap.add_argument("--dry-run", action="store_true", help="every part on the CPU at tiny sizes (code paths only)")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        return skipped(a.out)
-    skip = set(filter(None, a.skip.split(",")))
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    if "correctness" not in skip:
-        log("correctness:")
-        res["correctness"] = {"kernels": correctness_kernels(log), "engine": correctness_engine(log)}
-    if "ops" not in skip:
-        log("LoRA op grid:")
-        res["ops"] = ops(log)
-    if "backbone" not in skip:
-        log("whole backbone:")
-        res["backbone"] = backbone(log)
-    if "sweep" not in skip:
-        log("decode and streams per GPU:")
-        res["decode_fps_per_core"] = decode_fps(log)
-        res["sweep"] = sweep(log, [int(v) for v in a.streams.split(",")], a.duration)
+    DRY = a.dry_run
+    if DRY:
+        DEV = "cpu"
+    elif not torch.cuda.is_available():
+        print("bench/gpu.py: skipped: no CUDA device here (torch.cuda.is_available() is False)")
+        return 0
+    parts = PARTS if a.parts == "all" else [p for p in a.parts.split(",") if p]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        ap.error(f"unknown part(s) {sorted(unknown)}; known: {PARTS}")
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "gpu.json").write_text(json.dumps(res, indent=1, default=str))
-    (a.out / "gpu.md").write_text(markdown(res))
-    print(markdown(res))
+    for part in parts:
+        run_part(part, a.out, a.prepared, a)
     return 0
 
 

@@ -16,14 +16,22 @@ late), shed rate, mode switches, and streams held (>= 99% of their chunks answer
 run in rounds, policies shuffled inside a round, so slow spells of this shared machine hit every policy
 alike; the table gives medians over rounds and each policy's ratio to the best baseline at the same point.
 Writes bench/results/serving.{json,md,png}.
+
+On a GPU (`--device cuda --max-batch 64 --backbones vit-l`; bench/gpu_policies.py drives the policy points):
+capacity is higher and the generator sends one message at a time from Python, so its own ceiling (chunks/s it can
+send with no pacing) is measured and each point says whether it was `generator_limited`, with the rate it
+achieved. `--senders K` splits the schedule by stream across K processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import multiprocessing
 import os
 import platform
+import queue
 import random
 import re
 import shutil
@@ -33,9 +41,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +53,7 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vlora_va.contracts.config import DaemonConfig  # noqa: E402
 from vlora_va.contracts.geometry import Letterbox  # noqa: E402
 from vlora_va.contracts.results import is_result  # noqa: E402
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk  # noqa: E402
@@ -53,6 +63,12 @@ BASELINES = [p for p in POLICIES if p != "vlora"]
 RANKS = [8, 16, 32, 64]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"]
 WARMUP_S = 3.0  # rows of chunks sent in the first seconds are not counted (queues and windows settle)
+# The daemon's own default (premerge_max_mb left out of the config): per-slot premerged weights larger than this
+# are not kept, so only unmerged, merged and mixture modes serve.
+DEFAULT_PREMERGE_MB = DaemonConfig.premerge_max_mb
+CEILING_S = 2.0  # how long the generator's ceiling is measured
+GENERATOR_HEADROOM = 0.8  # a point needing more than this share of the generator's ceiling is generator-limited
+SEND_HWM = 64
 
 
 @dataclass(frozen=True)
@@ -62,12 +78,24 @@ class Backbone:
     layers: int
     heads: int
     image_size: int
+    # Each request's deadline: a few times a full batch (on 2 CPU cores: vit-s ~0.7 s per 16 images, vit-b
+    # ~2.4 s); --deadline-ms overrides it.
     deadline_ms: float
 
 
 BACKBONES = {
     "vit-s": Backbone("vit-s", 384, 12, 6, 224, 2000.0),  # the real default backbone, dinov2-small
     "vit-b": Backbone("vit-b", 768, 12, 12, 224, 3000.0),  # random weights, ViT-B sized
+    # Random weights, for a GPU: more compute per frame sent (the generator's bytes per frame stay those of 224 px),
+    # so 3x capacity stays within what one Python sender can offer. Deadlines: a few 64-image batches on an
+    # H100/H200 in bf16 (estimated); bench/gpu_policies.py sets them from the measured profile instead.
+    "vit-l": Backbone("vit-l", 1024, 24, 16, 224, 150.0),
+    "vit-h": Backbone("vit-h", 1280, 32, 16, 224, 300.0),
+    # At 448 px (1,025 tokens) a frame costs ~4.5x its 224-px price, so the GPU rather than the daemon's per-chunk
+    # host work limits serving at 3x load (vit-l at 224 px ran 2,114 images/s on an H200: host-bound there).
+    "vit-l-448": Backbone("vit-l-448", 1024, 24, 16, 448, 1000.0),
+    "vit-h-448": Backbone("vit-h-448", 1280, 32, 16, 448, 1000.0),
+    "tiny": Backbone("tiny", 64, 2, 2, 56, 1000.0),  # smoke tests of the bench itself
 }
 
 
@@ -139,12 +167,20 @@ def free_port() -> int:
 
 
 def write_config(path: Path, b: Backbone, backbone_id: str, adapters: dict[str, str], policy: str,
-                 results: Path, endpoint: str, metrics_port: int, threads: int, device: str = "cpu") -> None:
+                 results: Path, endpoint: str, metrics_port: int, threads: int, device: str = "cpu",
+                 premerge_max_mb: int | None = None, max_batch_images: int = 16, profile_cache: str = "") -> None:
+    """premerge_max_mb None: left out (the daemon's default, DEFAULT_PREMERGE_MB). profile_cache "": the
+    daemon's default ($VLORA_VA_PROFILES or ~/.cache/vlora-va/profiles)."""
+    daemon = {"endpoint": endpoint, "backbone": backbone_id, "image_size": b.image_size, "device": device,
+              "threads": threads, "max_batch_images": max_batch_images, "policy": policy,
+              "metrics_port": metrics_port, "log_every_s": 5, "max_slots": 8}
+    if premerge_max_mb is not None:
+        daemon["premerge_max_mb"] = premerge_max_mb
+    if profile_cache:
+        daemon["profile_cache"] = profile_cache
     cfg = {
         "version": 1,
-        "daemon": {"endpoint": endpoint, "backbone": backbone_id, "image_size": b.image_size, "device": device,
-                   "threads": threads, "max_batch_images": 16, "policy": policy, "metrics_port": metrics_port,
-                   "log_every_s": 5, "max_slots": 8},
+        "daemon": daemon,
         "adapters": adapters,
         # The daemon needs a stream to say its capacity estimate; the bench sends the chunks itself.
         "streams": [{"id": "bench", "source": "unused.mp4", "fps": 1,
@@ -183,15 +219,35 @@ class DaemonProcess:
         return self.log.read_text()
 
 
-def profile_capacity(log_text: str, image_size: int) -> float:
-    """Images per second in merged mode at image_size, from the cost profile the daemon used."""
+def profile_base(log_text: str, image_size: int) -> list[tuple[int, float]]:
+    """(images, seconds) per measured batch in merged mode at image_size, from the cost profile the daemon used."""
     m = re.search(r"cost profile (?:from|cached in) (\S+\.json)", log_text)
     if m is None:
         raise RuntimeError("the daemon did not say where its cost profile is")
-    points = json.loads(Path(m.group(1).rstrip(")")).read_text())["base"][str(image_size)]
+    return [tuple(p) for p in json.loads(Path(m.group(1).rstrip(")")).read_text())["base"][str(image_size)]]
+
+
+def profile_capacity(log_text: str, image_size: int, device: str = "cpu") -> float:
+    """Images per second in merged mode at image_size, from the cost profile the daemon used."""
+    points = profile_base(log_text, image_size)
+    if device == "cuda":
+        # On CUDA the profile has one point per batch bucket (1, 2, 4, ... max_batch_images) and time is far from
+        # linear in images: small batches leave the GPU idle and pay a fixed launch cost, so the slope between the
+        # smallest and the largest batch overstates what it serves. Under overload the daemon runs full batches:
+        # the images/s of the largest batch is its capacity.
+        n, t = points[-1]
+        return n / t
+    # A CPU's time is close to linear in images (two points, 1 and 4): the slope is the per-image cost. A tiny
+    # model timed while other work shares the cores can make it zero or negative: then the largest batch's average.
     (n0, t0), (n1, t1) = points[0], points[-1]
     per_image = (t1 - t0) / (n1 - n0) if n1 > n0 else t1 / n1
-    return 1.0 / per_image
+    return 1.0 / (per_image if per_image > 0 else t1 / n1)
+
+
+def premerge_state(log_text: str) -> tuple[bool | None, float | None]:
+    """(whether the daemon kept premerged weights, the MB they take or would take), from its log."""
+    m = re.search(r"LoRA: (no )?premerged weights (?:for \d+ slot\(s\), |\(they would take )(\d+) MB", log_text)
+    return (None, None) if m is None else (m.group(1) is None, float(m.group(2)))
 
 
 def switches(metrics_port: int) -> int:
@@ -217,35 +273,169 @@ def schedule(w: Workload, capacity: float, duration: float, seed: int) -> list[t
     return out
 
 
-def replay(endpoint: str, plan: list, frames: list[np.ndarray], b: Backbone) -> tuple[int, int]:
-    """Send the chunks on time, like live cameras (ready = the send time). Returns (sent, not sent because
-    the daemon's socket was full: an ingest worker's drop policy would drop them)."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.SNDHWM, 64)
-    sock.connect(endpoint)
+def make_frames(side: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 255, (side, side, 3), dtype=np.uint8) for _ in range(8)]
+
+
+def send_chunks(sock, chunks, frames: list[np.ndarray], b: Backbone, deadline_ms: float, start: float,
+                block: bool = False, until: float | None = None) -> tuple[int, int, float]:
+    """Send (time, stream, seq, adapter) chunks at start + time, like live cameras (ready = the send time), one
+    message each. block False: a chunk the daemon's socket cannot take is not sent (an ingest worker's drop
+    policy would drop it). until: stop at this wall time. Returns (sent, not sent, wall time of the last send)."""
     side = b.image_size
     lb = Letterbox(1.0, 0.0, 0.0)
-    start = time.time() + 0.5
+    flags = 0 if block else zmq.NOBLOCK
     sent = dropped = 0
-    for t, stream, seq, adapter in plan:
+    for t, stream, seq, adapter in chunks:
         wait = start + t - time.time()
         if wait > 0:
             time.sleep(wait)
         now = time.time()
+        if until is not None and now >= until:
+            break
         header = ChunkHeader(stream=f"s{stream}", seq=seq, fps=1.0, frame_ts=(float(seq),), frame_shape=(side, side, 3),
                              orig_size=(side, side), letterbox=lb,
-                             tasks=(TaskRequest("detect", f"a{adapter}", (0,), b.deadline_ms),), ready_wall=now,
+                             tasks=(TaskRequest("detect", f"a{adapter}", (0,), deadline_ms),), ready_wall=now,
                              sent_wall=now)
         try:
-            sock.send_multipart(encode_chunk(header, [frames[seq % len(frames)]]), flags=zmq.NOBLOCK, copy=False)
+            sock.send_multipart(encode_chunk(header, [frames[seq % len(frames)]]), flags=flags, copy=False)
             sent += 1
         except zmq.Again:
             dropped += 1
+    return sent, dropped, time.time()
+
+
+def unpaced(streams: int = 4, adapters: int = 4):
+    """Chunks all due at once, streams interleaved: what the generator's ceiling is measured with."""
+    return ((0.0, i % streams, i // streams, i % adapters) for i in itertools.count())
+
+
+def _push(ctx, endpoint: str, block: bool):
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+    if block:
+        sock.setsockopt(zmq.SNDTIMEO, 2000)  # a receiver that stopped reading ends the measurement, not the bench
+    sock.connect(endpoint)
+    return sock
+
+
+def _sender(endpoint: str, plan: list | None, b: Backbone, deadline_ms: float, frame_seed: int, block: bool,
+            seconds: float | None, ready, go, start_at, results) -> None:
+    """One sender process (--senders K): connect, say ready, send its share of the plan from the common start."""
+    ctx = zmq.Context()
+    sock = _push(ctx, endpoint, block)
+    frames = make_frames(b.image_size, frame_seed)
+    ready.put(os.getpid())
+    go.wait()
+    start = start_at.value
+    chunks = unpaced() if plan is None else plan
+    sent, dropped, end = send_chunks(sock, chunks, frames, b, deadline_ms, start, block,
+                                     start + seconds if seconds else None)
     time.sleep(1.0)  # stay connected while the daemon reads the last chunks
     sock.close(linger=5000)
     ctx.term()
-    return sent, dropped
+    results.put((sent, dropped, end))
+
+
+def run_senders(endpoint: str, plans: list[list | None], b: Backbone, deadline_ms: float, frame_seed: int,
+                block: bool = False, seconds: float | None = None) -> dict:
+    """Send each plan from its own process (spawned; each its own PUSH socket), all from one start time.
+    A plan None sends unpaced chunks for `seconds`. Returns {sent, dropped, wall_s} over all senders."""
+    mp = multiprocessing.get_context("spawn")
+    ready, results, go, start_at = mp.Queue(), mp.Queue(), mp.Event(), mp.Value("d", 0.0)
+    procs = [mp.Process(target=_sender, args=(endpoint, plan, b, deadline_ms, frame_seed, block, seconds, ready, go,
+                                              start_at, results), daemon=True) for plan in plans]
+    for p in procs:
+        p.start()
+    try:
+        _gather(ready, procs, len(procs), timeout=120)
+        start_at.value = time.time() + 0.5
+        go.set()
+        longest = max((plan[-1][0] for plan in plans if plan), default=0.0) + (seconds or 0.0)
+        out = _gather(results, procs, len(procs), timeout=longest + 60 + 30 * len(procs))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    return {"sent": sum(o[0] for o in out), "dropped": sum(o[1] for o in out),
+            "wall_s": max(o[2] for o in out) - start_at.value}
+
+
+def _gather(q, procs, n: int, timeout: float) -> list:
+    """n items from q, failing early when a sender process died without putting its own."""
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < n:
+        try:
+            got.append(q.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"sender process exited {dead[0].exitcode}") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"senders: {len(got)} of {n} answered in {timeout:.0f} s") from None
+    return got
+
+
+def replay(endpoint: str, plan: list, frames: list[np.ndarray], b: Backbone, deadline_ms: float | None = None,
+           senders: int = 1, frame_seed: int = 0) -> dict:
+    """Send the chunks on time, like live cameras. Returns {sent, dropped (not sent because the daemon's socket
+    was full: an ingest worker's drop policy would drop them), wall_s (from the first planned send to the last
+    send)}. senders > 1: the plan split by stream across that many processes (frames made from frame_seed)."""
+    deadline_ms = b.deadline_ms if deadline_ms is None else deadline_ms
+    if senders > 1:
+        return run_senders(endpoint, [[c for c in plan if c[1] % senders == k] for k in range(senders)], b,
+                           deadline_ms, frame_seed)
+    ctx = zmq.Context()
+    sock = _push(ctx, endpoint, block=False)
+    start = time.time() + 0.5
+    sent, dropped, end = send_chunks(sock, plan, frames, b, deadline_ms, start)
+    time.sleep(1.0)  # stay connected while the daemon reads the last chunks
+    sock.close(linger=5000)
+    ctx.term()
+    return {"sent": sent, "dropped": dropped, "wall_s": end - start}
+
+
+def generator_ceiling(b: Backbone, senders: int = 1, seconds: float = CEILING_S, seed: int = 0) -> dict:
+    """Chunks per second the generator sends with no pacing (the same encode and send path as replay, frames of
+    b's size) into a PULL socket that a thread drains as fast as it can. Sends block when the receiver lags, so
+    every chunk counted was delivered: what a daemon reading as fast as this could be offered."""
+    work = Path(tempfile.mkdtemp(prefix="vlora-ceiling-"))
+    endpoint = f"ipc://{work}/pull.sock"
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVTIMEO, 100)
+    pull.bind(endpoint)
+    stop, drained = threading.Event(), [0]
+
+    def drain():
+        while not stop.is_set():
+            try:
+                pull.recv_multipart(copy=False)
+                drained[0] += 1
+            except zmq.Again:
+                pass
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        if senders > 1:
+            r = run_senders(endpoint, [None] * senders, b, b.deadline_ms, seed, block=True, seconds=seconds)
+        else:
+            sock = _push(ctx, endpoint, block=True)
+            start = time.time()
+            sent, dropped, end = send_chunks(sock, unpaced(), make_frames(b.image_size, seed), b, b.deadline_ms,
+                                             start, block=True, until=start + seconds)
+            sock.close(linger=1000)
+            r = {"sent": sent, "dropped": dropped, "wall_s": end - start}
+    finally:
+        stop.set()
+        reader.join(5)
+        ctx.destroy(linger=0)
+        shutil.rmtree(work, ignore_errors=True)
+    return {"generator_ceiling_per_s": r["sent"] / r["wall_s"], "senders": senders, "seconds": round(r["wall_s"], 2),
+            "frame_bytes": b.image_size ** 2 * 3}
 
 
 def analyse(rows: list[dict], offered: int, duration: float, n_switches: int) -> dict:
@@ -270,36 +460,75 @@ def analyse(rows: list[dict], offered: int, duration: float, n_switches: int) ->
     }
 
 
+def shed_reasons(rows: list[dict]) -> dict[str, int]:
+    """Shed rows counted by the kind of reason (numbers taken out: "needs ~N ms, M ms left" is one kind)."""
+    kinds: dict[str, int] = {}
+    for r in rows:
+        if r["status"] == "shed":
+            kind = re.sub(r"[0-9.]+", "N", r.get("reason") or "?")[:80]
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
 def run_point(b: Backbone, backbone_id: str, adapters: dict, policy: str, w: Workload, duration: float,
               work: Path, threads: int, seed: int, capacity: float | None, keep: bool = False,
-              device: str = "cpu") -> tuple[dict, float]:
-    point = work / f"{b.name}-{policy}-{abs(hash((w, seed))) % 10**8}"
+              device: str = "cpu", premerge_max_mb: int | None = None, max_batch_images: int = 16,
+              deadline_ms: float | None = None, deadline_batches: float = 0.0, ceiling: float | None = None,
+              senders: int = 1, profile_cache: str = "") -> tuple[dict, float]:
+    """One daemon, one policy, one workload. capacity None: read from the daemon's cost profile (returned, so the
+    next points offer the same load). Each request's deadline: deadline_batches > 0: that many times a full merged
+    batch (max_batch_images at that capacity); else deadline_ms, else b's. ceiling: the generator's
+    (generator_ceiling); a point needing more than GENERATOR_HEADROOM of it, or sending clearly below its plan,
+    says generator_limited."""
+    point = work / f"{b.name}-{policy}-{abs(hash((w, seed, premerge_max_mb))) % 10**8}"
     point.mkdir(parents=True, exist_ok=True)
     results = point / "results.jsonl"
     endpoint = f"ipc://{point}/daemon.sock"
     port = free_port()
     cfg = point / "pipeline.json"
     write_config(cfg, b, backbone_id, {k: adapters[k] for k in list(adapters)[:w.adapters]}, policy, results,
-                 endpoint, port, threads, device)
+                 endpoint, port, threads, device, premerge_max_mb, max_batch_images, profile_cache)
     daemon = DaemonProcess(cfg, point / "daemon.log")
     try:
         log_text = daemon.wait_ready()
-        capacity = capacity or profile_capacity(log_text, b.image_size)
-        rng = np.random.default_rng(seed)
-        frames = [rng.integers(0, 255, (b.image_size, b.image_size, 3), dtype=np.uint8) for _ in range(8)]
+        capacity = capacity or profile_capacity(log_text, b.image_size, device)
+        batch_s = max_batch_images / capacity  # a full batch in merged mode (on CUDA: the profile's largest)
+        if deadline_batches > 0:
+            deadline_ms = deadline_batches * batch_s * 1000
+        deadline_ms = b.deadline_ms if deadline_ms is None else deadline_ms
         plan = schedule(w, capacity, WARMUP_S + duration, seed)
-        replay(endpoint, plan, frames, b)
+        sent = replay(endpoint, plan, make_frames(b.image_size, seed), b, deadline_ms, senders, frame_seed=seed)
         n_switches = switches(port)
     finally:
-        daemon.stop()
+        log_text = daemon.stop()
     rows = [r for line in results.read_text().splitlines() if is_result(r := json.loads(line))] \
         if results.exists() else []
     counted_after = {(f"s{stream}", seq) for t, stream, seq, _ in plan if t >= WARMUP_S}
     counted = [r for r in rows if (r["stream"], r["chunk"]) in counted_after]
     figures = analyse(counted, len(counted_after), duration, n_switches)
+    figures.update(generator_figures(plan, sent, w.load * capacity, ceiling))
+    premerged, premerge_mb = premerge_state(log_text)
+    figures.update(capacity_per_s=capacity, batch_ms=batch_s * 1000, deadline_ms=deadline_ms, premerged=premerged,
+                   premerge_mb=premerge_mb, shed_reasons=shed_reasons(counted),
+                   # the daemon's own account (status lines: cost correction, overload, queue), for a point whose
+                   # figures need explaining after its machine is gone (a GPU's)
+                   daemon_log_tail=[ln for ln in log_text.splitlines() if "status" in ln or "overload" in ln][-12:])
     if not keep:
         shutil.rmtree(point, ignore_errors=True)
     return figures, capacity
+
+
+def generator_figures(plan: list, sent: dict, needed: float, ceiling: float | None) -> dict:
+    """What the generator offered: achieved = chunks sent per second of the replay; attempted adds those the
+    daemon's full socket refused (the generator's own pace). Limited: the plan needs more than GENERATOR_HEADROOM
+    of the ceiling, or the generator fell more than 10% behind its plan."""
+    wall = max(sent["wall_s"], 1e-9)
+    attempted = (sent["sent"] + sent["dropped"]) / wall
+    behind = len(plan) > 1 and attempted < 0.9 * needed
+    return {"needed_rate_per_s": needed, "achieved_rate_per_s": sent["sent"] / wall,
+            "attempted_rate_per_s": attempted, "sent": sent["sent"], "refused_at_send": sent["dropped"],
+            "generator_ceiling_per_s": ceiling,
+            "generator_limited": bool(behind or (ceiling is not None and needed > GENERATOR_HEADROOM * ceiling))}
 
 
 # ---------------------------------------------------------------- the grid
@@ -387,38 +616,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--loads", default="", help="only workloads offered at these multiples of capacity, e.g. 1,3")
     ap.add_argument("--duration", type=float, default=15.0, help="measured seconds per point (after warm-up)")
-    ap.add_argument("--backbones", default="vit-s,vit-b")
+    ap.add_argument("--backbones", default="vit-s,vit-b",
+                    help=f"of {', '.join(BACKBONES)}; those without a grid of their own run vit-b's workloads")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--premerge-max-mb", type=int, default=None,
+                    help=f"daemon.premerge_max_mb (default: left out, the daemon's {DEFAULT_PREMERGE_MB})")
+    ap.add_argument("--max-batch", type=int, default=16, help="daemon.max_batch_images (64 fills a GPU)")
+    ap.add_argument("--deadline-ms", type=float, default=None,
+                    help="every request's deadline (default: the backbone's)")
+    ap.add_argument("--senders", type=int, default=1, help="sender processes, the schedule split among them by stream")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     a = ap.parse_args(argv)
     rounds = 1 if a.quick else a.rounds
     policies = a.policies.split(",")
     work = Path(tempfile.mkdtemp(prefix="vlora-bench-"))
     os.environ.setdefault("VLORA_VA_PROFILES", str(Path.home() / ".cache" / "vlora-va" / "profiles"))
-    points, capacity = [], {}
+    points, capacity, ceiling = [], {}, {}
     t_start = time.time()
+    workloads_of = grid(a.quick, {float(x) for x in a.loads.split(',') if x})
     try:
-        for name, workloads in grid(a.quick, {float(x) for x in a.loads.split(',') if x}).items():
-            if name not in a.backbones.split(","):
-                continue
-            b = BACKBONES[name]
+        for name in a.backbones.split(","):
+            workloads = workloads_of.get(name, workloads_of["vit-b"])
+            b = BACKBONES[name] if a.deadline_ms is None else replace(BACKBONES[name], deadline_ms=a.deadline_ms)
             backbone_id = build_backbone(b, work)
             adapters = build_adapters(b, backbone_id, max(w.adapters for w in workloads), work)
+            ceiling[name] = generator_ceiling(b, a.senders)["generator_ceiling_per_s"]
+            print(f"{name}: the generator sends up to {ceiling[name]:.0f} chunks/s ({a.senders} sender(s))",
+                  flush=True)
             for rnd in range(rounds):
                 for w in workloads:
                     order = policies[:]
                     random.Random(hash((rnd, w))).shuffle(order)
                     for policy in order:
                         figs, cap = run_point(b, backbone_id, adapters, policy, w, a.duration, work, a.threads,
-                                              seed=rnd * 1000 + hash(w) % 1000, capacity=capacity.get(name))
+                                              seed=rnd * 1000 + hash(w) % 1000, capacity=capacity.get(name),
+                                              device=a.device, premerge_max_mb=a.premerge_max_mb,
+                                              max_batch_images=a.max_batch, ceiling=ceiling[name],
+                                              senders=a.senders)
                         capacity[name] = cap
                         points.append({"backbone": name, "workload": w.label, "policy": policy, "round": rnd,
                                        "spec": asdict(w), "figures": figs})
                         print(f"[{time.time() - t_start:5.0f}s] {name} {w.label} {policy}: "
                               f"{figs['in_deadline_per_s']:.2f} img/s in deadline, shed {figs['shed_rate']:.0%}, "
                               f"missed {figs['miss_rate']:.1%}, p99 {figs['p99_latency_ms']} ms, "
-                              f"{figs['switches']} switches", flush=True)
+                              f"{figs['switches']} switches"
+                              + (", GENERATOR-LIMITED" if figs["generator_limited"] else ""), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     import torch
@@ -427,7 +671,9 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": device_name(torch.device("cpu")),
             "platform": platform.platform(), "torch": torch.__version__, "threads": a.threads, "rounds": rounds,
-            "duration_s": a.duration, "capacity": capacity, "wall_s": round(time.time() - t_start)}
+            "duration_s": a.duration, "capacity": capacity, "wall_s": round(time.time() - t_start),
+            "device": a.device, "premerge_max_mb": a.premerge_max_mb, "default_premerge_max_mb": DEFAULT_PREMERGE_MB,
+            "max_batch_images": a.max_batch, "senders": a.senders, "generator_ceiling_per_s": ceiling}
     summary = summarise(points)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "serving.json").write_text(json.dumps({"meta": meta, "summary": summary, "points": points}, indent=1))

@@ -188,7 +188,7 @@ def launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, r
 def lookup(n_in: int, n_out: int, seg: Segments, ranks: list[int], device) -> TritonConfig:
     """The tuned table's tiles for this shape bucket on this GPU, or the default ones."""
     choice = tuned.lookup(tuned.device_kind(device), n_in, n_out, seg, ranks)
-    if choice is None:
+    if choice is None or isinstance(choice, str):  # a string: a CPU strategy (Triton under its interpreter on a CPU)
         return DEFAULT_CONFIG
     if isinstance(choice, dict):  # parse once, keep the parsed config in the memo
         choice = TritonConfig.from_json(choice)

@@ -20,6 +20,32 @@ def test_gpu_bench_says_it_skipped_and_exits_0_without_cuda():
     assert r.returncode == 0 and "skipped: no CUDA device" in r.stdout
 
 
+def test_gpu_agreement_pairs_boxes_both_ways_and_excuses_only_the_threshold():
+    """bench/gpu.py's comparison of GPU rows with the CPU reference (issue 31's rule): IoU > 0.9, same class, scores
+    within 0.02; a box within 0.02 of the threshold may be missing on the other side; labels must be equal."""
+    import gpu as G
+
+    def det(*boxes):
+        return {"frames": [{"detections": [{"box": list(b), "class": c, "score": s} for b, c, s in boxes]}]}
+
+    def act(label):
+        return {"label": label, "scores": {"walking": 0.8, "standing": 0.2}}
+
+    person = ((10, 10, 40, 100), "person", 0.66)
+    ref = [det(person, ((100, 10, 130, 100), "person", 0.21)), act("walking")]
+    assert G.agreement(ref, ref, threshold=0.2)["ok"]
+    # the near-threshold box missing on the GPU: excused; the same box missing at a clear score: not
+    assert G.agreement(ref, [det(person), act("walking")], 0.2)["ok"]
+    assert not G.agreement(ref, [det(person), act("walking")], 0.1)["ok"]
+    shifted = ((12, 10, 44, 104), "person", 0.66)  # IoU 0.82
+    got = G.agreement(ref, [det(shifted, ((100, 10, 130, 100), "person", 0.21)), act("walking")], 0.2)
+    assert not got["ok"] and len(got["unmatched"]) == 2  # missing on each side
+    assert not G.agreement(ref, [det(person, ((100, 10, 130, 100), "car", 0.5)), act("walking")], 0.2)["ok"]
+    assert not G.agreement(ref, [det(((10, 10, 40, 100), "person", 0.70), ((100, 10, 130, 100), "person", 0.21)),
+                                 act("walking")], 0.2)["ok"]  # score off by 0.04
+    assert not G.agreement(ref, [ref[0], act("standing")], 0.2)["ok"]
+
+
 def test_serving_schedule_offers_the_asked_load_and_skew():
     w = S.Workload(streams=6, adapters=4, skew=0.9, load=3.0)
     plan = S.schedule(w, capacity=10.0, duration=20.0, seed=1)

@@ -16,7 +16,7 @@ from vlora_va.contracts.requests import Request
 from vlora_va.contracts.results import ActivityResult, DetectionResult
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
-from vlora_va.engine.executor import Engine
+from vlora_va.engine.executor import Engine, premerge_unsupported
 from vlora_va.engine.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, DetectionHead
 from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.serving.scheduling import make_plan
@@ -46,6 +46,16 @@ def merged_reference(backbone, adapter):
         for name, (a, b) in adapter.lora.items():
             model.get_submodule(name).weight += adapter.scale * b @ a
     return model
+
+
+def test_premerged_weights_only_where_their_grouped_gemm_can_be_captured():
+    """On CUDA, torch._grouped_mm has a kernel for bfloat16 only; in other dtypes it reads the group offsets on the
+    host, which graph capture refuses (an H200 run crashed so): the engine then keeps no premerged weights."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert premerge_unsupported(cuda, torch.bfloat16) is None
+    assert "bfloat16" in premerge_unsupported(cuda, torch.float32)
+    assert "bfloat16" in premerge_unsupported(cuda, torch.float16)
+    assert premerge_unsupported(cpu, torch.float32) is None and premerge_unsupported(cpu, torch.bfloat16) is None
 
 
 @pytest.mark.parametrize("premerge_max_mb", [0, 1024])  # ATMM path / premerged weights

@@ -91,6 +91,7 @@ class Graphs:
         self.backend, self.enabled, self.cuda_graphs = backend, enabled, cuda_graphs
         self.max_bucket = bucket(max_bucket)
         self.captured: dict[PlanKey, CapturedForward] = {}
+        self.serving = False  # warm-up is over (BackboneBackend.warmed): a capture now delays a live batch
 
     def key(self, size: int, images: int, mode: LoRAMode, prefix: int, forked: bool) -> PlanKey | None:
         """The plan key of a forward that can replay a capture, or None when it runs eagerly."""
@@ -102,7 +103,7 @@ class Graphs:
         """The capture for a key, made now if warm-up did not (logged: it costs a first-batch delay)."""
         found = self.captured.get(key)
         if found is None:
-            if self.captured:
+            if self.serving:
                 log.warning("capturing %s during serving (warm-up missed it)", key)
             found = self.captured[key] = CapturedForward(self.backend, key, tokens, self.cuda_graphs)
             found.capture(mode)

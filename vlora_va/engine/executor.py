@@ -41,6 +41,15 @@ from vlora_va.engine.vit import block_of, fold_layer_scale, num_blocks
 log = logging.getLogger(__name__)
 
 
+def premerge_unsupported(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why premerged mode cannot serve on this device and dtype (None: it can). On CUDA its grouped GEMM
+    (torch._grouped_mm) has a kernel for bfloat16 only: other dtypes fall back to a loop that reads the group
+    offsets on the host, which a CUDA graph cannot capture (seen on an H200 with torch 2.11, 2026-11-26)."""
+    if device.type == "cuda" and dtype != torch.bfloat16:
+        return f"on CUDA the grouped GEMM needs bfloat16 (the backbone runs in {str(dtype).removeprefix('torch.')})"
+    return None
+
+
 class Engine:
     def __init__(self, backbone: torch.nn.Module, adapters: dict[str, Adapter], image_size: int,
                  max_slots: int = 8, max_rank: int = 64, device: str | torch.device = "cpu",
@@ -95,7 +104,10 @@ class Engine:
         # Per-slot merged weights replace the LoRA GEMMs with one GEMM per run of rows (bench/atmm.py): the
         # cost model then decides when that mode serves a batch best.
         mb = premerge_bytes(self.backbone) / 2**20
-        if 0 < mb <= max_mb:
+        problem = premerge_unsupported(self.device, self.dtype)
+        if problem and max_mb > 0:
+            log.info("LoRA: no premerged weights: %s", problem)
+        elif 0 < mb <= max_mb:
             enable_premerge(self.backbone)
             self.premerged = True
             log.info("LoRA: premerged weights for %d slot(s), %.0f MB", len(self.slots), mb)

@@ -101,6 +101,7 @@ def warm_up(engine: Engine, scheduler: Scheduler) -> set:
     warmed = profiling.warm_up(engine, catalog, modes, profiling.batch_sizes(engine.device, catalog.max_batch_images),
                                bucketed=cuda)
     engine.switch(catalog.resting_mode())
+    engine.backend.warmed()
     scheduler.weights_now(engine.weights_slot)
     log.info("warmed up %d plan keys in %.1f s", len(warmed), time.perf_counter() - t0)
     return warmed

@@ -36,6 +36,9 @@ class BackboneBackend(ABC):
         identity (contracts.requests.frame_key; None: from the frames' buffers). keep_pixels: the features also
         carry each frame's model input."""
 
+    def warmed(self) -> None:
+        """The daemon's warm-up is over: from now on, work the backend prepares lazily is a miss worth saying."""
+
     @abstractmethod
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
         """uint8 [H, W, 3] frames -> the model input [N, 3, size, size] (normalised, resized)."""

@@ -84,6 +84,9 @@ class TorchBackbone(BackboneBackend):
         self.graphs = Graphs(self, enabled=fixed_layout, cuda_graphs=device.type == "cuda",
                              max_bucket=max_batch_images)
 
+    def warmed(self) -> None:
+        self.graphs.serving = True
+
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
         # np.stack copies: the received buffers stay untouched
         x = normalise(torch.from_numpy(np.stack(frames)).to(self.device))
