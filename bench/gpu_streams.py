@@ -1,6 +1,6 @@
 """Streams per GPU (issue 31, part 4): the real daemon fed by live-decoded copies of sample_videos/pedestrians.mp4.
 
-    python bench/gpu_streams.py --backbone PATH                       # on the GPU: 100,200,300 streams, cuda and off
+    python bench/gpu_streams.py --backbone PATH                       # on the GPU: 25..200 streams, cuda and off
     python bench/gpu_streams.py --device cpu --backbone ~/.cache/vlora-va/models/dinov2-small \\
         --streams 1,2 --hw off,cuda --duration 6 --settle 4 --budget 120 --workers 1 --max-batch 16   # a smoke run
 

@@ -545,6 +545,17 @@ def grid(quick: bool, loads: set[float] | None = None) -> dict[str, list[Workloa
     return {"vit-s": vit_s, "vit-b": vit_b}
 
 
+def _median(key: str, figs: list[dict]):
+    """The median of a figure over rounds; a figure that is not a number (shed reasons, log lines, flags): the last
+    round's."""
+    values = [f[key] for f in figs if f.get(key) is not None]
+    if not values:
+        return None
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return statistics.median(values)
+    return values[-1]
+
+
 def summarise(points: list[dict]) -> list[dict]:
     """Medians over rounds per (backbone, workload, policy), with ratios to the best baseline."""
     keyed: dict[tuple, list[dict]] = {}
@@ -552,8 +563,7 @@ def summarise(points: list[dict]) -> list[dict]:
         keyed.setdefault((p["backbone"], p["workload"], p["policy"]), []).append(p["figures"])
     rows = []
     for (backbone, workload, policy), figs in keyed.items():
-        med = {k: statistics.median([f[k] for f in figs if f[k] is not None]) if any(f[k] is not None for f in figs)
-               else None for k in figs[0]}
+        med = {k: _median(k, figs) for k in figs[0]}
         rows.append({"backbone": backbone, "workload": workload, "policy": policy, "rounds": len(figs), **med})
     for r in rows:
         base = [x for x in rows if x["backbone"] == r["backbone"] and x["workload"] == r["workload"]
@@ -562,6 +572,9 @@ def summarise(points: list[dict]) -> list[dict]:
         r["vs_best_baseline"] = r["in_deadline_per_s"] / best if best else None
         unm = next((x for x in base if x["policy"] == "unmerge-only"), None)
         r["vs_unmerge_only"] = r["in_deadline_per_s"] / unm["in_deadline_per_s"] if unm and unm["in_deadline_per_s"] else None
+        # Overload efficiency (issue 32): in deadline against merged-mode capacity, the cheapest mode there is
+        cap = r.get("capacity_per_s")
+        r["vs_capacity"] = r["in_deadline_per_s"] / cap if cap else None
     return rows
 
 
@@ -570,13 +583,14 @@ def markdown(summary: list[dict], meta: dict) -> str:
              f"CPU: {meta['cpu']}, {meta['threads']} daemon threads; torch {meta['torch']}. "
              f"Medians over {meta['rounds']} round(s); load is relative to the capacity each daemon measured "
              f"(merged-mode images/s: " + ", ".join(f"{k} {v:.1f}" for k, v in meta["capacity"].items()) + ").", "",
-             "| backbone | workload | policy | in-deadline img/s | vs best baseline | vs unmerge-only | mean / p99 latency ms "
-             "| missed | shed | switches | streams held |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| backbone | workload | policy | in-deadline img/s | vs capacity | vs best baseline | vs unmerge-only "
+             "| mean / p99 latency ms | missed | shed | switches | streams held |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(summary, key=lambda r: (r["backbone"], r["workload"], POLICIES.index(r["policy"]))):
         def f(v, spec=".2f"):
             return "—" if v is None else format(v, spec)
         lines.append(f"| {r['backbone']} | {r['workload']} | {r['policy']} | {f(r['in_deadline_per_s'])} | "
-                     f"{f(r['vs_best_baseline'])} | {f(r['vs_unmerge_only'])} | {f(r['mean_latency_ms'], '.0f')} / "
+                     f"{f(r.get('vs_capacity'))} | {f(r['vs_best_baseline'])} | {f(r['vs_unmerge_only'])} | {f(r['mean_latency_ms'], '.0f')} / "
                      f"{f(r['p99_latency_ms'], '.0f')} | {f(r['miss_rate'], '.1%')} | {f(r['shed_rate'], '.1%')} | "
                      f"{f(r['switches'], '.0f')} | {f(r['streams_held'], '.0f')}/{f(r['streams'], '.0f')} |")
     return "\n".join(lines) + "\n"

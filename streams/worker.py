@@ -469,8 +469,9 @@ class Heartbeat:
         self._next = time.monotonic() + HEARTBEAT_S
         now = time.monotonic()
         for sid, st in self.stats.items():
-            # waiting for room in the queue is the daemon's pace, not the source's silence
-            age = 0.0 if st.waiting else now - st.last_frame if st.last_frame else 1e9
+            # waiting for room in the queue is the daemon's pace, not the source's silence. A stream's thread may
+            # stamp last_frame after `now` was read: its age is then 0, not negative (which the wire refuses).
+            age = 0.0 if st.waiting else max(0.0, now - st.last_frame) if st.last_frame else 1e9
             status = SourceStatus(stream=sid, state=st.state, frame_age_s=round(age, 3), sent_wall=time.time())
             sock = self.link.beat_sock
             if wait_s and not sock.poll(int(wait_s * 1000), zmq.POLLOUT):

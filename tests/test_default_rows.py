@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 FIXTURE = Path(__file__).parent / "fixtures" / "default_rows.jsonl"
 SCORE_TOL, BOX_TOL = 2e-4, 0.2
 PAYLOAD_KEYS = ("type", "stream", "chunk", "task", "adapter", "status", "frame_ts", "frames", "label", "score",
-                "scores", "persons", "untrained")
+                "scores", "persons", "untrained", "reused_chunk")  # reused_chunk: which chunks frame filtering skipped
 EVENT_KEYS = ("type", "event", "phase", "stream", "task", "chunk", "line", "zone", "direction", "track_id", "class",
               "ts", "box", "counts", "dwell_s")
 

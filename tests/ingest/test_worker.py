@@ -319,3 +319,28 @@ def test_a_slow_daemon_still_gets_every_chunk_of_a_file_that_ended(zmq_ctx, monk
     chunks = rx.drain(w, timeout=60, delay=0.6)
     stats = w.finish(timeout=30)
     assert stats["bikes"]["chunks_dropped"] == 0 and [c.header.seq for c in chunks] == list(range(8))
+
+
+def test_a_heartbeat_sent_while_a_stream_stamps_a_frame_says_age_zero_not_negative():
+    """A stream's thread may stamp last_frame after the heartbeat read its clock: the age was negative, which the
+    wire refuses (a CI run failed on it: `frame_age_s: must be in [0, 1e+11], got -0.003`)."""
+    from types import SimpleNamespace
+
+    import zmq
+
+    from vlora_va.contracts.wire import SourceStatus, decode_message
+
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    try:
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        push.connect(f"tcp://127.0.0.1:{port}")
+        stats = {"cam": StreamStats(last_frame=time.monotonic() + 5.0)}  # stamped "after" the heartbeat's now
+        worker_mod.Heartbeat(SimpleNamespace(beat_sock=push), stats).send(wait_s=5.0)
+        assert pull.poll(5000), "no heartbeat arrived"
+        status = decode_message([pull.recv()])
+        assert isinstance(status, SourceStatus) and status.stream == "cam" and status.frame_age_s == 0.0
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()

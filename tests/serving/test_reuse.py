@@ -76,6 +76,19 @@ def test_a_held_reuse_is_shed_at_its_deadline_and_all_at_drain():
     assert [req.seq for req, _ in reuse.expire(time.time(), everything=True)] == [6] and len(reuse) == 0
 
 
+def test_a_best_effort_reuse_waits_past_its_deadline_for_its_source_row():
+    """Files read as fast as they go are best-effort: their requests are never shed, so a reuse of one must wait
+    however late its source is served (the default pipeline, run best-effort, shed chunk 42 "reused chunk 41 not
+    served" while 41 was still queued)."""
+    reuse = Reuse()
+    reuse.expect([("cam", "det", 41)])
+    late = dataclasses.replace(request(42, reuse=41, deadline_in=-1.0), best_effort=True)
+    assert reuse.take(late, time.time()) is None
+    assert reuse.expire(time.time()) == [] and len(reuse) == 1
+    released = reuse.written(served(request(41)))
+    assert [(req.seq, src.chunk, src.status) for req, src in released] == [(42, 41, "ok")]
+
+
 def parts(seq: int, frames: int, reuse: int = -1):
     """A chunk of stream cam with one task "det": with `frames` frames, or none reusing chunk `reuse`."""
     now = time.time()

@@ -4,7 +4,8 @@
     reuse request (reuse_chunk N)   ─► take(): N's row known: a row now                 the reuse requests that
                                              N still coming: held until it is written   waited for it get rows
                                              N unknown here: shed, "reused chunk N not served"
-    tick ─► expire(): held past their deadline: shed, "reused chunk N not served"
+    tick ─► expire(): held past their deadline: shed, "reused chunk N not served" (best-effort ones wait: their
+             source is best-effort too, never shed, served when live work leaves room)
 
 A reused row is N's row with this chunk's number, frame_ts, times and deadline, and `"reused_chunk": N`; no compute
 ran for it. If N was not served (shed, error), neither is the reuse: it is shed, saying so. N is unknown when the
@@ -75,12 +76,16 @@ class Reuse:
 
     def expire(self, now: float, everything: bool = False) -> list[tuple[Request, ResultRecord]]:
         """Held requests past their deadline (all of them when `everything`: the daemon drains), with their shed
-        rows."""
+        rows. A best-effort request (a file read as fast as it goes) is never shed for time: it waits for its source
+        row, which comes however late."""
+        def gone(r: Request) -> bool:
+            return everything or (not r.best_effort and now > r.deadline)
+
         out = []
         for key in list(self._held):
             held = self._held.pop(key)
-            waiting = [r for r in held if not (everything or now > r.deadline)]
+            waiting = [r for r in held if not gone(r)]
             if waiting:
                 self._held[key] = waiting
-            out += [(r, reused_row(r, None, now)) for r in held if everything or now > r.deadline]
+            out += [(r, reused_row(r, None, now)) for r in held if gone(r)]
         return out

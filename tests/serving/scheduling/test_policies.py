@@ -10,7 +10,7 @@ import pytest
 from tests.serving.scheduling.conftest import catalog, profile, request
 from vlora_va.contracts.plugins import POLICIES
 from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
-from vlora_va.serving.costs import CostModel
+from vlora_va.serving.costs import CostModel, CostProfile
 from vlora_va.serving.scheduling import Settings
 
 NOW = 1000.0
@@ -140,10 +140,11 @@ def test_vlora_unmerges_when_starving_requests_exceed_half_a_batch():
     assert plan.mode == LoRAMode(UNMERGED)
 
 
-def simulate(policy, arrivals, premerge, seconds=20.0, starvation_s=0.4):
+def simulate(policy, arrivals, premerge, seconds=20.0, starvation_s=0.4, costs=None, max_batch=8):
     """Run a scheduler on a simulated clock: each plan takes its predicted time. Returns the served requests
     with (start, finish) and the longest batch."""
-    s = scheduler(policy, cat=catalog(premerge=premerge), starvation_s=starvation_s)
+    s = scheduler(policy, cat=catalog(premerge=premerge, max_batch=max_batch), costs=costs, starvation_s=starvation_s,
+                  max_batch=max_batch)
     pending = sorted(arrivals, key=lambda r: r.received)
     now, served, longest, shed = NOW, [], 0.0, []
     while now < NOW + seconds and (pending or s.queue):
@@ -188,6 +189,26 @@ def test_under_overload_served_work_still_meets_its_deadline():
     assert shed and served
     assert all(finish <= r.deadline for r, _, finish in served)
     assert len(served) + len(shed) == len(arrivals)
+
+
+@pytest.mark.parametrize("policy", ["vlora", "edf"])
+def test_at_three_times_a_gpus_capacity_batches_stay_full_and_serve_its_capacity(policy):
+    """Where a batch of 64 costs 6.5x one image (a GPU: ViT-L at 448 px on an H200), serving the queue's head
+    first makes every batch as small as the head's slack allows: at 3x load that served 0.15x capacity in
+    deadline, in batches of 1.5 images. Batches that skip the requests too close to their deadline stay full."""
+    points = [(1, 0.020), (2, 0.022), (4, 0.026), (8, 0.033), (16, 0.045), (32, 0.075), (64, 0.130)]
+    gpu = CostModel(CostProfile(key={"test": "gpu"}, base={224: points},
+                                factors={k: {1: 1.0} for k in ("merged", "premerged", "unmerged", "mixture")},
+                                switch_s=0.001))
+    capacity = 64 / 0.130  # images/s in full batches
+    rnd = random.Random(1)
+    n = int(3 * capacity * 5)
+    arrivals = [request("a" if rnd.random() < 0.9 else rnd.choice("bcd"), NOW + i / (3 * capacity), deadline_s=0.39)
+                for i in range(n)]
+    served, _, shed = simulate(policy, arrivals, premerge=True, seconds=6.0, costs=gpu, max_batch=64)
+    in_deadline = [r for r, _, finish in served if finish <= r.deadline]
+    assert len(in_deadline) == len(served) and len(served) + len(shed) == n  # every request answered once
+    assert len(in_deadline) / 5.0 >= 0.9 * capacity, (len(in_deadline) / 5.0, capacity)
 
 
 @pytest.mark.parametrize("policy", ["vlora", "edf", "dlora"])
