@@ -211,6 +211,23 @@ def test_at_three_times_a_gpus_capacity_batches_stay_full_and_serve_its_capacity
     assert len(in_deadline) / 5.0 >= 0.9 * capacity, (len(in_deadline) / 5.0, capacity)
 
 
+def test_under_overload_a_full_batch_never_skips_a_higher_priority_request():
+    """The full-batch rule skips urgent requests only among the lowest priority queued: a tracked task's frame
+    (priority 1) near its deadline still runs, even if that makes the batch small."""
+    s = scheduler("edf", max_batch=8)
+    urgent = request("a", NOW, deadline_s=0.2, priority=1)  # alone 60 ms; in a full batch of 8 (~0.4 s) too late
+    low_urgent = request("a", NOW, deadline_s=0.2)
+    for r in [urgent, low_urgent] + [request("b", NOW, deadline_s=5.0) for _ in range(12)]:
+        s.add(r)
+    plan, _ = s.next_plan(NOW)
+    assert urgent in plan.requests
+    s2 = scheduler("edf", max_batch=8)
+    for r in [low_urgent] + [request("b", NOW, deadline_s=5.0) for _ in range(12)]:
+        s2.add(r)
+    plan2, _ = s2.next_plan(NOW)
+    assert low_urgent not in plan2.requests and len(plan2.requests) == 8  # the same urgency at the lowest priority
+
+
 @pytest.mark.parametrize("policy", ["vlora", "edf", "dlora"])
 def test_best_effort_work_is_never_shed_and_waits_for_live_work(policy):
     s = scheduler(policy, max_batch=2)

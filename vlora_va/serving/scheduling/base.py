@@ -178,8 +178,9 @@ class Scheduler:
         return sorted(requests, key=lambda r: (r.best_effort, not self.starving(r, mode, now), r.deadline,
                                                r.received, r.stream, r.seq))
 
-    def batch_limit_s(self) -> float:
-        live = [r.deadline - r.ready for r in self.queue if not r.best_effort]
+    def batch_limit_s(self, requests: list[Request] | None = None) -> float:
+        """The longest batch the queue (or `requests`, what may still be served) allows."""
+        live = [r.deadline - r.ready for r in (self.queue if requests is None else requests) if not r.best_effort]
         return self.settings.batch_share * min(live) if live else float("inf")
 
     def fill(self, candidates: list[Request], mode: LoRAMode, now: float) -> Option:
@@ -190,7 +191,9 @@ class Scheduler:
         always near its deadline, so every batch is small, and where a batch's cost is far from linear in images
         (a GPU: 64 images cost ~6x one) small batches lose most of the machine: simulated at 3x load, 0.15x
         capacity served in deadline, mean batch 1.5 images (tests/serving/scheduling). The skipped requests
-        stay queued and are shed once hopeless: they were going to miss anyway, or cost what later ones need."""
+        stay queued and are shed once hopeless: they were going to miss anyway, or cost what later ones need.
+        A request of a higher priority than the lowest queued is never skipped for lower ones (under overload the
+        higher tiers keep their frames: admission.py)."""
         s = self.settings
         best = self.fill_in_order(candidates, mode, now)
         queued = sum(r.num_images for r in candidates)
@@ -203,15 +206,19 @@ class Scheduler:
             head.append(r)
             images += r.num_images
         need = self.option(mode, head).est_s * self.costs.margin
-        roomy = [r for r in candidates if due(r) >= now + need]
-        alt = self.fill_in_order(roomy, mode, now)
+        lowest = min(r.priority for r in candidates)
+        roomy = [r for r in candidates if due(r) >= now + need or r.priority > lowest]
+        # the skipped requests' short budgets no longer limit the batch: the roomy ones' do
+        alt = self.fill_in_order(roomy, mode, now, self.batch_limit_s(roomy))
         return alt if alt.images > best.images else best
 
-    def fill_in_order(self, candidates: list[Request], mode: LoRAMode, now: float) -> Option:
+    def fill_in_order(self, candidates: list[Request], mode: LoRAMode, now: float,
+                      limit: float | None = None) -> Option:
         """Take candidates in order while the batch fits max_batch_images, every member still meets its
-        deadline (with the cost model's margin), and the batch stays within the time limit."""
+        deadline (with the cost model's margin), and the batch stays within the time limit (default: the
+        queue's, batch_limit_s)."""
         s = self.settings
-        limit = self.batch_limit_s()
+        limit = self.batch_limit_s() if limit is None else limit
         chosen: list[Request] = []
         best = self.option(mode, [])
         images, earliest = 0, float("inf")
