@@ -45,6 +45,7 @@ from typing import Iterator
 import av
 import cv2
 import numpy as np
+from make_samples import encode_h264  # this folder: the scripts run as `python sample_videos/...`
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "pedestrians.mp4"
@@ -242,23 +243,8 @@ class Synthesiser:
 
 
 def encode(images: Iterator[np.ndarray], dst: Path) -> int:
-    """H.264 MP4 exactly as make_samples.py encodes (libx264 CRF 30, slow, 1-s GOPs, yuv420p, +faststart)."""
-    fps = Fraction(FPS)
-    written = 0
-    with av.open(str(dst), "w", options={"movflags": "+faststart"}) as out:
-        vout = out.add_stream("libx264", rate=fps)
-        vout.pix_fmt = "yuv420p"
-        vout.options = {"crf": str(CRF), "preset": "slow", "g": str(FPS)}
-        for img in images:
-            if written == 0:
-                vout.height, vout.width = img.shape[:2]
-            frame = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")
-            frame.pts = written
-            frame.time_base = 1 / fps
-            out.mux(vout.encode(frame))
-            written += 1
-        out.mux(vout.encode(None))
-    return written
+    """H.264 MP4 exactly as make_samples.py encodes (its encode_h264, CRF 30)."""
+    return encode_h264(images, dst, Fraction(FPS), CRF)
 
 
 def decoded_mad(synth: Synthesiser, n: int) -> float:

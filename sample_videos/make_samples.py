@@ -16,36 +16,50 @@ from __future__ import annotations
 import argparse
 from fractions import Fraction
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import av
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
 
-def transcode(src: Path, dst: Path, start_s: float, end_s: float, crf: int) -> int:
-    """Re-encode [start_s, end_s) of src to H.264 MP4 at the source frame rate; returns frames written."""
-    with av.open(str(src)) as inp, av.open(str(dst), "w", options={"movflags": "+faststart"}) as out:
-        vin = inp.streams.video[0]
-        fps = vin.average_rate or Fraction(25)
+def encode_h264(images: Iterable[np.ndarray], dst: Path, fps: Fraction, crf: int) -> int:
+    """RGB frames (H x W x 3 uint8, all one size) to an H.264 MP4 as every sample here is made: libx264, yuv420p,
+    preset slow, 1-s GOPs (they seek well), +faststart; returns frames written. make_quiet.py encodes with it too."""
+    written = 0
+    with av.open(str(dst), "w", options={"movflags": "+faststart"}) as out:
         vout = out.add_stream("libx264", rate=fps)
-        vout.width, vout.height = vin.codec_context.width, vin.codec_context.height
         vout.pix_fmt = "yuv420p"
-        vout.options = {"crf": str(crf), "preset": "slow", "g": str(int(round(fps)))}  # 1-s GOPs seek well
-        written = 0
-        for i, frame in enumerate(inp.decode(vin)):
-            t = float(frame.pts * vin.time_base) if frame.pts is not None else i / float(fps)
-            if t < start_s:
-                continue
-            if t >= end_s:
-                break
-            img = frame.to_ndarray(format="rgb24")
-            new = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")
-            new.pts = written
-            new.time_base = 1 / fps
-            out.mux(vout.encode(new))
+        vout.options = {"crf": str(crf), "preset": "slow", "g": str(int(round(fps)))}
+        for img in images:
+            if written == 0:
+                vout.height, vout.width = img.shape[:2]
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")
+            frame.pts = written
+            frame.time_base = 1 / fps
+            out.mux(vout.encode(frame))
             written += 1
         out.mux(vout.encode(None))
     return written
+
+
+def transcode(src: Path, dst: Path, start_s: float, end_s: float, crf: int) -> int:
+    """Re-encode [start_s, end_s) of src to H.264 MP4 at the source frame rate; returns frames written."""
+    with av.open(str(src)) as inp:
+        vin = inp.streams.video[0]
+        fps = vin.average_rate or Fraction(25)
+
+        def frames() -> Iterator[np.ndarray]:
+            for i, frame in enumerate(inp.decode(vin)):
+                t = float(frame.pts * vin.time_base) if frame.pts is not None else i / float(fps)
+                if t < start_s:
+                    continue
+                if t >= end_s:
+                    break
+                yield frame.to_ndarray(format="rgb24")
+
+        return encode_h264(frames(), dst, fps, crf)
 
 
 def main() -> None:
