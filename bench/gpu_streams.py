@@ -124,10 +124,12 @@ def child_env() -> dict:
 class Child:
     """A `python -m vlora_va.cli ...` process, its stderr (the log) in a file."""
 
-    def __init__(self, args: list[str], log: Path):
+    def __init__(self, args: list[str], log: Path, env: dict | None = None):
+        """env: variables added to this process's environment (e.g. an ISA cap for the daemon)."""
         self.log = log
         self._file = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "vlora_va.cli", *args], cwd=ROOT, env=child_env(),
+        self.proc = subprocess.Popen([sys.executable, "-m", "vlora_va.cli", *args], cwd=ROOT,
+                                     env={**child_env(), **(env or {})},
                                      stdout=subprocess.DEVNULL, stderr=self._file, preexec_fn=_die_with_parent)
 
     def terminate(self) -> None:

@@ -17,7 +17,7 @@ from vlora_va.contracts.config import TaskConfig
 from vlora_va.contracts.filtering import FilterConfig
 from vlora_va.contracts.wire import decode_message, encode_chunk
 from vlora_va.ingest.chunker import Chunker
-from vlora_va.ingest.filtering import THUMB, FrameFilter, difference, thumbnail
+from vlora_va.ingest.filtering import BLOCK, THUMB, FrameFilter, difference, thumbnail
 from vlora_va.ingest.source import Frame
 
 
@@ -28,15 +28,32 @@ def image(level: int, side: int = 2 * THUMB, seed: int = 0) -> np.ndarray:
     return np.clip(base + level, 0, 255).astype(np.uint8)
 
 
-def test_the_feature_is_the_largest_mean_grey_difference_of_the_thumbnails():
+def test_the_feature_is_the_largest_blocks_mean_grey_difference_of_the_thumbnails():
     a, b = image(0), image(0, seed=1)
-    # reference: grey (OpenCV's weights), then the mean of each 2x2 block (area resize of a 2x image), then |a - b|
+    b[:16, :16] = 255  # one corner changes much more than the rest: its block is the feature
+    # reference: grey (OpenCV's weights), then the mean of each 2x2 block (area resize of a 2x image, rounded to a
+    # grey level as OpenCV does for uint8), then |a - b|, the mean over each BLOCK x BLOCK block of the thumbnail
+    # by a plain loop, and the largest
     def ref_thumb(im):
         g = cv2.cvtColor(im, cv2.COLOR_RGB2GRAY).astype(np.float64)
-        return g.reshape(THUMB, 2, THUMB, 2).mean(axis=(1, 3))
-    want = np.mean(np.abs(ref_thumb(a) - ref_thumb(b)))
+        return np.floor(g.reshape(THUMB, 2, THUMB, 2).mean(axis=(1, 3)) + 0.5)  # halves up, as OpenCV rounds
+    d = np.abs(ref_thumb(a) - ref_thumb(b))
+    blocks = [d[i:i + BLOCK, j:j + BLOCK].mean() for i in range(0, THUMB, BLOCK) for j in range(0, THUMB, BLOCK)]
+    want = max(blocks)
+    assert want > 2 * np.mean(d)  # a local change, not the frame's mean
     same = thumbnail(a)
     assert difference([same, same], [same, thumbnail(b)]) == pytest.approx(want, abs=0.01)  # the larger pair
+
+
+def test_a_small_person_leaving_the_view_is_a_change_though_the_frames_mean_hardly_moves():
+    """A person covering 1.5% of the view walks out: the frame's mean grey difference is about 1 (noise-sized),
+    the blocks they covered change by tens of grey levels. The empty scene must not reuse the frame they were in."""
+    f = FrameFilter(FilterConfig(threshold=2.5, refresh_chunks=100))
+    person = image(0)
+    person[20:44, 100:110] = 250  # 24 x 10 px of a 128 x 128 view, bright against the textured scene
+    assert f.decide(0, [person]) == -1
+    assert np.mean(np.abs(thumbnail(person) - thumbnail(image(0)))) < 2.5  # the old, whole-frame feature: "same"
+    assert f.decide(1, [image(0)]) == -1  # gone: sent, so its row shows nobody
 
 
 def test_unchanged_frames_reuse_the_chunk_last_sent_until_the_refresh():

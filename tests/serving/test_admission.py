@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tests.serving.scheduling.conftest import request
-from vlora_va.serving.admission import TARGET_UTILISATION, OverloadControl
+from vlora_va.serving.admission import BACKLOG_SHARE, TARGET_UTILISATION, OverloadControl
 
 T0 = 5000.0
 
@@ -51,6 +51,28 @@ def test_shed_admits_what_fits_and_spreads_it_evenly():
     assert gaps <= {3, 4}  # every 3rd or 4th request, not bursts
     reasons = {a.reason for _, a in steady if a.request is None}
     assert len(reasons) <= 2 and all(x.startswith("overload: priority 0 work shed") for x in reasons)
+
+
+def test_a_degraded_tier_still_admits_what_the_queue_leaves_time_for():
+    """A burst lifts the load average past the target: while the work queued ahead (with the request) fits in
+    BACKLOG_SHARE of its budget the request is admitted; behind a real backlog the load decides as before."""
+    ctl = OverloadControl("shed")
+    offer(ctl, 5, 10, 0.3)  # 3 s of compute per second for 5 s: degraded to about a third
+    assert ctl.fractions[0] < 0.5
+    now = T0 + 5.0
+    budget = 2.0  # the test requests' deadline (conftest.request)
+    verdicts = []
+    for i in range(12):
+        r = request("a", now, seq=100 + i)
+        assert r.deadline - now == pytest.approx(budget)
+        verdicts.append(ctl.admit(r, 0.3, now, 1, backlog_s=0.0))  # an empty queue: all fit
+    assert all(v.request is not None for v in verdicts)
+    short = BACKLOG_SHARE * budget - 0.3 - 1e-6  # with the request's own 0.3 s, just within the share
+    assert ctl.admit(request("a", now, seq=200), 0.3, now, 1, backlog_s=short).request is not None
+    behind = [ctl.admit(request("a", now, seq=300 + i), 0.3, now, 1, backlog_s=BACKLOG_SHARE * budget)
+              for i in range(12)]
+    shed = [v for v in behind if v.request is None]
+    assert 6 <= len(shed) < 12 and all(v.reason.startswith("overload: priority 0 work shed") for v in shed)
 
 
 def test_lower_priority_gives_way_first():

@@ -8,8 +8,11 @@ feature on small grey thumbnails, vlora_va/ingest/filtering.py). Below `threshol
 camera: ingest sends the task as "reuse chunk N" and the daemon writes the task's row with chunk N's result
 (`"reused_chunk": N`, the current chunk's `frame_ts`). At least every `refresh_chunks` chunks the frames are sent
 anyway, so no reused result is older than that. The threshold is the feature's unit: the mean absolute difference of
-grey levels (0-255) between two 64x64 thumbnails, the largest over the task's frames; it is tuned offline per task
-for an accuracy target (`max_loss`). Tracked tasks are never filtered: a tracker needs every frame it is given.
+grey levels (0-255) between two 64x64 thumbnails over the 8x8 block where it is largest (one person's worth of the
+view: a local change, not diluted by the empty rest of the frame), the largest over the task's frames; sensor noise
+is about 0.5-2, a person a second apart 8 or more. It is tuned offline per task for an accuracy target
+(`max_loss`), on the camera's busy and quiet footage. Tracked tasks are never filtered: a tracker needs every frame
+it is given.
 
 The thresholds live here, in the pipeline file, not in adapter directories: an ingest-only host reads no adapters.
 """
@@ -25,7 +28,7 @@ MAX_REFRESH_CHUNKS = 3600
 
 @dataclass(frozen=True)
 class FilterConfig:
-    threshold: float  # below this difference (mean |grey|, 0-255) the task's frames are not sent
+    threshold: float  # below this difference (mean |grey| of the most-changed block, 0-255): not sent
     refresh_chunks: int = 10  # frames are sent at least every this many chunks (the oldest a reused result gets)
     max_loss: float = 0.02  # the accuracy loss the threshold was tuned for (`vlora-va filter tune`); informative
 

@@ -15,7 +15,14 @@ served from the highest down: each gets the share of capacity the tiers above it
     frames   send fewer frames of each clip (evenly spaced, never below what the head accepts); where that
              is not enough, stride
 Below capacity every fraction is 1 and nothing is touched. Requests the scheduler still cannot fit are shed
-as hopeless there: this only keeps the admitted load near what the machine can do. Best-effort requests (files
+as hopeless there: this only keeps the admitted load near what the machine can do.
+
+A degraded tier still admits a request while the work queued ahead of it, with its own, fits in BACKLOG_SHARE of
+its remaining deadline budget (`backlog_s`, from the daemon's queue): the engine will serve it in time, so shedding
+it would only leave the engine idle later. The load average says *that* the machine is overloaded; the queue says
+whether it is *now*. Without this, a burst (a quiet camera sending its frames again, a walk-through) lifted the
+5-s average past the target and shed a chunk the machine had time for (bench/capacity.py: 1 busy + 2 quiet cameras
+at 1.4 of 2 cores, 1 chunk of 45 shed in every window). Best-effort requests (files
 read as fast as possible) are never shed: the transport's backpressure paces their source.
 """
 
@@ -35,6 +42,7 @@ log = logging.getLogger(__name__)
 WINDOW_S = 5.0  # the load is measured over this long: overload must last about this long to act
 MIN_SPAN_S = 1.0
 TARGET_UTILISATION = 0.95  # of the engine's time: some is lost to batching and switches
+BACKLOG_SHARE = 0.5  # a request is admitted whatever the load while the queue ahead takes this share of its budget
 REPORT_EVERY_S = 10.0  # a degraded tier's state is logged at most this often
 MAX_CREDITS = 4096  # (stream, task) pairs whose admitted share is spread (the least recent are forgotten)
 
@@ -84,8 +92,10 @@ class OverloadControl:
             left = max(0.0, left - load * fractions[tier])
         self.fractions = fractions
 
-    def admit(self, request: Request, cost_s: float, now: float, min_frames: int) -> Verdict:
-        """Record the request's predicted cost and decide what happens to it."""
+    def admit(self, request: Request, cost_s: float, now: float, min_frames: int,
+              backlog_s: float | None = None) -> Verdict:
+        """Record the request's predicted cost and decide what happens to it. backlog_s: the predicted engine time
+        of the work queued now (None: not known, the load alone decides)."""
         if self._first is None:  # the first request stands for the chunk of media before it (~1 s), or a
             self._first = now - MIN_SPAN_S  # second chunk a moment later would read as twice the load
         tier = request.priority
@@ -95,7 +105,8 @@ class OverloadControl:
         self._update(now)
         fraction = self.fractions.get(tier, 1.0)
         self._report(tier, now)
-        if fraction >= 1.0:
+        if fraction >= 1.0 or (backlog_s is not None
+                               and backlog_s + cost_s <= BACKLOG_SHARE * (request.deadline - now)):
             return Verdict(request)
         if self.degrade == "frames":
             keep = max(min_frames, math.ceil(request.num_images * fraction))
@@ -156,10 +167,14 @@ class Admission:
         self.overload = OverloadControl(degrade)
 
     def admit(self, requests: list[Request], catalog: Catalog, failed: dict[str, str], loading: set[str],
-              now: float) -> Admitted:
+              now: float, queued: list[Request] | None = None) -> Admitted:
         """Sort one chunk's requests (see the module docstring). failed: adapters that could not be loaded (name ->
-        why); loading: adapters being loaded right now."""
+        why); loading: adapters being loaded right now; queued: the scheduler's queue (None: not known)."""
         out = Admitted()
+        mode = catalog.resting_mode()
+        # the live work queued (best-effort work goes after it, so it delays nothing admitted here)
+        backlog = None if queued is None else sum(self._cost(r, catalog, mode) for r in queued
+                                                  if r.adapter in catalog.adapters and not r.best_effort)
         for req in requests:
             if req.adapter in loading and req.adapter not in catalog.adapters:
                 out.held.append(req)  # within its deadline (runtime adapters shed it when that passes)
@@ -172,15 +187,19 @@ class Admission:
                 out.queue.append(req)
                 continue
             info = catalog.adapters[req.adapter]
-            # What one more image costs in the mode that serves most batches (no switch).
-            mode = catalog.resting_mode()
-            cost = self.costs.image_s(info.size, mode) * req.num_images
-            verdict = self.overload.admit(req, cost, now, info.min_frames)
+            cost = self._cost(req, catalog, mode)
+            verdict = self.overload.admit(req, cost, now, info.min_frames, backlog)
             if verdict.request is None:
                 out.refused.append((req, "shed", verdict.reason, "overload"))
                 continue
             out.queue.append(verdict.request)  # possibly thinned: its row says so (degraded)
+            if backlog is not None:
+                backlog += self._cost(verdict.request, catalog, mode)
         return out
+
+    def _cost(self, req: Request, catalog: Catalog, mode) -> float:
+        """What the request's images cost in the mode that serves most batches (no switch)."""
+        return self.costs.image_s(catalog.adapters[req.adapter].size, mode) * req.num_images
 
 
 def unservable(req: Request, catalog: Catalog, failed: dict[str, str]) -> str | None:

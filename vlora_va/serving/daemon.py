@@ -140,7 +140,7 @@ class Daemon:
         if len(fresh) < len(item.requests):
             self.rows.reused([r for r in item.requests if r.reuse_chunk >= 0])
         admitted = self.admission.admit(fresh, self.catalog, self.adapters.failed, self.adapters.loading,
-                                        time.time())
+                                        time.time(), self.scheduler.queue)
         self.adapters.hold(admitted.held)
         self.rows.refuse(admitted.refused)
         self.scheduler.extend(admitted.queue)

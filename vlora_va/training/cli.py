@@ -210,17 +210,35 @@ def _print_human(where: str, h: dict | None, what: str = "per person") -> None:
                  f"{fmt_ratio(h['at_iou_0.3']['recall'])}" if "at_iou_0.3" in h else ""))
 
 
+def _footage(text: str) -> tuple[str, float, float | None]:
+    """VIDEO[@START-END] -> (video, start, end); ValueError naming the problem."""
+    video, _, span = text.partition("@")
+    if not Path(video).is_file():
+        raise ValueError(f"--also {text}: no such video file {video!r}")
+    if not span:
+        return video, 0.0, None
+    try:
+        a, b = (float(x) for x in span.split("-", 1))
+    except ValueError:
+        raise ValueError(f"--also {text}: the range must be START-END in seconds, e.g. {video}@0-60") from None
+    return video, a, b
+
+
 def main_filter(argv: list[str] | None = None) -> int:
     """`vlora-va filter tune CONFIG --stream S --task T`: the frame-filter threshold for a task (filter_tune.py)."""
     ap = argparse.ArgumentParser(prog="vlora-va filter", description="Frame filtering for quiet cameras.")
     sub = ap.add_subparsers(dest="what", required=True)
-    p = sub.add_parser("tune", help="measure filter thresholds on the stream's video against the unfiltered results "
-                                    "and print the largest within max_loss (paste it under the task as filter:)")
+    p = sub.add_parser("tune", help="measure filter thresholds on the stream's video (and the camera's quiet footage, "
+                                    "--also) against the unfiltered results and print the one to use: the smallest "
+                                    "that filters about as much as any within max_loss (paste it under the task)")
     p.add_argument("config", help="pipelines.yaml")
     p.add_argument("--stream", required=True)
     p.add_argument("--task", required=True)
     p.add_argument("--range", default="0-55", metavar="START-END",
                    help="seconds of the stream's video to tune on (default 0-55: the shipped adapters' training range)")
+    p.add_argument("--also", action="append", default=[], metavar="VIDEO[@START-END]",
+                   help="more footage of the same camera, e.g. its quiet hours (repeatable): without quiet footage "
+                        "no threshold filters anything to tune by")
     p.add_argument("--max-loss", type=float, default=0.02, help="accuracy loss allowed (default 0.02)")
     p.add_argument("--refresh-chunks", type=int, default=10)
     p.add_argument("--json", type=Path, help="also write the report here")
@@ -231,6 +249,7 @@ def main_filter(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         start, end = (float(x) for x in args.range.split("-", 1))
+        also = tuple(_footage(v) for v in args.also)
         stream = cfg.stream(args.stream)
         if args.task not in {t.name for t in stream.tasks}:
             raise ValueError(f"stream {args.stream} has no task {args.task!r} (tasks: "
@@ -245,7 +264,7 @@ def main_filter(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"{e}", file=sys.stderr)
         return 2
-    report = tune(cfg, args.stream, args.task, start, end, args.max_loss, args.refresh_chunks)
+    report = tune(cfg, args.stream, args.task, start, end, args.max_loss, args.refresh_chunks, also=also)
     print(f"{report.stream}/{report.task} ({report.kind}, {report.chunks} chunks, refresh every "
           f"{report.refresh_chunks}): loss against the unfiltered results, share of chunks filtered")
     for c in report.candidates:
