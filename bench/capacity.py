@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_streams as live  # noqa: E402  (the live-stream machinery: processes, the sink's rows, the books)
+from soak import proc_stats  # noqa: E402
 
 from vlora_va.engine.precision import AVX2_ENV  # noqa: E402
 from vlora_va.testing.host import cpu_name  # noqa: E402
@@ -179,28 +180,10 @@ def measure(sink: live.SinkRows, mine: set[str], ids: list[str], rows: list[dict
         live.wait_until(t1, sink, mine, rows)
     live.wait_until(t1 + live.MAX_DEADLINE_S + 1.0, sink, mine, rows)
     point = live.books(rows, ids, t0, t1)
-    in_window = [r for r in rows if r["stream"] in ids and t0 <= _captured(r, t0 - 1) < t1]
-    point["reused_rows"] = sum("reused_chunk" in r for r in in_window)
-    point["reused_by_task"] = {t["name"]: sum("reused_chunk" in r for r in in_window if r["task"] == t["name"])
-                               for t in live.TASKS}
     point["machine"] = sampler.figures()
-    point["daemon_rss_mb"] = _rss_mb(daemon.proc.pid)
+    stats = proc_stats(daemon.proc.pid)
+    point["daemon_rss_mb"] = stats["rss_mb"] if stats else None
     return point
-
-
-def _captured(row: dict, default: float) -> float:
-    t = live.captured_wall(row)
-    return default if t is None else t
-
-
-def _rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
 
 
 # ---------------------------------------------------------------- the bench

@@ -52,7 +52,15 @@ from vlora_va.ingest.chunker import letterbox  # noqa: E402
 from vlora_va.testing.host import cpu_name  # noqa: E402
 from vlora_va.training import paired  # noqa: E402
 from vlora_va.training.evaluate import HUMAN_SET, HumanSet, load_human_set  # noqa: E402
-from vlora_va.training.filter_tune import THRESHOLDS, Plans, TaskModel, loss, stream_chunks, tune_report  # noqa: E402
+from vlora_va.training.filter_tune import (  # noqa: E402
+    THRESHOLDS,
+    Plans,
+    TaskModel,
+    joined,
+    loss,
+    stream_chunks,
+    tune_report,
+)
 from vlora_va.training.spec import Range  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -258,9 +266,8 @@ def tune_all(ped: VideoRun, quiet_run: VideoRun, hd: dict[str, Head]) -> dict:
     out = {}
     for task, _, _ in TASKS:
         h = hd[task]
-        plans = {th: plan[:TRAIN_CHUNKS] + [TRAIN_CHUNKS + src for src in quiet_run.plans[task].plans[th][
-            :QUIET_TRAIN_CHUNKS]] for th, plan in ped.plans[task].plans.items()}
-        results = ped.results[task][:TRAIN_CHUNKS] + quiet_run.results[task][:QUIET_TRAIN_CHUNKS]
+        results, plans = joined([(run.results[task][:n], {th: p[:n] for th, p in run.plans[task].plans.items()})
+                                 for run, n in ((ped, TRAIN_CHUNKS), (quiet_run, QUIET_TRAIN_CHUNKS))])
         out[task] = tune_report("pedestrians", task, h.kind, h.threshold, results, plans, MAX_LOSS, REFRESH)
     return out
 

@@ -322,6 +322,10 @@ def books(rows: list[dict], ids: list[str], t0: float, t1: float) -> dict:
         "p50_ms": percentile(lat, 0.5), "p99_ms": percentile(lat, 0.99),
         # chunks ingest dropped just before a window chunk, as the daemon's rows report them (one row per chunk)
         "dropped_before": sum(r.get("dropped_before", 0) for r in window if r["task"] == "detect"),
+        # rows answered from an earlier chunk's result (frame filtering at ingest; bench/capacity.py)
+        "reused_rows": sum("reused_chunk" in r for r in window),
+        "reused_by_task": {name: sum("reused_chunk" in r for r in window if r["task"] == name)
+                           for name in sorted(tasks)},
         "tasks": per_task, "not_ok_reasons": reasons,
     }
 

@@ -247,18 +247,30 @@ def tune(config: PipelineConfig, stream_id: str, task_name: str, start: float = 
     stream = config.stream(stream_id)
     task = TaskModel(config, stream_id, task_name)
     footage = ((stream.source, start, end), *also)
-    results: list = []
-    plans: dict[float, list[int]] = {th: [] for th in thresholds}
+    parts = []
     for source, a, b in footage:
         one = dataclasses.replace(config, streams=tuple(dataclasses.replace(s, source=source) if s.id == stream_id
                                                         else s for s in config.streams))
-        part = Plans(thresholds, refresh_chunks)  # a fresh filter per video: a camera restarted on other footage
-        offset = len(results)
+        plans = Plans(thresholds, refresh_chunks)  # a fresh filter per video: a camera restarted on other footage
+        results = []
         for chunk in task_chunks(one, stream_id, task_name, a, b):
-            part.add([letterbox(f.rgb, config.daemon.image_size)[0] for f in chunk])  # what ingest's filter sees
+            plans.add([letterbox(f.rgb, config.daemon.image_size)[0] for f in chunk])  # what ingest's filter sees
             results.append(task.result(chunk))
-        if len(results) == offset:
+        if not results:
             raise ValueError(f"stream {stream_id}: no whole chunk in [{a}, {b}) of {source}")
-        for th, plan in part.plans.items():
-            plans[th] += [offset + src for src in plan]
+        parts.append((results, plans.plans))
+    results, plans = joined(parts)
     return tune_report(stream_id, task_name, task.kind, task.threshold, results, plans, max_loss, refresh_chunks)
+
+
+def joined(parts: list[tuple[list, dict[float, list[int]]]]) -> tuple[list, dict[float, list[int]]]:
+    """Several videos' (results, plans per threshold) as one, each video filtered on its own: a chunk's source
+    index is shifted by the chunks of the videos before it."""
+    results: list = []
+    plans: dict[float, list[int]] = {}
+    for part_results, part_plans in parts:
+        offset = len(results)
+        results += part_results
+        for th, plan in part_plans.items():
+            plans.setdefault(th, []).extend(offset + src for src in plan)
+    return results, plans
