@@ -204,7 +204,7 @@ def correctness_engine(prepared: Path, res: Results) -> dict:
 
     from vlora_va.engine.adapters import load_adapter_dir
     from vlora_va.engine.backbones import load_backbone
-    from vlora_va.engine.executor import Engine
+    from vlora_va.engine.executor import Engine, premerge_unsupported
     from vlora_va.engine.modes import LoRAMode
     from vlora_va.serving.scheduling import make_plan
 
@@ -218,6 +218,10 @@ def correctness_engine(prepared: Path, res: Results) -> dict:
         ads = {n: load_adapter_dir(n, ROOT / "adapters" / n, model.config.hidden_size) for n in P.ADAPTERS}
         engine = Engine(model, ads, P.IMAGE_SIZE, premerge_max_mb=1024, device=DEV, dtype=dtype, max_batch_images=16)
         for mode in ("premerged", "unmerged"):
+            why = premerge_unsupported(torch.device(DEV), dtype) if mode == "premerged" else None
+            if why:  # the daemon plans no premerged batch here either
+                out[f"{str(dtype).removeprefix('torch.')}-{mode}"] = {"skipped": why}
+                continue
             reqs = P.requests(frames, ts, lb)
             engine.switch(LoRAMode(mode))
             got = [p.to_json() for p in engine.execute(make_plan(reqs, LoRAMode(mode), engine.catalog()))]

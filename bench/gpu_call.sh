@@ -5,6 +5,9 @@
 #                              # mode switch, warm-up, the op alone
 #   bash bench/gpu_call.sh B   # carries .whl and .whl-av (PyAV): decode, streams per GPU, policies
 #   bash bench/gpu_call.sh C   # carries .gpu and .whl: A's parts again, then policies at 448 px (GPU-bound)
+#   bash bench/gpu_call.sh D   # carries .gpu and .whl: correctness (the float32 engine too), backbone and ops
+#                              # with the default tiles, `vlora-va tune` (this GPU's table), backbone and ops
+#                              # with it, then policies at 224 px with their shed reasons
 # Each part runs under its own time cap and writes its JSON as it goes.
 set -u
 call=${1:?A or B}
@@ -41,7 +44,30 @@ part() {  # part CAP_S COMMAND...: one part under its time cap
   echo "== $* : rc $? in $(( $(date +%s) - t0 )) s (cap $cap s; call at $(( $(date +%s) - t_start )) s)"
 }
 
-if [ "$call" = C ]; then
+if [ "$call" = D ]; then
+  # OUT keeps only log.txt and one archive (a call returns at most 8 files), refreshed after every part
+  res=/tmp/gpu-res; mkdir -p "$res/tuned"; mv "$OUT/env.txt" "$res/"
+  export VLORA_VA_TABLES=$res/tables
+  pack() { tar -cf "$OUT/results.tar" -C "$res" .; }
+  part 70 python3 bench/gpu.py --parts correctness --out "$res" ${GPU_ARGS:-}; pack
+  part 40 python3 bench/gpu.py --parts backbone,ops --out "$res" ${GPU_ARGS:-}; pack
+  # the first tune compiles every candidate tile (Triton's disk cache serves the later ones); each writes as it ends
+  part 130 python3 -m vlora_va.cli tune --layouts images --images 16,64 --adapters 4 --ranks 16; pack
+  part 30 python3 -m vlora_va.cli tune --layouts images --images 8,32 --adapters 4 --ranks 16; pack
+  part 45 python3 -m vlora_va.cli tune --layouts runs --images 8,32 --adapters 4,8 --ranks "16;8,16,32,64" \
+    --mixes uniform,shuffled; pack
+  part 45 python3 -m vlora_va.cli tune --layouts runs --hidden 768 --mlp 3072 --images 8,32 --adapters 4,8 \
+    --ranks "16;8,16,32,64" --mixes uniform,shuffled; pack
+  part 40 python3 bench/gpu.py --parts backbone,ops --out "$res/tuned" ${GPU_ARGS:-}; pack
+  part 125 python3 bench/gpu_policies.py --device cuda --out "$res" --budget-s 110 --backbone vit-l --skews 0.9 \
+    --premerge 0 --policies vlora,unmerge-only --senders 4 --duration 6; pack
+elif [ "$call" = E ]; then  # D's correctness again (the float32 engine), one policy point with the loop's shares
+  res=/tmp/gpu-res; mkdir -p "$res"; mv "$OUT/env.txt" "$res/"
+  pack() { tar -cf "$OUT/results.tar" -C "$res" .; }
+  part 70 python3 bench/gpu.py --parts correctness --out "$res" ${GPU_ARGS:-}; pack
+  part 90 python3 bench/gpu_policies.py --device cuda --out "$res" --budget-s 80 --backbone vit-l --skews 0.9 \
+    --premerge 0 --policies ${POLICIES:-vlora} --senders 4 --duration 6 ${POLICY_ARGS:-}; pack
+elif [ "$call" = C ]; then
   part 60 python3 bench/gpu.py --parts correctness --out "$OUT" ${GPU_ARGS:-}
   part 40 python3 bench/gpu.py --parts backbone --out "$OUT" ${GPU_ARGS:-}
   part 30 python3 bench/gpu.py --parts switch --out "$OUT" ${GPU_ARGS:-}

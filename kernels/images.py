@@ -8,7 +8,8 @@ launched depends only on the number of images (the batch bucket), never on the d
             rows = slice(i * T, (i + 1) * T)
             y[rows] += sign * scale[a] * (x[rows] @ A[a, :ranks[a]].T) @ B[a, :, :ranks[a]].T
 
-On CUDA (or under TRITON_INTERPRET=1) it runs the Triton kernels with one run per image; elsewhere two
+On CUDA (or under TRITON_INTERPRET=1) it runs the Triton kernels with one run per image, with the tiles the
+tuned table holds for this layout (`vlora-va tune`: its ``images/`` buckets); elsewhere two
 batched GEMMs over each image's adapter (ranks padded with the stacks' zeros, so the result is exact).
 """
 
@@ -28,11 +29,12 @@ def atmm_images(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
     n = slot.shape[0]
     impl = impl or ("triton" if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" else "torch")
     if impl == "triton":
-        from vlora_va.kernels.triton_atmm import launch
+        from vlora_va.kernels.triton_atmm import launch, lookup_images
 
         if start is None:
             start = torch.arange(n, dtype=torch.int32, device=x.device) * tokens
-        launch(y, x, A, B, start, length, slot, scale, ranks, n, tokens, sign=sign, h=h)
+        config = lookup_images(x.shape[1], y.shape[1], n, tokens, A.shape[1], x.device)
+        launch(y, x, A, B, start, length, slot, scale, ranks, n, tokens, config=config, sign=sign, h=h)
         return
     if impl != "torch":
         raise ValueError(f"unknown impl {impl!r} (expected 'triton' or 'torch')")

@@ -17,6 +17,7 @@ this module on first use, so ``TRITON_INTERPRET`` can still be set before.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import asdict, dataclass
 
@@ -187,9 +188,22 @@ def launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, r
 
 def lookup(n_in: int, n_out: int, seg: Segments, ranks: list[int], device) -> TritonConfig:
     """The tuned table's tiles for this shape bucket on this GPU, or the default ones."""
-    choice = tuned.lookup(tuned.device_kind(device), n_in, n_out, seg, ranks)
+    return _as_config(tuned.lookup(tuned.device_kind(device), n_in, n_out, seg, ranks))
+
+
+def lookup_images(n_in: int, n_out: int, n_images: int, tokens: int, max_rank: int, device) -> TritonConfig:
+    """The tuned tiles for the fixed per-image layout (kernels/images.py) on this GPU, or the default ones."""
+    return _images_config(n_in, n_out, n_images, tokens, max_rank, str(device))
+
+
+@functools.lru_cache(maxsize=1024)  # eager forwards ask once per layer: parse each bucket's entry once
+def _images_config(n_in: int, n_out: int, n_images: int, tokens: int, max_rank: int, device: str) -> TritonConfig:
+    return _as_config(tuned.lookup_images(tuned.device_kind(device), n_in, n_out, n_images, tokens, max_rank))
+
+
+def _as_config(choice) -> TritonConfig:
     if choice is None or isinstance(choice, str):  # a string: a CPU strategy (Triton under its interpreter on a CPU)
         return DEFAULT_CONFIG
-    if isinstance(choice, dict):  # parse once, keep the parsed config in the memo
-        choice = TritonConfig.from_json(choice)
+    if isinstance(choice, dict):
+        return TritonConfig.from_json(choice)
     return choice

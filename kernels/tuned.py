@@ -57,6 +57,19 @@ def bucket_key(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
             f"/r{_pow2(rmax)}/{'g' if seg.is_grouped else 'u'}")
 
 
+def images_key(n_in: int, n_out: int, n_images: int, tokens: int, max_rank: int) -> str:
+    """Bucket of the fixed per-image layout (kernels/images.py, what CUDA graphs replay): its launch depends
+    only on these, never on which adapter each image takes."""
+    return f"images/{n_in}x{n_out}/n{_pow2(n_images)}/t{tokens}/R{max_rank}"
+
+
+def lookup_images(kind: str, n_in: int, n_out: int, n_images: int, tokens: int, max_rank: int):
+    """The table's choice for the per-image layout (None: the table has none). Called while a plan is captured
+    or, eagerly, once per layer: one dict access."""
+    entry = load_table(kind)["entries"].get(images_key(n_in, n_out, n_images, tokens, max_rank))
+    return entry["choice"] if entry else None
+
+
 def table_path(kind: str) -> Path:
     """The shipped table of a kind."""
     return TABLE_DIR / f"{kind}.json"

@@ -123,3 +123,50 @@ def test_atmm_images_triton_matches_the_loop(tri, sign):
     h = torch.empty(x.shape[0], 16)
     atmm_images(got, x, A, B, slot, length, scale, ranks, T, sign, impl="triton", h=h)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@inner
+def test_the_per_image_layout_is_tuned_and_atmm_images_launches_the_tables_tiles(tri, tmp_path, monkeypatch):
+    """vlora-va tune's images buckets: the tuner times each kernel's tiles, writes the choice under
+    tuned.images_key, and atmm_images (what CUDA graphs capture) launches with it, still matching the loop."""
+    import json
+
+    from vlora_va.kernels import atmm_images, tuned, tuning
+
+    T, n_in, n_out = 5, 16, 32
+    slow = tri.TileConfig(16, 16, 16, 1, 1)  # candidate tiles: the default and one other per kernel
+    tiles = ([tri.DEFAULT_CONFIG.shrink, slow], [tri.DEFAULT_CONFIG.expand, tri.TileConfig(16, 32, 16, 1, 1)])
+    entries = tuning.tune_images([(n_in, n_out)], [3], T, [4, 8], 16, "cpu", torch.float32, log=lambda m: None,
+                                 tiles=tiles)
+    key = tuned.images_key(n_in, n_out, 3, T, 16)
+    assert list(entries) == [key] and set(entries[key]["us"]) >= {json.dumps(tri.DEFAULT_CONFIG.to_json())}
+    # a table whose choice for this bucket is not the default: atmm_images must launch exactly that choice
+    chosen = tri.TritonConfig(slow, tri.TileConfig(16, 32, 16, 1, 1))
+    kind = tuned.device_kind("cpu")
+    (tmp_path / f"{kind}.json").write_text(json.dumps({"device_kind": kind, "entries": {
+        key: {"choice": chosen.to_json()}}}))
+    monkeypatch.setenv("VLORA_VA_TABLES", str(tmp_path))
+    monkeypatch.setattr(tuned, "_TABLES", {})
+    tri._images_config.cache_clear()
+    launched = []
+    real = tri.launch
+    monkeypatch.setattr(tri, "launch", lambda *a, **k: (launched.append(k["config"]), real(*a, **k))[1])
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3 * T, n_in, generator=g)
+    A, B = torch.randn(2, 16, n_in, generator=g), torch.randn(2, n_out, 16, generator=g)
+    A[0, 4:] = 0
+    B[0, :, 4:] = 0
+    A[1, 8:] = 0
+    B[1, :, 8:] = 0
+    slot, length = torch.tensor([1, 0, 1], dtype=torch.int32), torch.tensor([T, T, 0], dtype=torch.int32)
+    scale, ranks = torch.tensor([0.5, 2.0]), torch.tensor([4, 8], dtype=torch.int32)
+    got = torch.zeros(3 * T, n_out)
+    atmm_images(got, x, A, B, slot, length, scale, ranks, T, impl="triton")
+    want = torch.zeros(3 * T, n_out)
+    for i in range(3):  # the module docstring's loop
+        if length[i] > 0:
+            a, r, rows = int(slot[i]), int(ranks[slot[i]]), slice(i * T, (i + 1) * T)
+            want[rows] += scale[a] * (x[rows] @ A[a, :r].T) @ B[a, :, :r].T
+    assert launched == [chosen]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    tri._images_config.cache_clear()

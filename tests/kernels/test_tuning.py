@@ -31,6 +31,21 @@ def test_shipped_cpu_table_is_valid():
     assert any(k.startswith("384x384/") for k in table["entries"])
 
 
+def test_shipped_gpu_tables_hold_tiles_the_kernels_take():
+    """Each shipped CUDA table (vlora-va tune on that GPU) parses into Triton tile configs with tiles >= 16 (what
+    tl.dot needs), and covers the per-image layout CUDA graphs replay."""
+    paths = sorted(tuned.TABLE_DIR.glob("cuda-*.json"))
+    assert paths, "no GPU table shipped"
+    for path in paths:
+        table = json.loads(path.read_text())
+        assert table["device_kind"] == path.stem and table["dtype"] == "bfloat16"
+        assert any(k.startswith("images/") for k in table["entries"])
+        for key, e in table["entries"].items():
+            for kernel in ("shrink", "expand"):
+                t = e["choice"][kernel]
+                assert min(t["block_m"], t["block_n"], t["block_k"]) >= 16 and t["num_warps"] in (1, 2, 4, 8), key
+
+
 def test_tuner_writes_table_with_progress(tmp_path, capsys):
     out = tmp_path / "t.json"
     rc = tuning.main(["--device", "cpu", "--hidden", "32", "--mlp", "64", "--tokens", "5", "--images", "1,3",

@@ -300,7 +300,9 @@ def _wait_for_line(log: Path, proc: subprocess.Popen, needle: str, timeout: floa
 
 MAX_CHUNKS = 300  # the run ends by itself after this many seconds of video
 WAIT_MS = 180_000  # for the page to show a frame / the next frame (a busy machine sheds most requests)
-PED = "+document.querySelector('[data-stream=pedestrians] "  # + ".frame').dataset..." in the page's JS
+# + ".frame')?.dataset..." in the page's JS: `?.` because a wait's predicate that throws fails the wait at once,
+# and the page draws a stream's card only when its first row arrives
+PED = "+document.querySelector('[data-stream=pedestrians] "
 CARDS = """() => [...document.querySelectorAll('[data-stream]')].map(e => ({
   id: e.dataset.stream, version: +e.querySelector('.frame').dataset.version,
   boxes: +e.querySelector('.frame').dataset.boxes, points: +e.querySelector('.latency').dataset.points,
@@ -352,11 +354,12 @@ def test_dashboard_in_headless_chromium_on_the_real_pipeline(tmp_path):
             page.wait_for_selector('[data-stream="bikes"]', timeout=30_000)
             assert page.locator("#conn.on").count() == 1
             # A first frame and some latency points, then newer ones: both the image and the chart move.
-            page.wait_for_function(f"() => {PED}.frame').dataset.version > 0 && {PED}.latency').dataset.points > 0",
+            page.wait_for_function(f"() => {PED}.frame')?.dataset.version > 0 && {PED}.latency')?.dataset.points > 0",
                                    timeout=WAIT_MS)
             first = {c["id"]: c for c in page.evaluate(CARDS)}
-            page.wait_for_function(f"() => {PED}.frame').dataset.version > {first['pedestrians']['version']} && "
-                                   f"{PED}.latency').dataset.points > {first['pedestrians']['points']}", timeout=WAIT_MS)
+            page.wait_for_function(f"() => {PED}.frame')?.dataset.version > {first['pedestrians']['version']} && "
+                                   f"{PED}.latency')?.dataset.points > {first['pedestrians']['points']}",
+                                   timeout=WAIT_MS)
             time.sleep(5)  # a few more seconds of history for the screenshot
             if os.environ.get("VLORA_VA_DOCS_SCREENSHOT") == "1":  # the docs' picture shows some events too
                 page.wait_for_function("() => document.querySelectorAll('#event-list tbody tr').length >= 4",
@@ -573,8 +576,8 @@ def test_the_page_draws_lines_zones_and_tracks_and_lists_counts_and_events(tmp_p
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.goto(server.url)
-            frame = "document.querySelector('[data-stream=cam] .frame').dataset"
-            page.wait_for_function(f"() => {frame}.version > 0", timeout=30_000)
+            frame = "document.querySelector('[data-stream=cam] .frame')?.dataset"  # ?.: the card comes with the rows
+            page.wait_for_function(f"() => {frame}?.version > 0", timeout=30_000)
             assert page.evaluate(f"() => [{frame}.lines, {frame}.zones, {frame}.tracks, {frame}.boxes]") == \
                 ["1", "1", "1", "2"]
             r, g, b = page.evaluate(LINE_PIXEL)
@@ -594,7 +597,7 @@ def test_the_page_draws_lines_zones_and_tracks_and_lists_counts_and_events(tmp_p
             assert page.locator("#no-events").is_hidden()
 
             server.hub.rows([crossing(n, 3 + n) for n in range(10, 30)])  # live: 20 more
-            page.wait_for_function("() => document.querySelector('#event-list tbody tr').dataset.seq === "
+            page.wait_for_function("() => document.querySelector('#event-list tbody tr')?.dataset.seq === "
                                    f"'{server.hub.seq}'", timeout=10_000)
             assert rows.count() == 20
             assert "in person 32" in page.locator("[data-stream=cam] [data-line=gate]").inner_text()

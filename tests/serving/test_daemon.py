@@ -320,8 +320,20 @@ def test_log_and_gauges_keep_moving_under_sustained_load(tmp_path, tiny_backbone
             next_scrape += 0.5
         time.sleep(0.02)
     d.finish()
-    progress = [r for r in caplog.records if "chunks/s" in r.getMessage()]
+    progress = [r.getMessage() for r in caplog.records if "chunks/s" in r.getMessage()]
     assert len(progress) >= 5  # ~every 0.3 s over 4 s of load
+    # each line says where the loop's time went (shares of 100) and what its batches were: under this load the
+    # engine has the loop most of the time, and no batch is larger than max_batch_images
+    loaded = []
+    for line in progress:
+        shares = dict((k, int(v)) for k, v in re.findall(r"(engine|intake|planning|rows|waiting) (\d+)%", line))
+        assert set(shares) == {"engine", "intake", "planning", "rows", "waiting"}, line
+        assert 97 <= sum(shares.values()) <= 103, line  # rounded shares of one whole
+        n, images, ms = re.search(r"(\d+) batches of ([\d.]+) images in ([\d.]+) ms", line).groups()
+        assert float(images) <= 2
+        if int(n):
+            loaded.append((shares["engine"], float(ms)))
+    assert len(loaded) >= 4 and max(e for e, _ in loaded) >= 50 and all(ms > 0 for _, ms in loaded), progress
     batches = [sum(float(v) for v in re.findall(r"^vlora_batches_total\{mode=\"[^\"]+\"\} (\S+)", text, re.M))
                for text in scrapes]
     assert len(batches) >= 3 and batches == sorted(batches) and batches[-1] > batches[0]

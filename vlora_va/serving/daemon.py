@@ -106,18 +106,25 @@ class Daemon:
             self.rows.release(self._released.get())
         self.adapters.shed_late()
         now = time.time()
+        spent = self.status_report.spent  # where the loop's time goes (the log line's shares)
+        t0 = time.perf_counter()
         items = transport.take(0.0 if self.scheduler.ready(now, stopping) else self._wait_s(now))
+        t1 = spent("waiting", t0)
         for item in items:
             self._receive(item)
+        t2 = spent("intake", t1)
         now = time.time()
         if self.scheduler.ready(now, stopping):
             plan, shed = self.scheduler.next_plan(now)
             self.rows.shed(shed)
+            t2 = spent("planning", t2)
             if plan is not None:
                 self._execute(plan)
+                t2 = spent("engine", t2)
         transport.hold(self.scheduler.queued_images)
         self.rows.tick(time.time(), deaf=transport.backlogged)
         self.status_report.tick()
+        spent("rows", t2)
         return len(items)
 
     def _receive(self, item: Received | Heard | Malformed) -> None:

@@ -10,6 +10,7 @@ import time
 from vlora_va.serving.prometheus import Totals
 
 log = logging.getLogger(__name__)
+PHASES = ("engine", "intake", "planning", "rows", "waiting")  # the daemon loop's parts (Daemon._step)
 
 
 class Status:
@@ -21,9 +22,20 @@ class Status:
         self.offered_load = 0.0  # as last computed on the daemon's thread (overload control is not thread-safe)
         self._last_log = time.monotonic()
         self._logged = Totals()
+        # seconds of the daemon's loop per phase since the last log line: under overload, whether the engine or the
+        # intake (receiving, admitting, shedding) has the thread is what says where capacity goes
+        self._phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._batches: list[tuple[int, float]] = []  # (images, seconds) of the batches since the last log line
+
+    def spent(self, phase: str, since: float) -> float:
+        """Charge the loop's time since `since` (perf_counter) to `phase`; returns now."""
+        now = time.perf_counter()
+        self._phases[phase] += now - since
+        return now
 
     def batch(self, label: str, images: int, requests: int, predicted_s: float, started: float, ended: float) -> None:
         """The batch the engine just ran (its numbers: the snapshot shows them)."""
+        self._batches.append((images, ended - started))
         self.last_batch = {"mode": label, "images": images, "requests": requests,
                            "compute_ms": round((ended - started) * 1000, 1), "predicted_ms": round(predicted_s * 1000, 1),
                            "at": ended}
@@ -76,11 +88,18 @@ class Status:
         if not force and dt < d.config.daemon.log_every_s:
             return
         s, p = d.metrics.totals, self._logged
+        total = sum(self._phases.values()) or 1.0
+        n = len(self._batches) or 1
+        batches = (f"{len(self._batches)} batches of {sum(b[0] for b in self._batches) / n:.1f} images in "
+                   f"{1000 * sum(b[1] for b in self._batches) / n:.1f} ms")
         log.info("%.1f chunks/s, %.1f results/s, %.1f images/s, %d shed, %d deadline misses, %d errors, "
-                 "%d ingest drops, %d malformed, %d mode switches, queue %d, offered load %.2f s/s, cost x%.2f",
+                 "%d ingest drops, %d malformed, %d mode switches, queue %d, offered load %.2f s/s, cost x%.2f; "
+                 "%s; loop: %s",
                  (s.chunks - p.chunks) / dt, (s.ok - p.ok) / dt, (s.images - p.images) / dt, s.shed - p.shed,
                  s.deadline_missed - p.deadline_missed, s.errors - p.errors, s.ingest_dropped - p.ingest_dropped,
                  s.malformed - p.malformed, s.switches - p.switches, len(d.scheduler.queue),
-                 d.admission.overload.load(time.time()), d.costs.correction)
+                 d.admission.overload.load(time.time()), d.costs.correction, batches,
+                 ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in self._phases.items()))
+        self._phases, self._batches = dict.fromkeys(PHASES, 0.0), []
         self._logged = dataclasses.replace(s, shed_by=dict(s.shed_by))
         self._last_log = now
