@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlora_va.contracts.geometry import Letterbox  # noqa: E402
+from vlora_va.contracts.plugins import BACKBONE_BACKENDS  # noqa: E402
 from vlora_va.contracts.requests import Request  # noqa: E402
 from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
 from vlora_va.engine.backbones import load_backbone  # noqa: E402
@@ -59,6 +60,7 @@ AT_S = 5.0  # which second of the videos (bikes.mp4 is 10 s long)
 class _Task:  # what plan_chunk reads of a TaskConfig
     def __init__(self, name, adapter, k):
         self.name, self.adapter, self.frames_per_chunk = name, adapter, k
+        self.track = None  # untracked: frames as the chunker picks them for untracked tasks
 
 
 def video_second(path: Path, start: float, fps: int = FPS) -> list[np.ndarray]:
@@ -147,6 +149,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2, help="torch threads for the main comparison (default 2)")
     ap.add_argument("--precisions", default="fp32,bf16,int8")
+    ap.add_argument("--backends", default="torch,openvino", help="backbone backends (daemon.backend) to time")
     ap.add_argument("--skip", default="",
                     help="comma list of sections to skip: pipelines, options, threads, linears, prefix")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -170,12 +173,17 @@ def main() -> int:
         reqs = {"default": reqs["default"]}
 
     naive = copy.deepcopy(backbone).eval()
-    engines = {}
-    for p in precisions:
-        t0 = time.perf_counter()
-        engines[p] = Engine(copy.deepcopy(backbone), {n: copy.deepcopy(a) for n, a in adapters.items()}, IMAGE_SIZE,
-                            premerge_max_mb=4096, precision=p)
-        print(f"engine {p}: built in {time.perf_counter() - t0:.1f} s", flush=True)
+    engines = {}  # "fp32" (torch) or "openvino fp32": the engine per backend and precision
+    for backend in args.backends.split(","):
+        for p in precisions:
+            key = p if backend == "torch" else f"{backend} {p}"
+            if BACKBONE_BACKENDS.load(backend).unavailable(torch.device("cpu"), p):
+                print(f"engine {key}: not built ({BACKBONE_BACKENDS.load(backend).unavailable(torch.device('cpu'), p)})")
+                continue
+            t0 = time.perf_counter()
+            engines[key] = Engine(copy.deepcopy(backbone), {n: copy.deepcopy(a) for n, a in adapters.items()},
+                                  IMAGE_SIZE, premerge_max_mb=4096, precision=p, backend=backend)
+            print(f"engine {key}: built in {time.perf_counter() - t0:.1f} s", flush=True)
     mode = LoRAMode(PREMERGED)
     catalog = next(iter(engines.values())).catalog()
 

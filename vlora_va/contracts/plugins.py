@@ -107,6 +107,7 @@ ATMM_BACKENDS = Registry("ATMM backend", {
 })
 BACKBONE_BACKENDS = Registry("backbone backend", {
     "torch": "vlora_va.engine.backends.torch_eager:TorchBackbone",
+    "openvino": "vlora_va.engine.backends.openvino:OpenVINOBackbone",
 })
 
 

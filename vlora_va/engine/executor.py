@@ -60,6 +60,14 @@ class Engine:
         self.device = torch.device(device)
         # fp32 / bf16 / int8 (engine/precision.py); None: what the dtype says. bf16 is the dtype; int8 swaps the GEMMs
         self.precision, dtype = precision_mod.resolve(precision, dtype, self.device)
+        self.backend_name = backend
+        backend_cls = BACKBONE_BACKENDS.load(backend)
+        why = backend_cls.unavailable(self.device, self.precision)
+        if why:  # a missing or broken library must not stop the daemon: torch computes the same
+            log.warning("backbone backend %s cannot run here (%s): using torch", backend, why)
+            self.backend_name, backend_cls = "torch", BACKBONE_BACKENDS.load("torch")
+        if backend_cls.owns_precision:  # it converts a float32 torch model and computes in self.precision itself
+            dtype, premerge_max_mb = torch.float32, 0
         self.dtype = dtype  # the backbone's (and its LoRA's); heads run in float32
         self.backbone_digest = tensor_digest(backbone.state_dict())  # the weights rows say they came from
         self.backbone = backbone.to(self.device, dtype).eval()
@@ -72,6 +80,7 @@ class Engine:
         self.sizes: dict[str, int] = {}
         self.lora_ctx = None
         self.premerged = False
+        self.backend: BackboneBackend | None = None  # made once the adapters are in (below)
         # Every linear layer of the blocks takes LoRA, with max_slots slots: an adapter loaded at run time
         # (any targets, any free slot) needs no new wrapping, so captured forwards stay valid.
         targets = [n for n, m in self.backbone.named_modules() if isinstance(m, torch.nn.Linear) and block_of(n) is not None]
@@ -90,12 +99,13 @@ class Engine:
                 log.error("adapter %s rejected: %s", name, e)
         if self.lora_ctx is not None:
             self._maybe_premerge(premerge_max_mb)
-        precision_mod.apply(self.backbone, self.precision)
+        if not backend_cls.owns_precision:
+            precision_mod.apply(self.backbone, self.precision)
         # What runs the forward (daemon.backend). Fixed layouts (what CUDA graphs replay) by default on a GPU,
         # where per-layer host work costs more than the LoRA math.
-        self.backend: BackboneBackend = BACKBONE_BACKENDS.load(backend)(
+        self.backend = backend_cls(
             self.backbone, self.lora_ctx, self.device, self.dtype, max_batch_images,
-            fixed_layout=self.device.type == "cuda" if fixed_layout is None else fixed_layout)
+            fixed_layout=self.device.type == "cuda" if fixed_layout is None else fixed_layout, precision=self.precision)
         # Each plan key's first execution (time.monotonic()): the daemon's warm-up must have run every key before
         # it says ready, so no request pays a first call's costs (tests check this). Keys as warm-up counts them.
         self.first_runs: dict[PlanKey, float] = {}
@@ -140,6 +150,8 @@ class Engine:
             else:
                 clear_slot(self.backbone, slot)
         adapter.head.to(self.device).eval()
+        if self.backend is not None:
+            self.backend.slot_changed(slot)
         self.adapters[name], self.slots[name] = adapter, slot
         self.sizes[name] = int(adapter.head_config.get("image_size", self.image_size))
         if self.sizes[name] > self.image_size:
@@ -153,6 +165,8 @@ class Engine:
         del self.adapters[name], self.sizes[name]
         if self.lora_ctx is not None:
             clear_slot(self.backbone, slot)
+        if self.backend is not None:
+            self.backend.slot_changed(slot)
         return slot
 
     def misfit(self, a: Adapter) -> str | None:

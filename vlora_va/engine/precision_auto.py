@@ -160,6 +160,16 @@ def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds
     return Choice(best, f"fastest here ({ratios} of fp32), accuracy gate passed")
 
 
+def float_precision(caps: Capabilities, gate: dict[str, str | None]) -> Choice:
+    """`auto` for a backend that computes in float precisions only (the openvino backend, until its int8 is
+    calibrated): bf16 where the CPU computes it natively and the adapters' bf16 gate passed, else fp32."""
+    if not caps.native_bf16:
+        return Choice("fp32", "no native bf16 on this CPU")
+    if gate.get("bf16"):
+        return Choice("fp32", gate["bf16"])
+    return Choice("bf16", "native bf16 on this CPU, accuracy gate passed (measured on the torch engine)")
+
+
 def stay_or_switch(previous: str, speeds: dict[str, float], detail: str = "") -> Choice:
     """The previous choice, unless the fastest of `speeds` (seconds, measured now) beats it by SWITCH_MARGIN; the
     reason gives the margin measured."""

@@ -39,7 +39,9 @@ STALE_MIN_S = 0.05
 
 # ---------------------------------------------------------------- the cache
 def profile_key(device: torch.device, backbone_id: str, backbone: torch.nn.Module, catalog: Catalog,
-                adapter_ranks: dict[str, int], modes: list[str]) -> dict:
+                adapter_ranks: dict[str, int], modes: list[str], backend: str = "torch", precision: str = "") -> dict:
+    """What a cost profile is valid for. backend: the engine's backbone backend; precision: what it computes in
+    where the backend applies it itself (the torch model then stays float32)."""
     cfg = backbone.config
     return {
         "version": PROFILE_VERSION, "device": device_name(device), "threads": torch.get_num_threads(),
@@ -48,7 +50,7 @@ def profile_key(device: torch.device, backbone_id: str, backbone: torch.nn.Modul
         "adapters": sorted([a.name, a.size, a.task, adapter_ranks.get(a.name, 0)] for a in catalog.adapters.values()),
         "premerged": catalog.can_premerge, "image_size": catalog.image_size, "max_batch": catalog.max_batch_images,
         "modes": sorted(modes), "dtype": str(next(backbone.parameters()).dtype).removeprefix("torch."),
-        "precision": precision_of(backbone),
+        "precision": precision_of(backbone) if backend == "torch" else precision, "backend": backend,
     }
 
 

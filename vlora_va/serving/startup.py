@@ -14,7 +14,7 @@ import time
 import torch
 
 from vlora_va.contracts.config import PipelineConfig
-from vlora_va.contracts.plugins import POLICIES
+from vlora_va.contracts.plugins import BACKBONE_BACKENDS, POLICIES
 from vlora_va.engine import precision, precision_auto
 from vlora_va.engine.adapters import Adapter, AdapterError, load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
@@ -66,8 +66,12 @@ def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     sizes = {n: int(a.head_config.get("image_size", d.image_size)) for n, a in adapters.items()}
     # The precision that serves this pipeline's mix of image sizes fastest (no streams yet: one image per size).
     workload = offered_images(config, sizes)[0] or {s: 1.0 for s in set(sizes.values()) or {d.image_size}}
-    choice = precision_auto.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
-                            profiling.profile_dir(d.profile_cache))
+    if BACKBONE_BACKENDS.load(d.backend).owns_precision and d.precision == "auto" and device == "cpu":
+        caps = precision.Capabilities.detect(device)  # the torch engine's speeds say nothing of this backend's
+        choice = precision_auto.float_precision(caps, {"bf16": precision_auto.gate_allows(adapters, "bf16")})
+    else:
+        choice = precision_auto.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
+                                     profiling.profile_dir(d.profile_cache))
     log.info("backbone precision %s: %s", choice.precision, choice.reason)
     dtype = precision.dtype_of(choice.precision) if d.dtype == "auto" else pick_dtype(d.dtype, device)
     engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, device, d.premerge_max_mb,
@@ -83,7 +87,8 @@ def cost_model(config: PipelineConfig, engine: Engine, remeasure: bool = False) 
     catalog = engine.catalog()
     ranks = {n: a.rank for n, a in engine.adapters.items()}
     modes = list(POLICIES.load(config.daemon.policy).measured_modes)
-    key = profiling.profile_key(engine.device, config.daemon.backbone, engine.backbone, catalog, ranks, modes)
+    key = profiling.profile_key(engine.device, config.daemon.backbone, engine.backbone, catalog, ranks, modes,
+                                engine.backend_name, engine.precision)
     return CostModel(profiling.load_or_measure(engine, catalog, key, profiling.profile_dir(config.daemon.profile_cache),
                                                modes, remeasure))
 

@@ -22,10 +22,22 @@ from vlora_va.engine.modes import LoRAMode
 class BackboneBackend(ABC):
     """Runs the backbone (a Hugging Face ViT whose linear layers carry LoRA slots, `lora_ctx`) on `device`."""
 
+    # True: the backend computes in the engine's precision itself (from a float32 torch model it converts), so the
+    # engine keeps the torch backbone in float32, swaps no GEMMs for int8 and keeps no premerged torch weights
+    owns_precision = False
+
     def __init__(self, backbone: torch.nn.Module, lora_ctx: LoRAContext | None, device: torch.device,
                  dtype: torch.dtype, max_batch_images: int):
         self.backbone, self.lora_ctx, self.device, self.dtype = backbone, lora_ctx, device, dtype
         self.max_batch_images = max_batch_images
+
+    @classmethod
+    def unavailable(cls, device: torch.device, precision: str) -> str | None:
+        """Why this backend cannot run on `device` in `precision` here (None: it can)."""
+        return None
+
+    def slot_changed(self, slot: int) -> None:
+        """An adapter was loaded into or removed from `slot` (what a backend compiled for it is stale)."""
 
     @abstractmethod
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,

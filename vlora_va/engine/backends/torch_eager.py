@@ -72,8 +72,8 @@ def forward(model: nn.Module, pixels: torch.Tensor, split: int,
 
 class TorchBackbone(BackboneBackend):
     def __init__(self, backbone: torch.nn.Module, lora_ctx: LoRAContext | None, device: torch.device,
-                 dtype: torch.dtype, max_batch_images: int, fixed_layout: bool = False):
-        super().__init__(backbone, lora_ctx, device, dtype, max_batch_images)
+                 dtype: torch.dtype, max_batch_images: int, fixed_layout: bool = False, precision: str = "fp32"):
+        super().__init__(backbone, lora_ctx, device, dtype, max_batch_images)  # the engine applied the precision
         self.patch = patch_size(backbone)
         # Tokens before the patch grid: CLS plus any register tokens.
         self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)

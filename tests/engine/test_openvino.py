@@ -1,0 +1,244 @@
+"""The openvino backbone backend (engine/backends/openvino.py) against the torch engine: the same features and rows in
+every LoRA mode, a shared LoRA-free prefix run once per frame, adapters loaded at run time, the precision hint
+it was asked for, no telemetry, and a clear fall-back to torch where it cannot run."""
+
+import copy
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("openvino")
+
+from tests.engine.test_executor import frames, request, upper_only_adapter  # noqa: E402
+from vlora_va.contracts.geometry import Letterbox  # noqa: E402
+from vlora_va.contracts.requests import Request  # noqa: E402
+from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
+from vlora_va.engine.backbones import load_backbone  # noqa: E402
+from vlora_va.engine.executor import Engine  # noqa: E402
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode  # noqa: E402
+from vlora_va.serving.scheduling import make_plan  # noqa: E402
+from vlora_va.testing.tiny import TINY_IMAGE  # noqa: E402
+
+
+def engines(backbone_dir, adapter_dirs, **kw):
+    """(torch engine, openvino engine) on the same weights and adapters."""
+    base = load_backbone(str(backbone_dir))
+
+    def make(backend):
+        ads = {n: (p if not hasattr(p, "is_dir") else load_adapter_dir(n, p, 32)) for n, p in adapter_dirs.items()}
+        return Engine(copy.deepcopy(base), copy.deepcopy(ads), TINY_IMAGE, backend=backend, **kw)
+    return make("torch"), make("openvino")
+
+
+def test_features_equal_the_torch_engines_for_a_mixed_batch(tiny_backbone_dir, tiny_adapters):
+    t, o = engines(tiny_backbone_dir, tiny_adapters)
+    assert o.backend_name == "openvino" and type(o.backend).__name__ == "OpenVINOBackbone"
+    fr = frames(5, 3)
+    slots = [t.slots["detect"], t.slots["actions"], -1, t.slots["detect"], t.slots["actions"]]  # interleaved
+    want, got = t.features(fr, slots), o.features(fr, slots)
+    torch.testing.assert_close(got.cls, want.cls, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got.grid, want.grid, atol=2e-5, rtol=1e-4)
+    # the adapters change the features (otherwise equal rows could come from ignoring them)
+    plain = t.features(fr, [-1] * 5)
+    assert (plain.cls[0] - want.cls[0]).abs().max() > 1e-3 and (plain.cls[1] - want.cls[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mode", [LoRAMode(PREMERGED), LoRAMode(UNMERGED), LoRAMode(MERGED, 0),
+                                  LoRAMode(MIXTURE, 0)], ids=str)
+def test_rows_equal_the_torch_engines_in_every_mode(tiny_backbone_dir, tiny_adapters, mode):
+    """Whatever mode the scheduler plans (and whatever the torch weights hold after a switch), each row is
+    computed with its own adapter's merged weights: the torch engine's rows, to float rounding."""
+    t, o = engines(tiny_backbone_dir, tiny_adapters, premerge_max_mb=64)
+    batch = [request("detect", 2, 1), request("actions", 2, 2), request("detect", 1, 3, seq=1)]
+    if mode.kind == MERGED:  # every row through the adapter merged into the weights (slot 0)
+        batch = [r for r in batch if t.slots[r.adapter] == mode.slot]
+    catalog_t, catalog_o = t.catalog(), o.catalog()
+    want = t.execute(make_plan(batch, mode, catalog_t))
+    got = o.execute(make_plan(batch, mode, catalog_o))
+    assert len(got) == len(want) == len(batch)
+    for g, w in zip(got, want):
+        assert_rows_close(g.to_json(), w.to_json())
+
+
+def assert_rows_close(got, want, path="row"):
+    """Equal structure, labels and counts; numbers (boxes in pixels, scores, probabilities) within float rounding."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), path
+        for k in want:
+            assert_rows_close(got[k], want[k], f"{path}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_rows_close(g, w, f"{path}[{i}]")
+    elif isinstance(want, float):
+        assert abs(got - want) <= 0.05 + 1e-3 * abs(want), (path, got, want)
+    else:
+        assert got == want, (path, got, want)
+
+
+def test_the_lora_free_prefix_runs_once_per_frame_and_changes_nothing(tiny_backbone_dir, tiny_adapters, tmp_path):
+    """Two adapters with LoRA on block 1 only: the lower part (embeddings + block 0) is compiled once and runs
+    once per distinct frame for both; each adapter's upper part is its own; rows equal the torch engine's."""
+    adapters = {"up1": upper_only_adapter(tmp_path / "up1", tiny_adapters["detect"], 3),
+                "up2": upper_only_adapter(tmp_path / "up2", tiny_adapters["detect"], 4)}
+    t, o = engines(tiny_backbone_dir, adapters)
+    shared = frames(3, 21)
+    slots = [o.slots["up1"]] * 3 + [o.slots["up2"]] * 3
+    calls = []
+    real = o.backend._run
+    o.backend._run = lambda compiled, x: (calls.append(x.shape[0]), real(compiled, x))[1]
+    got = o.features(shared + shared, slots)
+    assert calls == [3, 3, 3]  # lower on 3 distinct frames, then each adapter's upper on its 3 rows
+    assert set(o.backend._lower) == {(TINY_IMAGE, 1)}
+    assert {k[0] for k in o.backend._upper} == {o.slots["up1"], o.slots["up2"]}
+    want = t.features(shared + shared, slots)
+    torch.testing.assert_close(got.cls, want.cls, atol=2e-5, rtol=1e-4)
+
+
+def test_an_adapter_loaded_at_run_time_is_served_with_its_own_weights(tiny_backbone_dir, tiny_adapters, tmp_path):
+    t, o = engines(tiny_backbone_dir, {"detect": tiny_adapters["detect"]})
+    fr = frames(2, 5)
+    o.features(fr, [o.slots["detect"]] * 2)  # compiled for detect
+    other = upper_only_adapter(tmp_path / "up", tiny_adapters["detect"], 7)
+    for e in (t, o):  # reload detect's slot with other weights, as `vlora-va adapters load` does
+        e.load("detect", copy.deepcopy(other))
+    torch.testing.assert_close(o.features(fr, [o.slots["detect"]] * 2).cls,
+                               t.features(fr, [t.slots["detect"]] * 2).cls, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("precision, hint", [("fp32", "f32"), ("bf16", "bf16")])
+def test_each_model_is_compiled_with_the_precision_hint_asked_for(tiny_backbone_dir, tiny_adapters, precision, hint):
+    """OpenVINO runs float32 models in bf16 by default on CPUs with bf16: the hint is always set explicitly."""
+    import openvino as ov
+
+    _, o = engines(tiny_backbone_dir, tiny_adapters, precision=precision)
+    fr = frames(2, 9)
+    got = o.features(fr, [o.slots["detect"]] * 2)
+    models = list(o.backend._lower.values()) + list(o.backend._upper.values())
+    assert models and all(m.get_property("INFERENCE_PRECISION_HINT") == getattr(ov.Type, hint) for m in models)
+    if precision == "bf16":  # close to float32, not equal
+        t, _ = engines(tiny_backbone_dir, tiny_adapters)
+        want = t.features(fr, [t.slots["detect"]] * 2)
+        assert (got.cls - want.cls).abs().max() < 0.1 * want.cls.abs().max()
+
+
+PROBE = """
+import json, socket, sys
+tried = []
+real_connect, real_lookup = socket.socket.connect, socket.getaddrinfo
+socket.socket.connect = lambda self, addr: (tried.append(str(addr)), real_connect(self, addr))[1]
+socket.getaddrinfo = lambda host, *a, **k: (tried.append(str(host)), real_lookup(host, *a, **k))[1]
+if sys.argv[1] == "ours":
+    from vlora_va.engine.backends.openvino import import_openvino
+    ov = import_openvino()
+else:
+    import openvino as ov
+import torch
+from openvino.tools.ovc import telemetry_utils
+ov.convert_model(torch.nn.Linear(4, 2), example_input=torch.zeros(1, 4))
+print(json.dumps({"telemetry": telemetry_utils.tm.__name__, "tried": tried}))
+"""
+
+
+def test_openvino_is_imported_and_converts_without_telemetry(tmp_path):
+    """Importing openvino sends a usage event to Google Analytics, and converting sends more, unless the user
+    opted out: through import_openvino, OpenVINO's no-op stand-in is used and no address is looked up."""
+    def probe(how):
+        home = tmp_path / how  # no consent file from an earlier opt-out; where telemetry keeps its client id
+        home.mkdir()
+        env = {k: v for k, v in os.environ.items() if k != "CI"}  # CI=true would opt out by itself
+        env["HOME"] = str(home)
+        r = subprocess.run([sys.executable, "-c", PROBE, how], capture_output=True, text=True, timeout=120, env=env,
+                           cwd=str(Path(__file__).resolve().parents[2]))
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout.strip().splitlines()[-1]), sorted(p.name for p in home.rglob("*"))
+    ours, written = probe("ours")
+    assert ours == {"telemetry": "openvino.tools.ovc.telemetry_stub", "tried": []} and written == [], (ours, written)
+    plain, written = probe("plain")  # what the guard prevents: the real telemetry package at work
+    assert plain["telemetry"] == "openvino_telemetry" and "openvino_ga_cid" in written, (plain, written)
+
+
+def test_without_openvino_the_engine_falls_back_to_torch_and_says_why(tiny_backbone_dir, tiny_adapters, monkeypatch,
+                                                                      caplog):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # what a missing package looks like to `import openvino`
+    caplog.set_level(logging.WARNING, logger="vlora_va.engine.executor")
+    t, o = engines(tiny_backbone_dir, tiny_adapters)
+    assert o.backend_name == "torch" and type(o.backend).__name__ == "TorchBackbone"
+    lines = [r.getMessage() for r in caplog.records if "openvino" in r.getMessage()]
+    assert len(lines) == 1 and "cannot run here" in lines[0] and "OpenVINO does not load" in lines[0]
+    fr = frames(2, 4)
+    slots = [t.slots["detect"]] * 2
+    torch.testing.assert_close(o.features(fr, slots).cls, t.features(fr, slots).cls)
+
+
+def test_int8_is_not_built_for_it_yet_and_falls_back_to_torch(tiny_backbone_dir, tiny_adapters, caplog):
+    caplog.set_level(logging.WARNING, logger="vlora_va.engine.executor")
+    base = load_backbone(str(tiny_backbone_dir))
+    ads = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+    e = Engine(base, ads, TINY_IMAGE, backend="openvino", precision="int8")
+    assert e.backend_name == "torch"
+    assert any("precision int8 is not built for it" in r.getMessage() for r in caplog.records)
+    now = time.time()
+    req = Request("cam", 0, "detect", "detect", frames(1, 1), [0.0], Letterbox(1.0, 0.0, 0.0),
+                  (TINY_IMAGE, TINY_IMAGE), now, now, now + 5)
+    assert len(e.execute(make_plan([req], e.default_mode(), e.catalog()))) == 1
+
+
+@pytest.mark.parametrize("native_bf16, gate, want", [(True, None, "bf16"), (False, None, "fp32"),
+                                                     (True, "adapter detect failed the accuracy gate", "fp32")])
+def test_auto_on_the_openvino_backend_takes_bf16_only_where_native_and_gated(native_bf16, gate, want):
+    """The torch engine's speed probe says nothing of this backend's: auto takes bf16 where the CPU computes it
+    natively and the adapters' bf16 gate passed, else fp32 (its int8 is not built)."""
+    from vlora_va.engine import precision_auto
+    from vlora_va.engine.precision import Capabilities
+
+    choice = precision_auto.float_precision(Capabilities("cpu", "AVX512", native_bf16, True, True), {"bf16": gate})
+    assert choice.precision == want and (gate is None or gate in choice.reason)
+
+
+def test_the_profile_key_names_the_backend_and_its_precision(tiny_backbone_dir, tiny_adapters):
+    """A cost profile measured on one backend or precision is never read for another."""
+    from vlora_va.serving import profiling
+
+    keys = {}
+    for backend, precision in (("torch", "fp32"), ("openvino", "fp32"), ("openvino", "bf16")):
+        e = Engine(load_backbone(str(tiny_backbone_dir)), {"detect": load_adapter_dir("detect", tiny_adapters["detect"],
+                                                                                      32)},
+                   TINY_IMAGE, backend=backend, precision=precision)
+        keys[backend, precision] = profiling.profile_key(e.device, "tiny", e.backbone, e.catalog(), {"detect": 4},
+                                                         ["premerged"], e.backend_name, e.precision)
+    assert len({json.dumps(k, sort_keys=True) for k in keys.values()}) == 3
+    assert keys["openvino", "bf16"]["precision"] == "bf16" and keys["openvino", "fp32"]["backend"] == "openvino"
+
+
+def test_a_daemon_on_the_openvino_backend_compiles_before_ready_and_serves(tiny_backbone_dir, tiny_adapters, tmp_path,
+                                                                          caplog):
+    """`daemon.backend: openvino`: warm-up compiles every model the plans need (none compiles while serving), and
+    the rows equal a torch daemon's on the same chunks."""
+    from tests.serving.test_daemon import RunningDaemon, chunk_parts, config
+
+    caplog.set_level(logging.INFO, logger="vlora_va.engine.backends.openvino")
+    rows = {}
+    for backend in ("openvino", "torch"):
+        d = RunningDaemon(config(tmp_path / backend, tiny_backbone_dir, tiny_adapters, backend=backend))
+        assert d.daemon.engine.backend_name == backend
+        compiled_at_ready = dict(getattr(d.daemon.engine.backend, "compile_s", {}))
+        for seq in range(3):
+            d.send(chunk_parts("cam", seq, [("det", "detect"), ("act", "actions")], n_frames=2))
+        rows[backend] = sorted(d.finish(), key=lambda r: (r["chunk"], r["task"]))
+        if backend == "openvino":
+            assert compiled_at_ready and d.daemon.engine.backend.compile_s == compiled_at_ready
+            assert not [r for r in caplog.records if "while serving" in r.getMessage()]
+    assert [(r["chunk"], r["task"], r["status"]) for r in rows["openvino"]] == \
+        [(s, t, "ok") for s in range(3) for t in ("act", "det")]
+    for got, want in zip(rows["openvino"], rows["torch"]):  # what each task answered: boxes, labels, scores
+        answer = [k for k in ("frames", "label", "score", "scores") if k in want]
+        assert answer and all(k in got for k in answer)
+        assert_rows_close({k: got[k] for k in answer}, {k: want[k] for k in answer})
