@@ -14,8 +14,11 @@ alike), medians over the rounds:
                instead of `actions`): what they would save, for the accuracy report to weigh
                (bench/precision_accuracy.py)
 
-Then threads (1 vs 2) and batch size: seconds per image of naive fp32 and engine int8 / bf16 at 224 and 336.
-Writes bench/results/cpu_backbone.json and .md.
+Each engine runs on each backbone backend asked for (`--backends torch,openvino`: daemon.backend). Then threads
+(1 vs 2) and batch size: seconds per image of naive fp32 and the engines at 224 and 336; then the peers: the plain
+backbone on OpenVINO fp32 / bf16 / int8 (NNCF, `pip install nncf==3.4.0`) at 224 x 8 and 336 x 2 in the same
+rounds as the engines, with the worst per-token cosine against torch fp32. Writes bench/results/cpu_backbone.json
+and .md.
 
     python bench/cpu_backbone.py                 # ~5-10 min on 2 shared cores
     python bench/cpu_backbone.py --rounds 3 --skip threads
@@ -31,6 +34,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -151,7 +155,7 @@ def main() -> int:
     ap.add_argument("--precisions", default="fp32,bf16,int8")
     ap.add_argument("--backends", default="torch,openvino", help="backbone backends (daemon.backend) to time")
     ap.add_argument("--skip", default="",
-                    help="comma list of sections to skip: pipelines, options, threads, linears, prefix")
+                    help="comma list of sections to skip: pipelines, options, threads, peers, linears, prefix")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -245,6 +249,7 @@ def main() -> int:
                 print(f"  {size} px {variant:12s} batch {n} threads {t}: {v['median'] / int(n) * 1000:7.1f} ms/image",
                       flush=True)
 
+    peers = [] if "peers" in skip else openvino_peers(backbone, naive, engines, mode, args.rounds)
     linears = [] if "linears" in skip else linear_layers(args.rounds)
     prefix = [] if "prefix" in skip or "actions-persons" not in adapters else \
         shared_prefix(engines, videos, mode, args.rounds)
@@ -254,7 +259,10 @@ def main() -> int:
                    "avx512": "avx512f" in flags},
            "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pipelines": meta, "results": rows, "scaling": scaling,
-           "linears": linears, "prefix": prefix}
+           "linears": linears, "prefix": prefix, "peers": peers,
+           # what each openvino model took to convert and compile (first use, in the warm-up round)
+           "openvino_compile_s": {k: {m: round(t, 2) for m, t in e.backend.compile_s.items()}
+                                  for k, e in engines.items() if hasattr(e.backend, "compile_s")}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cpu_backbone.json").write_text(json.dumps(out, indent=1) + "\n")
     (args.out / "cpu_backbone.md").write_text(markdown(out) + "\n")
@@ -286,6 +294,88 @@ def shared_prefix(engines: dict, videos: dict, mode: LoRAMode, rounds: int) -> l
                     "saving_per_round": round(1 - paired, 3)})
         print(f"  {p}: shared prefix ({blocks[p]} blocks) {shared['median']:.3f} s vs {alone['median']:.3f} s "
               f"per request: {100 * (1 - paired):.0f}% less", flush=True)
+    return out
+
+
+CALIBRATION_S = (0.0, 50.0)  # pedestrians.mp4, 1 frame per second: NNCF's calibration frames (the issue: 50)
+HELD_OUT_S = (60.0, 68.0)  # 8 later frames, never calibrated on: the accuracy check
+
+
+def openvino_peers(backbone, naive, engines: dict, mode: LoRAMode, rounds: int) -> list[dict]:
+    """The best CPU peer on the plain backbone, in the same run as the engine: OpenVINO fp32, bf16 and int8 (NNCF
+    post-training quantization, SmoothQuant for transformers, 50 calibration frames; its float parts with each
+    hint), each with INFERENCE_PRECISION_HINT set explicitly, at 224 px batch 8 and 336 px batch 2, against naive
+    fp32 and the engine (torch and openvino backends, one adapter, premerged) on the same images. Accuracy: the
+    worst per-token cosine of the last hidden state against torch fp32 over 8 held-out frames. NNCF is not a
+    dependency (`pip install nncf==3.4.0`); without it the int8 rows are left out."""
+    from vlora_va.engine.backends.openvino import import_openvino
+    from vlora_va.training.frames import read_frames
+
+    try:
+        ov = import_openvino()  # first: nncf imports openvino too, and the guard must come before
+    except ImportError as e:
+        print(f"peers: skipped ({e})")
+        return []
+    try:
+        import nncf
+    except ImportError:
+        nncf = None
+        print("peers: nncf not installed (pip install nncf==3.4.0): no OpenVINO int8")
+    video = ROOT / "sample_videos" / "pedestrians.mp4"
+    calib_frames = [letterbox(f.rgb, IMAGE_SIZE)[0] for f in read_frames(video, *CALIBRATION_S, 1.0)]
+    held = [letterbox(f.rgb, IMAGE_SIZE)[0] for f in read_frames(video, *HELD_OUT_S, 1.0)]
+
+    class Whole(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(pixel_values=x).last_hidden_state
+
+    core = ov.Core()
+    out = []
+    for size, n in ((224, 8), (336, 2)):
+        def pixels(frames, size=size):
+            return naive_inputs([Request("x", 0, "t", "detect", frames, [0.0] * len(frames), Letterbox(1.0, 0.0, 0.0),
+                                         (768, 576), 0, 0, 0)], {"detect": size})[size]
+        calib, test = pixels(calib_frames), pixels(held)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = ov.convert_model(Whole(naive), example_input=calib[:1],
+                                     input=[ov.PartialShape([-1, 3, size, size])])
+            reference = naive(pixel_values=test).last_hidden_state.numpy()
+        models = {"openvino fp32": (model, "f32"), "openvino bf16": (model, "bf16")}
+        if nncf is not None:
+            t0 = time.perf_counter()
+            q = nncf.quantize(model, nncf.Dataset([x[None].numpy() for x in calib]),
+                              model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calib))
+            print(f"  {size} px: NNCF int8 from {len(calib)} frames in {time.perf_counter() - t0:.0f} s", flush=True)
+            models.update({"openvino int8 (fp32 parts)": (q, "f32"), "openvino int8 (bf16 parts)": (q, "bf16")})
+        compiled = {k: core.compile_model(m, "CPU", {"INFERENCE_PRECISION_HINT": h,
+                                                     "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+                                                     "PERFORMANCE_HINT": "LATENCY"})
+                    for k, (m, h) in models.items()}
+        x = test[:n]
+        frames = held[:n]
+        fns = {"naive fp32": (lambda: naive_forward(naive, {size: x}))}
+        fns.update({k: (lambda c=c: c(x.numpy())) for k, c in compiled.items()})
+        for p, e in engines.items():
+            fns[f"engine {p}"] = (lambda e=e: e.features(frames, [e.slots["detect"]] * n, mode, size))
+        print(f"peers at {size} px, batch {n}: {len(fns)} variants x {rounds} rounds ...", flush=True)
+        res = interleaved(fns, rounds)
+        cos = {}
+        for k, c in compiled.items():
+            got = np.concatenate([c(test[i:i + n].numpy())[0] for i in range(0, len(test) - len(test) % n, n)])
+            want = reference[:len(got)]
+            cos[k] = float(((got * want).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1))).min())
+        for k, v in res.items():
+            row = {"size": size, "batch": n, "variant": k, "ms_per_image": round(v["median"] / n * 1e3, 1),
+                   "vs_naive": round(v["median"] / res["naive fp32"]["median"], 3),
+                   "worst_token_cosine": round(cos[k], 4) if k in cos else None}
+            out.append(row)
+            print(f"  {size} px {k:28s} {row['ms_per_image']:7.1f} ms/image  {row['vs_naive']:5.2f}x naive"
+                  + (f"  worst token cosine {cos[k]:.4f}" if k in cos else ""), flush=True)
     return out
 
 
@@ -353,6 +443,15 @@ def markdown(out: dict) -> str:
             seen.setdefault((r["size"], r["variant"], r["images"]), {})[r["threads"]] = r["s_per_image"]
         for (size, variant, n), t in seen.items():
             lines.append(f"| {size} | {variant} | {n} | {t.get(1, 0) * 1000:.0f} | {t.get(2, 0) * 1000:.0f} |")
+    if out.get("peers"):
+        lines += ["", "The plain backbone on OpenVINO (the best CPU peer; int8 by NNCF from 50 calibration frames) "
+                  "against naive fp32 and the engine on the same images; worst per-token cosine of the last hidden "
+                  "state against torch fp32 over 8 held-out frames:", "",
+                  "| size | batch | variant | ms per image | x naive fp32 | worst token cosine |",
+                  "|---:|---:|---|---:|---:|---:|"]
+        lines += [f"| {r['size']} | {r['batch']} | {r['variant']} | {r['ms_per_image']:.1f} | {r['vs_naive']:.2f} | "
+                  f"{'' if r['worst_token_cosine'] is None else format(r['worst_token_cosine'], '.4f')} |"
+                  for r in out["peers"]]
     if out.get("linears"):
         lines += ["", "Linear layers alone (ms per call, × fp32), rows of the default pipeline's forwards:", "",
                   "| rows | shape | variant | ms | × fp32 |", "|---|---|---|---:|---:|"]
