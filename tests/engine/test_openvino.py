@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import yaml
 
 pytest.importorskip("openvino")
 
@@ -116,8 +118,11 @@ def test_an_adapter_loaded_at_run_time_is_served_with_its_own_weights(tiny_backb
 @pytest.mark.parametrize("precision, hint", [("fp32", "f32"), ("bf16", "bf16")])
 def test_each_model_is_compiled_with_the_precision_hint_asked_for(tiny_backbone_dir, tiny_adapters, precision, hint):
     """OpenVINO runs float32 models in bf16 by default on CPUs with bf16: the hint is always set explicitly."""
-    import openvino as ov
+    from vlora_va.engine.backends.openvino import import_openvino
 
+    ov = import_openvino()
+    if hint == "bf16" and "BF16" not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        pytest.skip("this CPU has no bf16: OpenVINO computes a bf16 hint in f32 here")
     _, o = engines(tiny_backbone_dir, tiny_adapters, precision=precision)
     fr = frames(2, 9)
     got = o.features(fr, [o.slots["detect"]] * 2)
@@ -141,6 +146,7 @@ if sys.argv[1] == "ours":
 else:
     import openvino as ov
 import torch
+import yaml
 from openvino.tools.ovc import telemetry_utils
 ov.convert_model(torch.nn.Linear(4, 2), example_input=torch.zeros(1, 4))
 print(json.dumps({"telemetry": telemetry_utils.tm.__name__, "tried": tried}))
@@ -242,3 +248,64 @@ def test_a_daemon_on_the_openvino_backend_compiles_before_ready_and_serves(tiny_
         answer = [k for k in ("frames", "label", "score", "scores") if k in want]
         assert answer and all(k in got for k in answer)
         assert_rows_close({k: got[k] for k in answer}, {k: want[k] for k in answer})
+
+
+# ---------------------------------------------------------------- daemon.backend: auto
+def test_auto_backend_candidates_add_openvinos_float_precisions_under_the_same_gate(monkeypatch):
+    from vlora_va.engine import precision_auto as A
+    from vlora_va.engine.precision import Capabilities
+
+    bf16_cpu = Capabilities("cpu", "AVX512", True, True, True)
+    open_gate = {"bf16": None, "int8": None}
+    assert A.candidates(bf16_cpu, open_gate)[0] == ["fp32", "bf16", "int8"]  # backend torch: as before
+    assert A.candidates(bf16_cpu, open_gate, openvino=True)[0] == ["fp32", "bf16", "int8", "openvino-fp32",
+                                                                   "openvino-bf16"]
+    no_bf16 = Capabilities("cpu", "AVX2", False, False, True)
+    assert A.candidates(no_bf16, open_gate, openvino=True)[0] == ["fp32", "int8", "openvino-fp32"]
+    shut = {"bf16": "adapter detect failed the accuracy gate for bf16", "int8": None}
+    assert "openvino-bf16" not in A.candidates(bf16_cpu, shut, openvino=True)[0]
+    # the choice names its backend; a measured openvino bf16 ahead by more than the margin wins
+    speeds = {"fp32": 1.0, "bf16": 0.62, "int8": 0.55, "openvino-fp32": 0.81, "openvino-bf16": 0.45}
+    choice = A.choose("auto", bf16_cpu, open_gate, speeds, openvino=True)
+    assert choice.precision == "openvino-bf16" and A.split_choice(choice.precision) == ("openvino", "bf16")
+    assert A.split_choice("int8") == ("torch", "int8")
+    monkeypatch.setitem(sys.modules, "openvino", None)  # not installed: torch's candidates only, and why
+    usable, notes = A.candidates(bf16_cpu, open_gate, openvino=True)
+    assert usable == ["fp32", "bf16", "int8"] and any(n.startswith("openvino: OpenVINO does not load") for n in notes)
+
+
+def test_auto_backend_times_openvino_like_the_torch_precisions(tiny_backbone_dir):
+    """The start-up probe times the plain backbone compiled by OpenVINO on the pipeline's own mix of sizes, as it
+    times torch's precisions; its output is the torch model's."""
+    from vlora_va.engine import precision_auto as A
+    from vlora_va.engine.backends.openvino import PlainOpenVINO
+
+    base = load_backbone(str(tiny_backbone_dir))
+    speeds = A.measure_speeds(base, ["fp32", "openvino-fp32"], {TINY_IMAGE: 3.0, 2 * TINY_IMAGE: 1.0}, rounds=1)
+    assert set(speeds) == {"fp32", "openvino-fp32"} and all(t > 0 for t in speeds.values())
+    x = torch.randn(2, 3, TINY_IMAGE, TINY_IMAGE)
+    with torch.no_grad():
+        want = base(pixel_values=x).last_hidden_state
+    assert np.allclose(PlainOpenVINO(base, "fp32")(pixel_values=x), want.numpy(), atol=2e-5)
+
+
+def test_a_daemon_with_backend_auto_builds_the_backend_it_chose(tiny_backbone_dir, tiny_adapters, tmp_path, caplog):
+    from tests.pipeline_helpers import tiny_pipeline
+    from vlora_va.contracts.config import ConfigError, parse_config
+    from vlora_va.engine import precision_auto as A
+    from vlora_va.serving.startup import build_engine
+
+    cfg = tiny_pipeline(tmp_path, tiny_backbone_dir, tiny_adapters, [{"id": "a"}])
+    cfg["daemon"]["backend"] = "auto"
+    caplog.set_level(logging.INFO, logger="vlora_va")
+    engine, failed = build_engine(parse_config(yaml.safe_dump(cfg), "p.yaml"))
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("backbone precision")]
+    assert not failed and len(said) == 1
+    speeds = json.loads(next((tmp_path / "profiles").glob("precision-*.json")).read_text())
+    assert "openvino-fp32" in speeds["speeds"] and speeds["key"]["openvino"]  # it competed, under its own key
+    backend, precision = A.split_choice(speeds["choice"])
+    assert (engine.backend_name, engine.precision) == (backend, precision), said
+    assert said[0].endswith(f"(backend {backend})")
+    cfg["daemon"]["backend"] = "fastest"
+    with pytest.raises(ConfigError, match="daemon.backend"):
+        parse_config(yaml.safe_dump(cfg), "p.yaml")

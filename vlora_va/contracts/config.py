@@ -114,7 +114,9 @@ class DaemonConfig:
     # REQ/REP socket for `vlora-va adapters load/unload/list`; "" = the endpoint's tcp port + 1 on 127.0.0.1
     # (or its ipc path + ".control")
     control_endpoint: str = ""
-    backend: str = "torch"  # what runs the backbone forward: a name in contracts.plugins.BACKBONE_BACKENDS
+    # what runs the backbone forward: a name in contracts.plugins.BACKBONE_BACKENDS, or auto (on a CPU with
+    # precision auto: the fastest measured of torch's and openvino's precisions that the accuracy gate allows)
+    backend: str = "torch"
 
 @dataclass(frozen=True)
 class IngestConfig:
@@ -373,7 +375,7 @@ def _daemon(c: _Checker, raw: Any, base_dir: Path) -> DaemonConfig:
         default = f.default
         kind = {bool: bool, int: int, float: float, str: str}.get(type(default), str)
         choices = {"device": DEVICES, "policy": POLICIES.names(), "degrade": DEGRADE_OPTIONS, "dtype": DTYPES,
-                   "precision": PRECISIONS, "backend": BACKBONE_BACKENDS.names()}.get(name)
+                   "precision": PRECISIONS, "backend": ["auto", *BACKBONE_BACKENDS.names()]}.get(name)
         minimum = 1 if name in ("image_size", "max_batch_images", "max_slots", "max_rank") else (
             0 if kind in (int, float) else None)
         kw[name] = c.get(d, name, "daemon", kind, default, minimum=minimum, choices=choices)

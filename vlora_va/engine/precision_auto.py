@@ -109,8 +109,18 @@ class Choice:
     reason: str
 
 
-def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str = "auto") -> tuple[list[str], list[str]]:
-    """(the precisions auto may take on this CPU: fp32 first, why each other one may not)."""
+OPENVINO = "openvino-"  # a candidate computed by the openvino backbone backend: "openvino-fp32", "openvino-bf16"
+
+
+def split_choice(label: str) -> tuple[str, str]:
+    """(daemon.backend, precision) of a candidate: "openvino-bf16" -> ("openvino", "bf16"), "int8" -> ("torch", ...)."""
+    return ("openvino", label.removeprefix(OPENVINO)) if label.startswith(OPENVINO) else ("torch", label)
+
+
+def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str = "auto",
+               openvino: bool = False) -> tuple[list[str], list[str]]:
+    """(the precisions auto may take on this CPU: fp32 first, why each other one may not). openvino: the openvino
+    backend's float precisions compete too (`daemon.backend: auto`); its bf16 under the same gate as torch's."""
     usable, notes = ["fp32"], []
     for p in ("bf16", "int8"):
         if p == "bf16" and dtype_setting == "float32":
@@ -123,11 +133,21 @@ def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: s
             notes.append(f"{p}: {gate[p]}")
         else:
             usable.append(p)
+    if openvino:
+        from vlora_va.engine.backends.openvino import openvino_problem
+
+        problem = openvino_problem()
+        if problem:
+            notes.append(f"openvino: {problem}")
+        else:
+            usable.append(OPENVINO + "fp32")
+            if "bf16" in usable:  # native bf16, gate passed, dtype allows
+                usable.append(OPENVINO + "bf16")
     return usable, notes
 
 
 def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds: dict[str, float] | None,
-           dtype_setting: str = "auto", previous: str | None = None) -> Choice:
+           dtype_setting: str = "auto", previous: str | None = None, openvino: bool = False) -> Choice:
     """The precision to run. setting: daemon.precision ("auto" or one of PRECISIONS); gate: {precision: why the
     accuracy gate keeps it off, or None}; speeds: {precision: measured seconds of the same work,
     `measure_speeds`} (None: not measured); dtype_setting: daemon.dtype (an explicit bfloat16 / float16 fixes
@@ -145,7 +165,7 @@ def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds
         return Choice("bf16" if dtype_setting == "bfloat16" else "fp16", f"daemon.dtype {dtype_setting}")
     if caps.device == "cuda":
         return Choice("fp32" if dtype_setting == "float32" else "bf16", "CUDA: bf16 unless daemon.dtype says float32")
-    usable, notes = candidates(caps, gate, dtype_setting)
+    usable, notes = candidates(caps, gate, dtype_setting, openvino)
     if len(usable) == 1:
         return Choice("fp32", "; ".join(notes) or "nothing else runs here")
     if not speeds or "fp32" not in speeds:
@@ -191,12 +211,18 @@ QUIET_MAX_SHARE = 0.15  # a measurement counts as quiet while other processes to
 LOAD_WINDOW_S = 0.25  # the shortest window that share is read over (/proc/stat counts in 10 ms ticks)
 
 
-def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workload: dict[int, float]) -> dict:
+def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workload: dict[int, float],
+              openvino: bool = False) -> dict:
     cfg = backbone.config
-    return {"version": 2, "kind": "precision-speeds", "device": device_name(torch.device(caps.device)),
+    key = {"version": 2, "kind": "precision-speeds", "device": device_name(torch.device(caps.device)),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "backbone": backbone_id,
             "backbone_shape": [getattr(cfg, k, None) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")],
             "workload": {str(s): round(n, 3) for s, n in sorted(workload.items())}, "reduce_range": reduce_range()}
+    if openvino:  # the openvino backend's candidates too: a key of its own (and of its version)
+        from vlora_va.engine.backends.openvino import openvino_version
+
+        key["openvino"] = openvino_version()
+    return key
 
 
 def _speed_path(directory: Path, key: dict) -> Path:
@@ -213,7 +239,7 @@ def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[in
     at 336, so equal weights per size can rank them wrong for a pipeline's mix). The fastest of `rounds` interleaved rounds: the machine's own cost, as
     the cost profile takes it (`profiling._timed`); a burst of other load slows precisions unevenly (int8 ran 1.7x,
     bf16 1.2x slower in a start-up probe on a busy host) and would otherwise decide."""
-    models = {p: precision_copy(backbone, p) for p in precisions}
+    models = {p: _plain(backbone, p) for p in precisions}
     batches = [(torch.randn(min(PROBE_MAX_IMAGES, max(1, math.ceil(n))), 3, s, s), n) for s, n in workload.items()]
 
     def run(p: str) -> float:
@@ -221,7 +247,7 @@ def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[in
         with torch.inference_mode():
             for x, per_s in batches:
                 t0 = time.perf_counter()
-                models[p](pixel_values=x.to(dtype_of(p)))
+                models[p](pixel_values=x if p.startswith(OPENVINO) else x.to(dtype_of(p)))
                 total += (time.perf_counter() - t0) * per_s / len(x)
         return total
 
@@ -232,6 +258,15 @@ def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[in
         for p in precisions:
             times[p].append(run(p))
     return {p: min(t) for p, t in times.items()}
+
+
+def _plain(backbone: nn.Module, label: str):
+    """The plain backbone computing as a candidate does: a torch copy in that precision, or compiled by OpenVINO."""
+    if label.startswith(OPENVINO):
+        from vlora_va.engine.backends.openvino import PlainOpenVINO
+
+        return PlainOpenVINO(backbone, label.removeprefix(OPENVINO))
+    return precision_copy(backbone, label)
 
 
 # ---------------------------------------------------------------- is the machine quiet while it measures
@@ -315,18 +350,18 @@ def write_cache(directory: Path, key: dict, probe: Probe, choice: str) -> None:
 
 # ---------------------------------------------------------------- deciding at a start
 def decide(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str, cache_dir: Path, key: dict,
-           probe) -> Choice:
+           probe, openvino: bool = False) -> Choice:
     """auto's choice on a CPU: the cached previous choice unless another usable precision is at least SWITCH_MARGIN
     faster in a one-round re-check against the cached runner-up and again in a full measurement, both quiet.
     Nothing cached for `key` (first start, or a stale key): a full measurement decides. probe(precisions, rounds)
     -> Probe."""
-    usable, _ = candidates(caps, gate, dtype_setting)
+    usable, _ = candidates(caps, gate, dtype_setting, openvino)
     if len(usable) == 1:
-        return choose("auto", caps, gate, None, dtype_setting)
+        return choose("auto", caps, gate, None, dtype_setting, openvino=openvino)
     cached = read_cache(cache_dir, key)
     previous = cached.choice if cached and cached.choice in usable else None
     if previous is None or not set(usable) <= set(cached.speeds):  # first start, stale, or the gate changed
-        return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous)
+        return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous, openvino)
     rival = min((p for p in usable if p != previous), key=cached.speeds.get)
     check = probe([previous, rival], 1)
     if not check.quiet:
@@ -335,10 +370,10 @@ def decide(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str, 
     kept = stay_or_switch(previous, check.speeds, "timed in a one-round re-check")
     if kept.precision == previous:
         return kept
-    return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous)
+    return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous, openvino)
 
 
-def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous) -> Choice:
+def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous, openvino=False) -> Choice:
     """A full measurement of every usable precision decides (and is cached); with a previous choice, only a quiet
     one may change it."""
     full = probe(usable, FULL_ROUNDS)
@@ -348,7 +383,7 @@ def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previ
     if not full.quiet:
         log.warning("precision speeds measured on a busy machine (%s): the ranking may be off; a later quiet start "
                     "re-checks it", full.load)
-    choice = choose("auto", caps, gate, full.speeds, dtype_setting, previous)
+    choice = choose("auto", caps, gate, full.speeds, dtype_setting, previous, openvino)
     write_cache(cache_dir, key, full, choice.precision)
     return choice
 
@@ -371,12 +406,13 @@ def prober(backbone: nn.Module, workload: dict[int, float]):
 
 
 def pick(setting: str, dtype_setting: str, device: str, backbone: nn.Module, backbone_id: str, adapters: dict,
-         workload: dict[int, float], cache_dir: Path) -> Choice:
+         workload: dict[int, float], cache_dir: Path, openvino: bool = False) -> Choice:
     """The daemon's precision for this machine, adapter set and workload (images per second by image size; see
-    the module docstring)."""
+    the module docstring). openvino: `daemon.backend: auto`, the openvino backend's float precisions compete
+    ("openvino-fp32", "openvino-bf16": `split_choice`)."""
     caps = Capabilities.detect(device)
     gate = {p: gate_allows(adapters, p) for p in ("bf16", "int8")}
     if setting != "auto" or caps.device != "cpu" or dtype_setting in ("bfloat16", "float16"):
         return choose(setting, caps, gate, None, dtype_setting)
-    key = speed_key(caps, backbone_id, backbone, workload)
-    return decide(caps, gate, dtype_setting, cache_dir, key, prober(backbone, workload))
+    key = speed_key(caps, backbone_id, backbone, workload, openvino)
+    return decide(caps, gate, dtype_setting, cache_dir, key, prober(backbone, workload), openvino)

@@ -56,6 +56,15 @@ def load_adapters(config: PipelineConfig, hidden: int) -> tuple[dict[str, Adapte
     return loaded, failed
 
 
+def auto_backend(setting: str, choice: precision_auto.Choice) -> tuple[str, precision_auto.Choice]:
+    """daemon.backend and the precision choice to build the engine with: `auto` takes the backend of the chosen
+    candidate ("openvino-bf16": openvino in bf16), else torch; another setting stays as it is."""
+    if setting != "auto":
+        return setting, choice
+    backend, label = precision_auto.split_choice(choice.precision)
+    return backend, precision_auto.Choice(label, choice.reason)
+
+
 def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     """The engine for a pipeline, and the adapters that could not be served (name -> why)."""
     d = config.daemon
@@ -66,18 +75,21 @@ def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     sizes = {n: int(a.head_config.get("image_size", d.image_size)) for n, a in adapters.items()}
     # The precision that serves this pipeline's mix of image sizes fastest (no streams yet: one image per size).
     workload = offered_images(config, sizes)[0] or {s: 1.0 for s in set(sizes.values()) or {d.image_size}}
-    if BACKBONE_BACKENDS.load(d.backend).owns_precision and d.precision == "auto" and device == "cpu":
+    backend = d.backend
+    if backend != "auto" and BACKBONE_BACKENDS.load(backend).owns_precision and d.precision == "auto" \
+            and device == "cpu":
         caps = precision.Capabilities.detect(device)  # the torch engine's speeds say nothing of this backend's
         choice = precision_auto.float_precision(caps, {"bf16": precision_auto.gate_allows(adapters, "bf16")})
-    else:
+    else:  # backend auto: the openvino backend's precisions compete with torch's, measured the same way
         choice = precision_auto.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
-                                     profiling.profile_dir(d.profile_cache))
-    log.info("backbone precision %s: %s", choice.precision, choice.reason)
+                                     profiling.profile_dir(d.profile_cache), openvino=backend == "auto")
+        backend, choice = auto_backend(backend, choice)
+    log.info("backbone precision %s: %s (backend %s)", choice.precision, choice.reason, backend)
     dtype = precision.dtype_of(choice.precision) if d.dtype == "auto" else pick_dtype(d.dtype, device)
     engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, device, d.premerge_max_mb,
                     d.max_batch_images, dtype,
                     precision=choice.precision if choice.precision in precision.PRECISIONS else None,
-                    backend=d.backend)
+                    backend=backend)
     failed.update(engine.rejected)
     return engine, failed
 

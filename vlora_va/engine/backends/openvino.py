@@ -58,6 +58,46 @@ def openvino_problem() -> str | None:
     return None
 
 
+def openvino_version() -> str:
+    return import_openvino().__version__
+
+
+def compile_config(precision: str) -> dict:
+    """How every model here is compiled: the precision hint explicit (OpenVINO would run a float32 model in bf16 on
+    a CPU with bf16), one stream of the engine's thread count (the daemon runs one batch at a time, and ingest
+    shares the cores)."""
+    return {"INFERENCE_PRECISION_HINT": HINTS[precision], "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+            "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+
+
+def convert(module: nn.Module, example: torch.Tensor):
+    """An OpenVINO model of `module` traced at `example`'s shape with a dynamic batch (float32, torch weights)."""
+    ov = import_openvino()
+    shape = ov.PartialShape([-1] + list(example.shape[1:]))
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        # the tracer warns of every Python branch on a shape; with a static image size they are constants
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return ov.convert_model(module, example_input=example, input=[shape])
+
+
+class PlainOpenVINO:
+    """The plain (LoRA-free) backbone compiled by OpenVINO, called as the Hugging Face model is
+    (`model(pixel_values=x)`), one compiled model per image size: what `daemon.backend: auto` times against the
+    torch precisions (precision_auto.measure_speeds)."""
+
+    def __init__(self, backbone: nn.Module, precision: str):
+        self.backbone, self.config = backbone, compile_config(precision)  # a float32 backbone
+        self.core = import_openvino().Core()
+        self._compiled: dict[int, object] = {}
+
+    def __call__(self, pixel_values: torch.Tensor) -> np.ndarray:
+        size = pixel_values.shape[-1]
+        if size not in self._compiled:
+            self._compiled[size] = self.core.compile_model(
+                convert(_Part(self.backbone, 0, "whole"), pixel_values[:1].float()), "CPU", self.config)
+        return self._compiled[size](pixel_values.float().numpy())[0]
+
+
 def cache_dir() -> Path:
     """Where OpenVINO keeps compiled blobs ($VLORA_VA_OPENVINO_CACHE, else ~/.cache/vlora-va/openvino)."""
     return Path(os.environ.get("VLORA_VA_OPENVINO_CACHE", Path.home() / ".cache" / "vlora-va" / "openvino"))
@@ -76,8 +116,8 @@ def import_openvino():
 
 
 class _Part(nn.Module):
-    """One part of the backbone as a module OpenVINO can trace: lower (pixels -> hidden at split) or upper
-    (hidden at split -> last hidden state)."""
+    """One part of the backbone as a module OpenVINO can trace: lower (pixels -> hidden at split), upper (hidden at
+    split -> last hidden state) or whole (pixels -> last hidden state)."""
 
     def __init__(self, backbone: nn.Module, split: int, part: str):
         super().__init__()
@@ -86,6 +126,8 @@ class _Part(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.part == "lower":
             return lower(self.backbone, x, self.split)
+        if self.part == "whole":
+            return upper(self.backbone, lower(self.backbone, x, 0), 0)
         return upper(self.backbone, x, self.split)
 
 
@@ -102,9 +144,7 @@ class OpenVINOBackbone(BackboneBackend):
         self.core = ov.Core()
         self.precision, self.hint = precision, HINTS[precision]
         self.core.set_property("CPU", {"CACHE_DIR": str(cache_dir())})
-        # One stream of the engine's thread count: the daemon runs one batch at a time, and ingest shares the cores
-        self.config = {"INFERENCE_PRECISION_HINT": self.hint, "INFERENCE_NUM_THREADS": torch.get_num_threads(),
-                       "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+        self.config = compile_config(precision)
         self.patch = patch_size(backbone)
         self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)
         self.n_blocks = len(blocks(backbone))
@@ -195,12 +235,8 @@ class OpenVINOBackbone(BackboneBackend):
         t0 = time.perf_counter()
         if self.serving:
             log.warning("openvino: compiling %s while serving (an adapter loaded at run time?)", what)
-        shape = self.ov.PartialShape([-1] + list(example.shape[1:]))
-        with self._merged(slot), torch.inference_mode(False), torch.no_grad(), \
-                warnings.catch_warnings():
-            # the tracer warns of every Python branch on a shape; with a static image size they are constants
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            model = self.ov.convert_model(part, example_input=example, input=[shape])
+        with self._merged(slot):
+            model = convert(part, example)
         compiled = self.core.compile_model(model, "CPU", self.config)
         self.compile_s[what] = time.perf_counter() - t0
         log.info("openvino: %s compiled in %.1f s (%s)", what, self.compile_s[what], self.hint)
