@@ -66,6 +66,7 @@ def summarise(out: dict, rows: list[dict], deadlines: dict[str, float]) -> dict:
     log = "\n".join(line for _, line in out["lines"])
     ready = next((t for t, line in out["lines"] if READY in line), None)
     precision = re.search(r"backbone precision (\w+)", log)
+    backend = re.search(r"backbone precision \w+: .*\(backend (\w+)\)", log)
     capacity = re.search(r"capacity: (.*)", log)
     per_task = {}
     for task, deadline_ms in deadlines.items():
@@ -85,6 +86,7 @@ def summarise(out: dict, rows: list[dict], deadlines: dict[str, float]) -> dict:
         "exit_code": out["code"], "wall_s": round(out["wall_s"], 1), "startup_s": round(ready, 1) if ready else None,
         "profile": "measured" if "cost profile measured" in log else "cached",
         "precision": precision.group(1) if precision else None,
+        "backend": backend.group(1) if backend else "torch",
         "capacity": capacity.group(1) if capacity else None, "fits": bool(capacity and "fits" in capacity.group(1)),
         "ingest_dropped": sum(r.get("dropped_before", 0) for r in rows), "tasks": per_task,
     }
@@ -119,12 +121,12 @@ def markdown(result: dict) -> str:
     md = [f"# The default pipeline, as `make run` runs it ({result['created']})", "",
           f"CPU: {m['cpu']} ({m['isa_flags']}), {m['cores']} cores; load average before: {m['load_before']}. "
           "Latency = the chunk's last frame captured -> result written; p99 over served rows.", "",
-          "| ISA | start | start-up s | precision | admission estimate | task | ok / shed / errors | "
+          "| ISA | start | start-up s | backend, precision | admission estimate | task | ok / shed / errors | "
           "p50 / p99 / max ms | deadline ms | misses | > 2x deadline | ingest drops | verdict |",
           "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for v in result["runs"]:
         for i, (task, t) in enumerate(v["tasks"].items()):
-            head = (f"| {v['isa']} | {v['start']} ({v['profile']}) | {v['startup_s']} | {v['precision']} | "
+            head = (f"| {v['isa']} | {v['start']} ({v['profile']}) | {v['startup_s']} | {v['backend']} {v['precision']} | "
                     f"{v['capacity']} |") if i == 0 else "| | | | | |"
             md.append(f"{head} {task} | {t['ok']} / {t['shed']} / {t['errors']} | {t['latency_p50_ms']} / "
                       f"{t['latency_p99_ms']} / {t['latency_max_ms']} | {t['deadline_ms']:.0f} | {t['misses']} | "

@@ -147,3 +147,17 @@ def tiny_adapters(tmp_path_factory):
     from vlora_va.testing.tiny import make_adapters
 
     return make_adapters(tmp_path_factory.mktemp("adapters"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def openvino_cache(tmp_path_factory):
+    """OpenVINO's compiled-model cache (engine/backends/openvino.py) in a temporary directory, not the user's home:
+    daemons started as subprocesses inherit it."""
+    path = tmp_path_factory.mktemp("openvino-cache")
+    old = os.environ.get("VLORA_VA_OPENVINO_CACHE")
+    os.environ["VLORA_VA_OPENVINO_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("VLORA_VA_OPENVINO_CACHE", None)
+    else:
+        os.environ["VLORA_VA_OPENVINO_CACHE"] = old

@@ -47,6 +47,18 @@ log = logging.getLogger(__name__)
 HINTS = {"fp32": "f32", "bf16": "bf16"}  # engine precision -> OpenVINO's INFERENCE_PRECISION_HINT
 
 
+def import_openvino():
+    """`import openvino`, without its usage reporting. Importing openvino sends an event to Google Analytics unless
+    the user opted out (openvino/tools/ovc/__init__.py, via the openvino-telemetry package), and converting a model
+    sends more; with that package unimportable, OpenVINO uses its own no-op stand-in. Every import of openvino in
+    vlora-va goes through here, before anything else imports it."""
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)  # None: `import openvino_telemetry` raises ImportError
+    import openvino
+
+    return openvino
+
+
 def openvino_problem() -> str | None:
     """Why OpenVINO cannot run on this machine (None: it can)."""
     try:
@@ -101,18 +113,6 @@ class PlainOpenVINO:
 def cache_dir() -> Path:
     """Where OpenVINO keeps compiled blobs ($VLORA_VA_OPENVINO_CACHE, else ~/.cache/vlora-va/openvino)."""
     return Path(os.environ.get("VLORA_VA_OPENVINO_CACHE", Path.home() / ".cache" / "vlora-va" / "openvino"))
-
-
-def import_openvino():
-    """`import openvino`, without its usage reporting. Importing openvino sends an event to Google Analytics unless
-    the user opted out (openvino/tools/ovc/__init__.py, via the openvino-telemetry package), and converting a model
-    sends more; with that package unimportable, OpenVINO uses its own no-op stand-in. Every import of openvino in
-    vlora-va goes through here, before anything else imports it."""
-    if "openvino" not in sys.modules:
-        sys.modules.setdefault("openvino_telemetry", None)  # None: `import openvino_telemetry` raises ImportError
-    import openvino
-
-    return openvino
 
 
 class _Part(nn.Module):
