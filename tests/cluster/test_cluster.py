@@ -167,7 +167,9 @@ def test_placement_follows_affinity_and_a_killed_daemon_loses_no_chunk(local_ray
     results, events = read_rows(tmp_path / "results.jsonl")
     assert_one_row_per_sent_chunk(results, sent)
     lost = [r for r in results if r["status"] == "error"]
-    assert lost and all(r["reason"] == f"daemon lost: {victim}" and r["stream"] in moved for r in lost)
+    # whether a chunk was in flight at the SIGKILL is timing (CI once killed between batches: none was); each one
+    # that was is answered with the error naming the daemon, and every sent chunk has its one row (above)
+    assert all(r["reason"] == f"daemon lost: {victim}" and r["stream"] in moved for r in lost)
     assert all(r["status"] == "ok" for r in results if r["stream"] not in moved)  # the other streams lose nothing
     for sid in moved:  # served again after the kill, by the survivor (or the restarted victim)
         assert any(r["status"] == "ok" and r["captured_at"] and r["daemon"] == survivor for r in results
