@@ -9,8 +9,12 @@ Parts (each writes OUT/gpu-<part>.json as it goes, so a part stopped by its time
                bf16; the whole engine on CUDA (bf16 and fp32, CUDA graphs) against the CPU engine's float32 rows
                (bench/gpu_prepare.py) on held-out frames with the real backbone and the shipped adapters
   ops          the LoRA op alone at ViT shapes against a dLoRA-style one-hot einsum, a per-request loop and peft
+  fused        the fused LoRA linear (kernels/fused.py: base GEMM + bias + LoRA in one kernel) per ViT-S layer shape
+               against cuBLAS merged weights and cuBLAS + ATMM's two kernels, 4 adapters r=16, batch 16 and 64 at
+               224 px, bf16, graphed, for each candidate tile and a rank tile of 64 and of 16; correctness first
   backbone     the whole DINOv2-S forward, 4 adapters r=16 on every linear layer, 224 px, bf16, in each LoRA mode
-               against merged weights, eager and graphed, batch 16 and 64
+               (unmerged also fused, with the engine's 64-wide stacks and with 16-wide ones) against merged
+               weights, eager and graphed, batch 16 and 64
   switch       the merged weights switched between adapters (all layers), 1,000 cycles: time and drift
   warmup       the real daemon in this process: after ready, does any plan key run for the first time? and each
                key's first batch against its steady median
@@ -39,10 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-PARTS = ["correctness", "ops", "backbone", "switch", "warmup", "decode"]
+PARTS = ["correctness", "ops", "fused", "backbone", "switch", "warmup", "decode"]
 DEV = "cuda"  # "cpu" under --dry-run
 DRY = False
 GRAPH_FAILURES: list[str] = []  # captures that failed (those figures were timed eagerly)
+BEST_FUSED = None  # the fused part's fastest tiles (kernels.fused.FusedTiles), which the backbone part then uses
 SCORE_TOL, IOU_MIN = 0.02, 0.9  # issue 31: boxes IoU > 0.9, same class, scores within 0.02
 
 
@@ -304,18 +309,95 @@ def ops(res: Results) -> None:
                         "goal": "min >= 0.95, median >= 1.1"})
 
 
+def fused(res: Results) -> None:
+    global BEST_FUSED
+    from vlora_va.kernels import atmm_images, lora_linear_images
+    from vlora_va.kernels.fused import CANDIDATE_TILES, FusedTiles
+
+    dtype = torch.float32 if DRY else torch.bfloat16
+    T = 17 if DRY else 257  # tokens per image: 56 px (dry) / 224 px
+    shapes = ((32, 48),) if DRY else ((384, 384), (384, 1536), (1536, 384))
+    candidates = (FusedTiles(16, 16, 16, 4, 2),) if DRY else CANDIDATE_TILES
+    S, rank = 4, 16
+    g = torch.Generator().manual_seed(0)
+    ratios: dict[tuple[int, FusedTiles], list[float]] = {}
+    for n_in, n_out in shapes:
+        for batch in (2,) if DRY else (16, 64):
+            x = torch.randn(batch * T, n_in, generator=g).to(DEV, dtype)
+            W = (torch.randn(n_out, n_in, generator=g) / n_in ** 0.5).to(DEV, dtype)
+            bias = (torch.randn(n_out, generator=g) / 10).to(DEV, dtype)
+            slot = torch.tensor([i * S // batch for i in range(batch)], dtype=torch.int32, device=DEV)
+            length = torch.full((batch,), T, dtype=torch.int32, device=DEV)
+            scale = torch.full((S,), 2.0, device=DEV)
+            ranks = torch.full((S,), rank, dtype=torch.int32, device=DEV)
+            y = torch.empty(batch * T, n_out, dtype=dtype, device=DEV)
+            for width in (64, 16):  # the stacks' width: the engine's default max_rank, and one fitted to r=16
+                A = torch.zeros(S, width, n_in, dtype=dtype, device=DEV)
+                B = torch.zeros(S, n_out, width, dtype=dtype, device=DEV)
+                A[:, :rank] = (torch.randn(S, rank, n_in, generator=g) / n_in ** 0.5).to(DEV, dtype)
+                B[:, :, :rank] = (torch.randn(S, n_out, rank, generator=g) / rank ** 0.5).to(DEV, dtype)
+                h = torch.empty(batch * T, width, dtype=torch.float32, device=DEV)
+                want = lora_linear_images(x.float(), W.float(), bias.float(), A.float(), B.float(), slot, length,
+                                          scale, ranks, T, width, impl="torch")
+
+                def unfused():
+                    out = torch.addmm(bias, x, W.t())
+                    atmm_images(out, x, A, B, slot, length, scale, ranks, T, impl="triton", h=h)
+
+                with torch.no_grad():
+                    t = {"merged": time_ms(lambda: torch.addmm(bias, x, W.t(), out=y), graph=True),
+                         "unfused": time_ms(unfused, graph=True)}
+                    errs = {}
+                    for tiles in candidates:
+                        name = "x".join(str(v) for v in (tiles.block_m, tiles.block_n, tiles.block_k,
+                                                           tiles.num_warps, tiles.num_stages))
+                        try:  # a tile this GPU cannot run (shared memory, registers) costs only its own figure
+                            got = lora_linear_images(x, W, bias, A, B, slot, length, scale, ranks, T, width,
+                                                     tiles=tiles, impl="triton")
+                            errs[name] = round((got.float() - want).abs().max().item() / want.abs().max().item(), 5)
+                            t[name] = time_ms(lambda: lora_linear_images(x, W, bias, A, B, slot, length, scale,
+                                                                         ranks, T, width, out=y, tiles=tiles,
+                                                                         impl="triton"), graph=True)
+                        except Exception as e:
+                            res.add("tile_failures", f"{name} width {width}: {type(e).__name__}: {str(e)[:200]}")
+                            continue
+                        ratios.setdefault((width, tiles), []).append(t[name] / t["merged"])
+                best = min((k for k in t if k not in ("merged", "unfused")), key=t.get)
+                row = {"shape": f"{n_in}x{n_out}", "batch": batch, "rank_width": width,
+                       "ms": {k: round(v, 4) for k, v in t.items()},
+                       "overhead_pct": {k: round(100 * (v / t["merged"] - 1), 1) for k, v in t.items()},
+                       "best": best, "max_rel_err": errs}
+                res.add("rows", row)
+                log(f"  {row['shape']} batch {batch} width {width}: merged {t['merged']:.4f} ms, unfused "
+                    f"{row['overhead_pct']['unfused']:+.1f}%, fused best {best} {row['overhead_pct'][best]:+.1f}%, "
+                    f"worst err {max(errs.values())}")
+    summary = {f"width{w}/" + "x".join(str(v) for v in (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages)):
+               round(statistics.median(r), 3) for (w, c), r in ratios.items()}
+    BEST_FUSED = min((c for (w, c) in ratios if w == 64), key=lambda c: statistics.median(ratios[(64, c)]))
+    res.put("median_ratio_over_merged", summary)
+    res.put("best_tiles_width64", BEST_FUSED.__dict__)
+
+
 def backbone(res: Results) -> None:
     """LoRA overhead over merged weights, the whole backbone (issue 31 goals: <= +10% at batch 64, <= +25% at 16)."""
     import atmm as A
 
     from vlora_va.engine.backends.torch_eager import lower, upper
     from vlora_va.engine.modes import DeviceLayout, LoRAMode
+    from vlora_va.kernels.fused import DEFAULT_TILES
 
     dtype = torch.float32 if DRY else torch.bfloat16
     base = A.vit_s().to(DEV, dtype)
-    variants = {}
+    variants = {}  # name: (model, its LoRA context, the mode kind it runs)
     for premerge in (True, False):
-        variants["premerged" if premerge else "unmerged"] = A.with_atmm(base, A.ALL, [16] * 4, premerge=premerge)
+        kind = "premerged" if premerge else "unmerged"
+        variants[kind] = (*A.with_atmm(base, A.ALL, [16] * 4, premerge=premerge), kind)
+    tiles = BEST_FUSED or DEFAULT_TILES
+    res.put("fused_tiles", tiles.__dict__)
+    for name, width in (("fused", 64), ("fused-r16", 16)):  # r16: stacks 16 wide (a daemon with max_rank: 16)
+        m, ctx = A.with_atmm(base, A.ALL, [16] * 4, max_rank=width)
+        ctx.fused = tiles
+        variants[name] = (m, ctx, "unmerged")
     side = 56 if DRY else 224  # dry runs: Triton's interpreter is 1,000x slower than a GPU
     tokens = (side // 14) ** 2 + 1
     for batch in (2,) if DRY else (16, 64):
@@ -330,13 +412,13 @@ def backbone(res: Results) -> None:
             for graph in (False, True):
                 tag = "graphed" if graph else "eager"
                 t[f"merged-{tag}"] = time_ms(lambda: forward(base), graph=graph)
-                for kind, (m, ctx) in variants.items():
-                    layout = DeviceLayout(batch, tokens, 4, 64, torch.device(DEV))
+                for name, (m, ctx, kind) in variants.items():
+                    layout = DeviceLayout(batch, tokens, 4, ctx.max_rank, torch.device(DEV))
                     ctx.begin(LoRAMode(kind), slots, layout)
-                    t[f"{kind}-{tag}"] = time_ms(lambda: forward(m), graph=graph)
+                    t[f"{name}-{tag}"] = time_ms(lambda: forward(m), graph=graph)
                     ctx.clear()
         for k, v in t.items():
-            tag = k.split("-")[1]
+            tag = k.rsplit("-", 1)[1]
             row = {"batch": batch, "variant": k, "ms": round(v, 3), "img_per_s": round(batch / v * 1e3),
                    "overhead_pct": round(100 * (v / t[f"merged-{tag}"] - 1), 1)}
             res.add("rows", row)
@@ -353,11 +435,10 @@ def kernel_profile(base, variants, forward, slots, batch, tokens) -> dict:
 
     out = {}
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
-    for kind, m in [("merged", base)] + [(k, mc[0]) for k, mc in variants.items()]:
-        ctx = None if kind == "merged" else variants[kind][1]
+    for name, (m, ctx, kind) in [("merged", (base, None, None))] + list(variants.items()):
         with torch.inference_mode():
             if ctx is not None:
-                ctx.begin(LoRAMode(kind), slots, DeviceLayout(batch, tokens, 4, 64, torch.device(DEV)))
+                ctx.begin(LoRAMode(kind), slots, DeviceLayout(batch, tokens, 4, ctx.max_rank, torch.device(DEV)))
             forward(m)
             sync()
             with profile(activities=acts) as prof:
@@ -367,7 +448,7 @@ def kernel_profile(base, variants, forward, slots, batch, tokens) -> dict:
                 ctx.clear()
         attr = "device_time_total" if DEV == "cuda" else "cpu_time_total"
         events = sorted(prof.key_averages(), key=lambda e: getattr(e, attr, 0), reverse=True)
-        out[kind] = [{"name": e.key[:80], "calls": e.count, "ms": round(getattr(e, attr, 0) / 1e3, 3)}
+        out[name] = [{"name": e.key[:80], "calls": e.count, "ms": round(getattr(e, attr, 0) / 1e3, 3)}
                      for e in events[:8]]
     return out
 
@@ -559,6 +640,8 @@ def run_part(part: str, out: Path, prepared: Path | None, args) -> None:
             correctness(res, prepared)
         elif part == "ops":
             ops(res)
+        elif part == "fused":
+            fused(res)
         elif part == "backbone":
             backbone(res)
         elif part == "switch":

@@ -5,6 +5,8 @@
 #                              # mode switch, warm-up, the op alone
 #   bash bench/gpu_call.sh B   # carries .whl and .whl-av (PyAV): decode, streams per GPU, policies
 #   bash bench/gpu_call.sh C   # carries .gpu and .whl: A's parts again, then policies at 448 px (GPU-bound)
+#   bash bench/gpu_call.sh F   # carries .whl: the fused LoRA linear (bench/gpu.py's fused part), then the backbone
+#                              # with its best tiles beside the other modes
 #   bash bench/gpu_call.sh D   # carries .gpu and .whl: correctness (the float32 engine too), backbone and ops
 #                              # with the default tiles, `vlora-va tune` (this GPU's table), backbone and ops
 #                              # with it, then policies at 224 px with their shed reasons
@@ -61,6 +63,8 @@ if [ "$call" = D ]; then
   part 40 python3 bench/gpu.py --parts backbone,ops --out "$res/tuned" ${GPU_ARGS:-}; pack
   part 125 python3 bench/gpu_policies.py --device cuda --out "$res" --budget-s 110 --backbone vit-l --skews 0.9 \
     --premerge 0 --policies vlora,unmerge-only --senders 4 --duration 6; pack
+elif [ "$call" = F ]; then  # the fused LoRA linear per layer shape and tile, then the backbone with the best tiles
+  part 110 python3 bench/gpu.py --parts fused,backbone --out "$OUT" ${GPU_ARGS:-}
 elif [ "$call" = E ]; then  # D's correctness again (the float32 engine), one policy point with the loop's shares
   res=/tmp/gpu-res; mkdir -p "$res"; mv "$OUT/env.txt" "$res/"
   pack() { tar -cf "$OUT/results.tar" -C "$res" .; }

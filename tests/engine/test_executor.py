@@ -11,14 +11,17 @@ import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
+from vlora_va import kernels
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
 from vlora_va.contracts.results import ActivityResult, DetectionResult
+from vlora_va.engine import lora
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.executor import Engine, premerge_unsupported
 from vlora_va.engine.heads import HEAD_FORMAT, HEAD_FORMAT_VERSION, DetectionHead
 from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
+from vlora_va.kernels.fused import DEFAULT_TILES
 from vlora_va.serving.scheduling import make_plan
 from vlora_va.testing.tiny import TINY_IMAGE
 
@@ -305,9 +308,11 @@ def test_a_bfloat16_backbone_serves_float32_heads_close_to_float32(tiny_backbone
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fixed_device_layouts_compute_what_the_segments_path_computes(tiny_backbone_dir, tiny_adapters, dtype):
+def test_fixed_device_layouts_compute_what_the_segments_path_computes(tiny_backbone_dir, tiny_adapters, dtype,
+                                                                       monkeypatch):
     """The GPU's graph-capturable path, run on the CPU: batches padded to their bucket, the LoRA layout in
-    device tensors (premerged through one grouped GEMM, unmerged / mixture through per-image ATMM runs).
+    device tensors (premerged through one grouped GEMM, unmerged / mixture through per-image ATMM runs, unmerged
+    also as the fused LoRA linear).
     Every mode gives what the host-side Segments path gives, padding changes nothing."""
     def make(fixed):
         adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
@@ -324,6 +329,19 @@ def test_fixed_device_layouts_compute_what_the_segments_path_computes(tiny_backb
         want, got = ref.features(fs, slots, mode), fixed.features(fs, slots, mode)
         assert got.cls.shape == want.cls.shape == (5, 32)
         assert (got.cls - want.cls).abs().max() <= tol * max(1.0, want.cls.abs().max()), mode
+    # unmerged as one fused kernel per layer (kernels.lora_linear_images): the same features, and every wrapped
+    # layer goes through it
+    calls = []
+    real = kernels.lora_linear_images
+    monkeypatch.setattr(kernels, "lora_linear_images", lambda *a, **k: (calls.append(a[-1]), real(*a, **k))[1])
+    fixed.lora_ctx.fused = DEFAULT_TILES
+    for e in (ref, fixed):
+        e.switch(LoRAMode(UNMERGED))
+    want, got = ref.features(fs, slots, LoRAMode(UNMERGED)), fixed.features(fs, slots, LoRAMode(UNMERGED))
+    assert (got.cls - want.cls).abs().max() <= tol * max(1.0, want.cls.abs().max())
+    n_layers = len(lora.lora_module_names(fixed.backbone))
+    assert len(calls) == n_layers and set(calls) == {fixed.lora_ctx.max_rank}
+    fixed.lora_ctx.fused = None
     assert set(fixed.backend._layouts) == {(8, 17)}  # one layout, reused by every mode: (bucket, tokens)
     layout = fixed.backend._layouts[(8, 17)]
     fixed.switch(LoRAMode(MIXTURE, 0))

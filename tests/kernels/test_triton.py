@@ -170,3 +170,83 @@ def test_the_per_image_layout_is_tuned_and_atmm_images_launches_the_tables_tiles
     assert launched == [chosen]
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     tri._images_config.cache_clear()
+
+
+# ---------------------------------------------------------------- the fused LoRA linear (kernels/fused.py)
+def fused_case(T=37, slots=(2, 0, 1, 2, 1), sit_out=(False, False, True, False, False), bias=True, seed=5):
+    """Images of T tokens whose tiles straddle image boundaries (T is no multiple of any tile height), with
+    adapters of ranks 4 / 16 / 32 in a stack 32 wide, and one image that sits out."""
+    g = torch.Generator().manual_seed(seed)
+    S, R, n_in, n_out = 3, 32, 40, 72
+    ranks = torch.tensor([4, 16, 32], dtype=torch.int32)
+    A, B = torch.zeros(S, R, n_in), torch.zeros(S, n_out, R)
+    for s, r in enumerate(ranks.tolist()):
+        A[s, :r] = torch.randn(r, n_in, generator=g) / 4
+        B[s, :, :r] = torch.randn(n_out, r, generator=g) / 4
+    n = len(slots)
+    x = torch.randn(n * T, n_in, generator=g)
+    W = torch.randn(n_out, n_in, generator=g) / 4
+    b = torch.randn(n_out, generator=g) if bias else None
+    scale = torch.tensor([0.5, 2.0, 1.5])
+    slot = torch.tensor(slots, dtype=torch.int32)
+    length = torch.tensor([0 if out else T for out in sit_out], dtype=torch.int32)
+    return x, W, b, A, B, slot, length, scale, ranks, T
+
+
+def fused_loop(x, W, b, A, B, slot, length, scale, ranks, T):
+    """kernels/fused.py's docstring loop, in float32 over the same (possibly rounded) inputs."""
+    x, W, A, B = x.float(), W.float(), A.float(), B.float()
+    y = torch.empty(x.shape[0], W.shape[0])
+    for i in range(slot.shape[0]):
+        rows = slice(i * T, (i + 1) * T)
+        y[rows] = x[rows] @ W.T + (b.float() if b is not None else 0)
+        if length[i] > 0:
+            a = int(slot[i])
+            r = int(ranks[a])
+            y[rows] += float(scale[a]) * (x[rows] @ A[a, :r].T) @ B[a, :, :r].T
+    return y
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_fused_torch_form_matches_the_loop(bias):
+    from vlora_va.kernels import lora_linear_images
+    x, W, b, A, B, slot, length, scale, ranks, T = fused_case(bias=bias)
+    got = lora_linear_images(x, W, b, A, B, slot, length, scale, ranks, T, 32, impl="torch")
+    torch.testing.assert_close(got, fused_loop(x, W, b, A, B, slot, length, scale, ranks, T), atol=1e-4, rtol=1e-4)
+
+
+def test_fused_rejects_a_layout_that_does_not_fit_the_rows():
+    from vlora_va.kernels import lora_linear_images
+    x, W, b, A, B, slot, length, scale, ranks, T = fused_case()
+    with pytest.raises(ValueError, match="rows, the layout 5 images of 36 tokens"):
+        lora_linear_images(x, W, b, A, B, slot, length, scale, ranks, T - 1, 32)
+
+
+@inner
+@pytest.mark.parametrize("tiles", [(16, 16, 16, 4, 2), (32, 64, 32, 4, 2), (64, 32, 16, 4, 2)],
+                         ids=["16x16", "32x64", "64x32-cut-to-32"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_fused_triton_matches_the_loop(tiles, bias):
+    """Every tile straddles at most two images (64-row tiles are cut to 32 for 37 tokens); each row must take its
+    own image's adapter, an image that sits out only the base layer."""
+    from vlora_va.kernels import lora_linear_images
+    from vlora_va.kernels.fused import FusedTiles
+    x, W, b, A, B, slot, length, scale, ranks, T = fused_case(bias=bias)
+    got = lora_linear_images(x, W, b, A, B, slot, length, scale, ranks, T, 32, tiles=FusedTiles(*tiles),
+                             impl="triton")
+    torch.testing.assert_close(got, fused_loop(x, W, b, A, B, slot, length, scale, ranks, T), atol=1e-4, rtol=1e-4)
+
+
+@inner
+def test_fused_triton_bf16_and_the_rank_tile_of_a_narrow_stack():
+    """bf16 inputs against the loop over the same rounded inputs; and a 16-wide rank tile (max_rank 16) on the
+    ranks-4/16 slots equals the full one: the rank tile only has to cover the largest rank."""
+    from vlora_va.kernels import lora_linear_images
+    x, W, b, A, B, slot, length, scale, ranks, T = fused_case(slots=(1, 0, 1, 0, 1))
+    bf = [t.to(torch.bfloat16) for t in (x, W, b, A, B)]
+    got = lora_linear_images(*bf, slot, length, scale, ranks, T, 32, impl="triton")
+    want = fused_loop(*bf, slot, length, scale, ranks, T)
+    torch.testing.assert_close(got.float(), want, atol=0.06, rtol=0.02)
+    narrow = lora_linear_images(x, W, b, A, B, slot, length, scale, ranks, T, 16, impl="triton")
+    torch.testing.assert_close(narrow, fused_loop(x, W, b, A, B, slot, length, scale, ranks, T), atol=1e-4,
+                               rtol=1e-4)

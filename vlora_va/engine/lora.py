@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from vlora_va import kernels
-from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, DeviceLayout, LoRAMode
+from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, DeviceLayout, LoRAMode
 from vlora_va.kernels.segments import NO_ADAPTER, Segments
 
 
@@ -42,6 +42,10 @@ class LoRAContext:
         self.layout: DeviceLayout | None = None  # set: the forward reads its batch from device tensors
         self._elem_slots: list[int] | None = None
         self._segments: dict[tuple[int, int], Segments] = {}
+        # Set (a kernels.fused.FusedTiles): unmerged forwards over a DeviceLayout run each layer as one fused
+        # kernel with these tiles (base GEMM, bias and LoRA in one pass) instead of cuBLAS + ATMM's two kernels.
+        # Its rank tile covers max_rank, so a captured graph stays right whatever adapter a slot later holds.
+        self.fused = None
 
     def begin(self, mode: LoRAMode, row_slots, layout: DeviceLayout | None = None) -> None:
         """Describe the next forward: its mode, and the adapter slot of each batch element (-1: none).
@@ -162,7 +166,8 @@ class LoRALinear(nn.Module):
     def _from_layout(self, x: torch.Tensor, mode: LoRAMode, layout: DeviceLayout) -> torch.Tensor:
         """The same results as the Segments path, read from device tensors with data-independent launches:
         premerged as one grouped GEMM over the per-slot weights (rows sorted by slot, `offs`), unmerged and
-        mixture as ATMM over one run per image (kernels.atmm_images)."""
+        mixture as ATMM over one run per image (kernels.atmm_images), or unmerged as one fused kernel per layer
+        (`LoRAContext.fused`: kernels.lora_linear_images)."""
         g, l = self._group, self._index
         x2 = x.reshape(-1, self.in_features)
         if mode.kind == PREMERGED:
@@ -170,6 +175,11 @@ class LoRALinear(nn.Module):
             if self.base.bias is not None:
                 y += self.base.bias
             return y.view(*x.shape[:-1], self.out_features)
+        if mode.kind == UNMERGED and self._ctx.fused is not None:
+            y2 = kernels.lora_linear_images(x2, self.base.weight, self.base.bias, g.A[l], g.B[l], layout.own_slot,
+                                            layout.own_len, g.scale[l], g.rank[l], layout.tokens, self._ctx.max_rank,
+                                            tiles=self._ctx.fused)
+            return y2.view(*x.shape[:-1], self.out_features)
         y = self.base(x)
         y2 = y.view(-1, self.out_features)
         kernels.atmm_images(y2, x2, g.A[l], g.B[l], layout.own_slot, layout.own_len, g.scale[l], g.rank[l],

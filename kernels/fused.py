@@ -1,0 +1,83 @@
+"""A LoRA linear layer in one kernel over the per-image layout: the base GEMM, its bias and each image's LoRA
+(shrink and expand) in one pass, so the output is written once and the input read once. As a plain loop::
+
+    for i in range(n_images):                 # image i owns rows i*T .. i*T + T - 1
+        rows = slice(i * T, (i + 1) * T)
+        y[rows] = x[rows] @ W.T + bias
+        if length[i] > 0:
+            a = slot[i]
+            y[rows] += scale[a] * (x[rows] @ A[a, :ranks[a]].T) @ B[a, :, :ranks[a]].T
+
+Why: on an H100 the unmerged backbone (cuBLAS base GEMM, then ATMM's shrink and expand kernels) cost +65-83%
+over merged weights at batch 64 / 16 (bench/results/gpu/h100): the two LoRA kernels re-read x and read and
+rewrite y, at ViT-S sizes as much memory traffic as the GEMM itself. Fused, the LoRA adds two small dots per tile.
+
+How a tile of BLOCK_M rows finds its adapters: BLOCK_M <= T, so a tile spans at most two images (a and b). The
+K loop multiplies the x tile by W's tile and by one [BLOCK_K, 2 * BLOCK_R] tile that holds A of a's slot in its
+first BLOCK_R columns and A of b's slot in the rest; the epilogue keeps, per row, only its own image's half
+(scaled, zero where the image sits out) and multiplies it by the matching [2 * BLOCK_R, BLOCK_N] tile of B.
+BLOCK_R must cover the largest rank in the stacks; entries past a slot's rank are zero, so they add nothing.
+
+On CUDA (or under TRITON_INTERPRET=1) the Triton kernel; elsewhere, and for images of fewer than 16 tokens, the
+unfused torch form (addmm + atmm_images).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from vlora_va.kernels.images import atmm_images
+
+
+@dataclass(frozen=True)
+class FusedTiles:
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+DEFAULT_TILES = FusedTiles()
+# What bench/gpu.py's fused part times on a GPU (the first is the default): GEMM tiles Triton's Hopper matmuls use.
+CANDIDATE_TILES = (DEFAULT_TILES, FusedTiles(128, 64, 32, 4, 3), FusedTiles(64, 128, 32, 4, 3),
+                   FusedTiles(128, 128, 32, 8, 3), FusedTiles(128, 128, 64, 8, 3), FusedTiles(128, 64, 64, 4, 4))
+
+
+def rank_block(max_rank: int) -> int:
+    """BLOCK_R for adapters of rank <= max_rank: a power of two >= 16 (a tensor-core dot's smallest side)."""
+    r = 16
+    while r < max_rank:
+        r *= 2
+    return r
+
+
+def lora_linear_images(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, A: torch.Tensor,
+                       B: torch.Tensor, slot: torch.Tensor, length: torch.Tensor, scale: torch.Tensor,
+                       ranks: torch.Tensor, tokens: int, max_rank: int, out: torch.Tensor | None = None,
+                       tiles: FusedTiles | None = None, impl: str | None = None) -> torch.Tensor:
+    """The loop in the module docstring; returns y [n*T, out_features] (written into `out` when given).
+    x [n*T, in]; weight [out, in]; bias [out] or None; A [S, R, in], B [S, out, R]; slot, length int32 [n]
+    (length 0 or T); scale float32 [S]; ranks int32 [S] (the torch form's rank cut); max_rank: the largest rank
+    among the slots (host-side, so the launch reads nothing from the device)."""
+    n = slot.shape[0]
+    if x.shape[0] != n * tokens:
+        raise ValueError(f"x has {x.shape[0]} rows, the layout {n} images of {tokens} tokens")
+    impl = impl or ("triton" if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" else "torch")
+    if impl == "torch" or tokens < 16:  # a Triton tile spans at most two images and has >= 16 rows
+        y = torch.nn.functional.linear(x, weight, bias)
+        atmm_images(y, x, A, B, slot, length, scale, ranks, tokens, impl="torch")
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+    if impl != "triton":
+        raise ValueError(f"unknown impl {impl!r} (expected 'triton' or 'torch')")
+    from vlora_va.kernels.triton_fused import launch_fused
+
+    y = out if out is not None else torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    launch_fused(y, x, weight, bias, A, B, slot, length, scale, tokens, rank_block(max_rank), tiles or DEFAULT_TILES)
+    return y
