@@ -34,17 +34,19 @@ from vlora_va.kernels.images import atmm_images
 
 @dataclass(frozen=True)
 class FusedTiles:
-    block_m: int = 64
-    block_n: int = 64
-    block_k: int = 32
-    num_warps: int = 4
-    num_stages: int = 3
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
 
 
-DEFAULT_TILES = FusedTiles()
-# What bench/gpu.py's fused part times on a GPU (the first is the default): GEMM tiles Triton's Hopper matmuls use.
-CANDIDATE_TILES = (DEFAULT_TILES, FusedTiles(128, 64, 32, 4, 3), FusedTiles(64, 128, 32, 4, 3),
-                   FusedTiles(128, 128, 32, 8, 3), FusedTiles(128, 128, 64, 8, 3), FusedTiles(128, 64, 64, 4, 4))
+# The fastest of the candidates on an H200 at ViT-S shapes (median over layer shapes and batch 16 / 64, rank tile
+# 64: bench/results/gpu/h200-fused/gpu-fused.json); the engine's tiles on CUDA.
+DEFAULT_TILES = FusedTiles(128, 128, 32, 8, 3)
+# What bench/gpu.py's fused part times on a GPU: GEMM tiles Triton's Hopper matmuls use.
+CANDIDATE_TILES = (FusedTiles(64, 64, 32, 4, 3), FusedTiles(128, 64, 32, 4, 3), FusedTiles(64, 128, 32, 4, 3),
+                   DEFAULT_TILES, FusedTiles(128, 128, 64, 8, 3), FusedTiles(128, 64, 64, 4, 4))
 
 
 def rank_block(max_rank: int) -> int:

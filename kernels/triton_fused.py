@@ -8,7 +8,6 @@ import torch
 import triton
 import triton.language as tl
 
-from vlora_va.kernels.fused import FusedTiles
 from vlora_va.kernels.triton_atmm import _upcast
 
 
@@ -87,8 +86,9 @@ def tile_rows(block_m: int, tokens: int) -> int:
 
 def launch_fused(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, A: torch.Tensor,
                  B: torch.Tensor, slot: torch.Tensor, length: torch.Tensor, scale: torch.Tensor, tokens: int,
-                 block_r: int, tiles: FusedTiles) -> None:
-    """One launch over every row: the grid depends only on the shapes, never on the data (CUDA-graph replayable)."""
+                 block_r: int, tiles) -> None:
+    """One launch over every row, with `tiles` (a kernels.fused.FusedTiles): the grid depends only on the shapes,
+    never on the data (CUDA-graph replayable)."""
     if tokens < 16:
         raise ValueError(f"the fused kernel needs >= 16 tokens per image (a tile spans at most two), got {tokens}")
     M, K = x.shape

@@ -250,3 +250,33 @@ def test_fused_triton_bf16_and_the_rank_tile_of_a_narrow_stack():
     narrow = lora_linear_images(x, W, b, A, B, slot, length, scale, ranks, T, 16, impl="triton")
     torch.testing.assert_close(narrow, fused_loop(x, W, b, A, B, slot, length, scale, ranks, T), atol=1e-4,
                                rtol=1e-4)
+
+
+@inner
+def test_the_engine_runs_unmerged_layers_through_the_fused_kernel(tiny_backbone_dir, tiny_adapters, monkeypatch):
+    """The engine's fixed-layout forward (what a GPU runs) with LoRAContext.fused set: every wrapped layer launches
+    the Triton kernel (17 tokens per image), and the features equal the unfused per-image ATMM path's."""
+    import vlora_va.kernels.triton_fused as tf
+    from vlora_va.engine.adapters import load_adapter_dir
+    from vlora_va.engine.backbones import load_backbone
+    from vlora_va.engine.executor import Engine
+    from vlora_va.engine.modes import UNMERGED, LoRAMode
+    from vlora_va.kernels.fused import FusedTiles, rank_block
+    from vlora_va.testing.tiny import TINY_IMAGE
+
+    adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+    engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, premerge_max_mb=0, fixed_layout=True)
+    g = torch.Generator().manual_seed(2)
+    frames = [(torch.rand(TINY_IMAGE, TINY_IMAGE, 3, generator=g) * 255).to(torch.uint8).numpy() for _ in range(3)]
+    mode = LoRAMode(UNMERGED)
+    engine.switch(mode)
+    engine.lora_ctx.fused = None
+    want = engine.features(frames, [1, 0, 1], mode).cls
+    launches = []
+    real = tf.launch_fused
+    monkeypatch.setattr(tf, "launch_fused", lambda *a, **k: (launches.append(a[10]), real(*a, **k))[1])
+    engine.lora_ctx.fused = FusedTiles(16, 16, 16, 4, 2)
+    got = engine.features(frames, [1, 0, 1], mode).cls
+    assert len(launches) == sum(len(group.names) for group in engine.lora_ctx.groups)  # every wrapped layer, once
+    assert set(launches) == {rank_block(engine.lora_ctx.max_rank)}  # the rank tile covers every slot's rank
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
