@@ -34,7 +34,7 @@ def key_for(engine, modes=("premerged", "unmerged", "mixture")):
 def test_profile_measures_every_size_mode_and_the_switch(engine):
     catalog = engine.catalog()
     p = P.measure_profile(engine, catalog, key_for(engine), ["premerged", "unmerged", "mixture"])
-    assert set(p.base) == {TINY_IMAGE} and [n for n, _ in p.base[TINY_IMAGE]] == [1, 4]
+    assert set(p.base) == {TINY_IMAGE} and [n for n, _ in p.base[TINY_IMAGE]] == [1, 4, 8]  # up to max_batch 8
     assert all(t > 0 for _, t in p.base[TINY_IMAGE])
     assert set(p.factors) == {"premerged", "unmerged", "mixture", "merged"}
     assert p.factors["unmerged"][1] > 0 and set(p.factors["unmerged"]) == {1, 2}  # 2 adapters
@@ -93,6 +93,31 @@ def test_predictions_follow_the_profile():
     assert m.plan_s({224: (4, 1), 336: (1, 1)}, LoRAMode(PREMERGED), switching=True) == pytest.approx(0.21 + 0.11 + 0.02)
     assert m.image_s(336, LoRAMode(PREMERGED)) == pytest.approx(0.1)
     assert m.forward_s(448, 1, LoRAMode(MIXTURE, 0), 1) == pytest.approx(0.11 * 4 / 2.25)  # by token count
+
+
+def test_cpu_profiles_measure_up_to_the_largest_batch_and_gpus_every_bucket():
+    assert P.profile_batches(torch.device("cpu"), 16) == [1, 4, 8, 16]
+    assert P.profile_batches(torch.device("cpu"), 6) == [1, 4, 6]
+    assert P.profile_batches(torch.device("cpu"), 2) == [1, 2]
+    assert P.profile_batches(torch.device("cuda"), 64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+@pytest.mark.parametrize("points,cap", [
+    ([(1, 0.10), (4, 0.33), (8, 0.66), (16, 1.50)], 8),   # DINOv2-S fp32 on 2 cores: 16 costs ~12% more per image
+    ([(1, 0.10), (4, 0.32), (8, 0.65), (16, 1.29)], 16),  # 16 within 3% of the best: timing noise, no cap
+    ([(1, 0.10), (4, 0.38)], 16),                         # a line through two points says nothing past them
+    ([(1, 0.01), (8, 0.02), (64, 0.10)], 16),             # a GPU's curve: larger is cheaper per image
+    ([(1, 0.10), (4, 0.50), (16, 2.2)], 1),               # every larger batch costs more per image
+])
+def test_the_efficient_batch_is_where_the_profile_measured_the_lowest_time_per_image(points, cap):
+    m = C.CostModel(C.CostProfile(key={}, base={224: points}, factors={"merged": {1: 1.0}}, switch_s=0.0))
+    assert m.efficient_batch(16) == cap
+
+
+def test_the_efficient_batch_is_the_smallest_over_sizes():
+    m = C.CostModel(C.CostProfile(key={}, base={224: [(1, 0.1), (4, 0.3), (8, 0.7)], 336: [(1, 0.2), (4, 0.7)]},
+                                  factors={"merged": {1: 1.0}}, switch_s=0.0))
+    assert m.efficient_batch(8) == 4
 
 
 def test_observed_batches_correct_the_prediction_and_set_the_margin():

@@ -375,3 +375,23 @@ def test_log_throttle_says_the_first_lines_then_how_many_more():
         t.error(100.0 + i * 0.1, "bad %d", i)  # 50 in 5 s
     t.error(111.0, "bad %d", 99)  # the next period: the count of the suppressed ones, then this one
     assert lines == ["bad 0", "bad 1", "bad 2", "... and 47 more malformed messages in the last 10 s", "bad 99"]
+
+
+def test_the_daemon_caps_its_batches_where_the_profile_says_images_cost_least(tmp_path, tiny_backbone_dir,
+                                                                               tiny_adapters, caplog):
+    """A CPU profile whose largest batch costs more per image than 4: the scheduler's batches stop at 4 (and say
+    why); a profile without that rise leaves max_batch_images alone."""
+    from vlora_va.serving.costs import CostModel, CostProfile
+
+    cfg = config(tmp_path, tiny_backbone_dir, tiny_adapters, max_batch_images=8)
+    adapters = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
+    engine = Engine(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, max_batch_images=8)
+
+    def profile(points):
+        return CostModel(CostProfile(key={}, base={TINY_IMAGE: points}, factors={"merged": {1: 1.0}}, switch_s=0.0))
+
+    with caplog.at_level(logging.INFO, logger="vlora_va"):
+        capped = Daemon(cfg, engine, profile([(1, 0.010), (4, 0.030), (8, 0.072)]))
+    assert capped.scheduler.settings.max_batch_images == 4
+    assert any("batches of at most 4 images" in r.getMessage() for r in caplog.records)
+    assert Daemon(cfg, engine, profile([(1, 0.010), (4, 0.030), (8, 0.058)])).scheduler.settings.max_batch_images == 8

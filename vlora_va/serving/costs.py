@@ -27,6 +27,8 @@ CORRECTION_RANGE = (0.25, 4.0)  # a profile taken on a busy machine can be sever
 MARGIN_BATCHES = 40  # the safety margin is read off this many recent batches
 MARGIN_QUANTILE = 0.95
 MARGIN_RANGE = (1.1, 2.0)
+# A batch within this of the lowest measured time per image counts as efficient (timing noise between points)
+EFFICIENT_TOLERANCE = 1.03
 
 
 def mode_name(mode: LoRAMode) -> str:
@@ -121,6 +123,21 @@ class CostModel:
         `mode`, corrected; plus a weight switch when `switching`."""
         t = sum(self.group_s(size, g[0], mode, g[1], *g[2:]) for size, g in groups.items() if g[0])
         return (t + (self.profile.switch_s if switching else 0.0)) * self.correction
+
+    def efficient_batch(self, max_batch: int) -> int:
+        """The largest batch worth running: where the measured time per image is lowest (within
+        EFFICIENT_TOLERANCE), over every size; max_batch when that is the largest measured batch (a GPU's curve,
+        or a CPU whose per-image cost keeps falling). Past it a CPU serves fewer images per second, not more."""
+        cap = max_batch
+        for points in self.profile.base.values():
+            per = [(t / n, n) for n, t in points if n > 0 and t > 0]
+            if len(per) < 2:
+                continue
+            best = min(p for p, _ in per)
+            good = max(n for p, n in per if p <= best * EFFICIENT_TOLERANCE)
+            if good < max(n for _, n in per):
+                cap = min(cap, good)
+        return max(1, cap)
 
     def image_s(self, size: int, mode: LoRAMode, adapters: int = 1) -> float:
         """Marginal seconds of one more image at `size` in a batch (for load accounting), corrected."""

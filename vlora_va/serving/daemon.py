@@ -62,7 +62,7 @@ class Daemon:
             engine, failed = build_engine(config)
         self.engine = engine
         self.costs = costs or cost_model(config, engine)
-        settings = Settings(d.max_batch_images, d.max_wait_ms / 1000.0, d.starvation_ms / 1000.0)
+        settings = Settings(self._batch_cap(d.max_batch_images), d.max_wait_ms / 1000.0, d.starvation_ms / 1000.0)
         self.scheduler = POLICIES.load(d.policy)(engine.catalog(), self.costs, settings, engine.weights_slot)
         self.admission = Admission(self.costs, d.degrade)
         self.rows = Rows(config, engine, self.metrics)
@@ -75,6 +75,14 @@ class Daemon:
         self._log_malformed = Throttle(log, "malformed messages")
         self._released: queue.SimpleQueue[str] = queue.SimpleQueue()  # streams moved away (any thread puts)
         self.cluster_view: dict | None = None  # cluster mode: the controller's latest view (shown on the dashboard)
+
+    def _batch_cap(self, max_batch: int) -> int:
+        """max_batch_images, or less where the profile shows larger batches cost more per image (a CPU)."""
+        cap = self.costs.efficient_batch(max_batch)
+        if cap < max_batch:
+            log.info("batches of at most %d images: the cost profile measured the lowest time per image there "
+                     "(max_batch_images %d costs more per image on this machine)", cap, max_batch)
+        return cap
 
     # ------------------------------------------------------------------ what others read
     @property
