@@ -107,17 +107,25 @@ def test_cpu_profiles_measure_up_to_the_largest_batch_and_gpus_every_bucket():
     ([(1, 0.10), (4, 0.32), (8, 0.65), (16, 1.29)], 16),  # 16 within 3% of the best: timing noise, no cap
     ([(1, 0.10), (4, 0.38)], 16),                         # a line through two points says nothing past them
     ([(1, 0.01), (8, 0.02), (64, 0.10)], 16),             # a GPU's curve: larger is cheaper per image
-    ([(1, 0.10), (4, 0.50), (16, 2.2)], 1),               # every larger batch costs more per image
+    ([(1, 0.10), (4, 0.50), (16, 2.2)], 4),               # every larger batch costs more: still batches of 4
 ])
 def test_the_efficient_batch_is_where_the_profile_measured_the_lowest_time_per_image(points, cap):
     m = C.CostModel(C.CostProfile(key={}, base={224: points}, factors={"merged": {1: 1.0}}, switch_s=0.0))
     assert m.efficient_batch(16) == cap
 
 
-def test_the_efficient_batch_is_the_smallest_over_sizes():
-    m = C.CostModel(C.CostProfile(key={}, base={224: [(1, 0.1), (4, 0.3), (8, 0.7)], 336: [(1, 0.2), (4, 0.7)]},
-                                  factors={"merged": {1: 1.0}}, switch_s=0.0))
-    assert m.efficient_batch(8) == 4
+def test_the_efficient_batch_is_the_largest_over_sizes():
+    """One batch limit serves every size: a size that gains from large batches keeps them (the default pipeline on
+    OpenVINO: 224 px cheapest at 16, 336 px at 1)."""
+    def model(base):
+        return C.CostModel(C.CostProfile(key={}, base=base, factors={"merged": {1: 1.0}}, switch_s=0.0))
+
+    ov = {224: [(1, 0.0636), (4, 0.1553), (8, 0.3010), (16, 0.5932)],
+          336: [(1, 0.1133), (4, 0.5243), (8, 1.0005), (16, 1.9302)]}
+    assert model(ov).efficient_batch(16) == 16
+    torch_fp32 = {224: [(1, 0.10), (4, 0.33), (8, 0.66), (16, 1.50)], 336: [(1, 0.25), (4, 0.8), (8, 1.9), (16, 4.5)]}
+    assert model(torch_fp32).efficient_batch(16) == 8  # 336 caps at 4, 224 at 8: batches of 8
+    assert model(torch_fp32).efficient_batch(6) == 6  # never above max_batch_images
 
 
 def test_observed_batches_correct_the_prediction_and_set_the_margin():

@@ -29,6 +29,7 @@ MARGIN_QUANTILE = 0.95
 MARGIN_RANGE = (1.1, 2.0)
 # A batch within this of the lowest measured time per image counts as efficient (timing noise between points)
 EFFICIENT_TOLERANCE = 1.03
+MIN_BATCH_CAP = 4
 
 
 def mode_name(mode: LoRAMode) -> str:
@@ -125,19 +126,23 @@ class CostModel:
         return (t + (self.profile.switch_s if switching else 0.0)) * self.correction
 
     def efficient_batch(self, max_batch: int) -> int:
-        """The largest batch worth running: where the measured time per image is lowest (within
-        EFFICIENT_TOLERANCE), over every size; max_batch when that is the largest measured batch (a GPU's curve,
-        or a CPU whose per-image cost keeps falling). Past it a CPU serves fewer images per second, not more."""
-        cap = max_batch
+        """The largest batch worth running: per image size, the largest measured batch whose time per image is
+        within EFFICIENT_TOLERANCE of the lowest (max_batch where that is the largest measured batch: a GPU's
+        curve, or a CPU whose per-image cost keeps falling); the largest over sizes, since one batch limit serves
+        them all and a size that gains from large batches must keep them; never below MIN_BATCH_CAP (small
+        batches differ by less than the timing noise, and batching keeps the tasks that share a frame together).
+        Past it a CPU serves fewer images per second, not more."""
+        caps = []
         for points in self.profile.base.values():
             per = [(t / n, n) for n, t in points if n > 0 and t > 0]
             if len(per) < 2:
+                caps.append(max_batch)
                 continue
             best = min(p for p, _ in per)
             good = max(n for p, n in per if p <= best * EFFICIENT_TOLERANCE)
-            if good < max(n for _, n in per):
-                cap = min(cap, good)
-        return max(1, cap)
+            caps.append(max_batch if good >= max(n for _, n in per) else good)
+        cap = max(caps, default=max_batch)
+        return min(max_batch, max(cap, MIN_BATCH_CAP))
 
     def image_s(self, size: int, mode: LoRAMode, adapters: int = 1) -> float:
         """Marginal seconds of one more image at `size` in a batch (for load accounting), corrected."""
