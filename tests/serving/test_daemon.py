@@ -30,6 +30,10 @@ from vlora_va.testing.tiny import TINY_IMAGE
 
 
 def config(tmp_path, backbone, adapters, **daemon):
+    return parse_config(cfg_text(tmp_path, backbone, adapters, **daemon), "test.yaml", tmp_path)
+
+
+def cfg_text(tmp_path, backbone, adapters, **daemon):
     opts = "".join(f"\n  {k}: {v}" for k, v in daemon.items())
     text = f"""
 daemon:
@@ -50,7 +54,7 @@ sinks:
   - type: jsonl
     path: {tmp_path}/results.jsonl
 """
-    return parse_config(text, "test.yaml", tmp_path)
+    return text
 
 
 def chunk_parts(stream, seq, tasks, n_frames=2, side=TINY_IMAGE, deadline_s=30.0, ready_ago_s=0.0, skew_s=0.0,
@@ -395,3 +399,9 @@ def test_the_daemon_caps_its_batches_where_the_profile_says_images_cost_least(tm
     assert capped.scheduler.settings.max_batch_images == 4
     assert any("batches of at most 4 images" in r.getMessage() for r in caplog.records)
     assert Daemon(cfg, engine, profile([(1, 0.010), (4, 0.030), (8, 0.058)])).scheduler.settings.max_batch_images == 8
+    # the start-up estimate counts the batches the daemon will run: 8 images/s as two batches of 4, not one of 8
+    cfg8 = parse_config(cfg_text(tmp_path, tiny_backbone_dir, tiny_adapters).replace(
+        "    tasks:", "    fps: 8\n    tasks:").replace("      - adapter: detect", "      - adapter: detect\n"
+                                                       "        frames_per_chunk: 8"), "p.yaml", tmp_path)
+    steep = profile([(1, 0.010), (4, 0.030), (8, 0.072)])
+    assert Daemon(cfg8, engine, steep).estimate.need_s == pytest.approx(2 * 0.030)

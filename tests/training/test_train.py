@@ -189,7 +189,7 @@ def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
 def test_a_seed_fixes_the_head_init_with_or_without_lora(tiny_backbone):
     """Head-only runs used to start from whatever the RNG held; now every run is reproducible from its seed."""
     def head_after(layers, seed):
-        model = T.build_model(tiny_backbone, LoraSpec(rank=2, layers=layers), seed)
+        T.build_model(tiny_backbone, LoraSpec(rank=2, layers=layers), seed)  # seeds and draws, as a run does
         torch.rand(7)  # unrelated RNG use between runs must not matter
         return T.new_head("action", ["a", "b"], 32, SIDE, {"width": 4})[0].state_dict()
 

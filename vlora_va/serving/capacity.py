@@ -42,13 +42,14 @@ def offered_images(config: PipelineConfig, sizes: dict[str, int]) -> tuple[dict[
 def estimate(config: PipelineConfig, catalog: Catalog, costs: CostModel, where: str = "here") -> Estimate:
     per_size, adapters = offered_images(config, {n: a.size for n, a in catalog.adapters.items()})
     mode = catalog.resting_mode()
-    # One second's images per size as batches of at most max_batch_images (CPU time is near linear in
-    # images; a GPU gains from the batch).
+    # One second's images per size as batches of at most the batch the daemon runs (max_batch_images, or less
+    # where the profile shows larger batches cost more per image: CostModel.efficient_batch).
     need = 0.0
+    batch = costs.efficient_batch(catalog.max_batch_images)
     for size, images in per_size.items():
-        full, rest = divmod(images, catalog.max_batch_images)
+        full, rest = divmod(images, batch)
         k = len(adapters[size])
-        need += full * costs.forward_s(size, catalog.max_batch_images, mode, k) * costs.correction
+        need += full * costs.forward_s(size, batch, mode, k) * costs.correction
         need += costs.forward_s(size, rest, mode, k) * costs.correction if rest else 0.0
     total = sum(per_size.values())
     capacity = total / need if need > 0 else float("inf")
