@@ -140,9 +140,8 @@ class OpenVINOBackbone(BackboneBackend):
         problem = self.unavailable(device, precision)
         if problem:
             raise RuntimeError(problem)
-        self.ov = ov = import_openvino()
-        self.core = ov.Core()
-        self.precision, self.hint = precision, HINTS[precision]
+        self.core = import_openvino().Core()
+        self.precision = precision
         self.core.set_property("CPU", {"CACHE_DIR": str(cache_dir())})
         self.config = compile_config(precision)
         self.patch = patch_size(backbone)
@@ -239,7 +238,8 @@ class OpenVINOBackbone(BackboneBackend):
             model = convert(part, example)
         compiled = self.core.compile_model(model, "CPU", self.config)
         self.compile_s[what] = time.perf_counter() - t0
-        log.info("openvino: %s compiled in %.1f s (%s)", what, self.compile_s[what], self.hint)
+        log.info("openvino: %s compiled in %.1f s (%s)", what, self.compile_s[what],
+                 self.config["INFERENCE_PRECISION_HINT"])
         return compiled
 
     def _lora_layers(self) -> list[LoRALinear]:
