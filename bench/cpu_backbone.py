@@ -16,9 +16,10 @@ alike), medians over the rounds:
 
 Each engine runs on each backbone backend asked for (`--backends torch,openvino`: daemon.backend). Then threads
 (1 vs 2) and batch size: seconds per image of naive fp32 and the engines at 224 and 336; then the peers: the plain
-backbone on OpenVINO fp32 / bf16 / int8 (NNCF, `pip install nncf==3.4.0`) at 224 x 8 and 336 x 2 in the same
-rounds as the engines, with the worst per-token cosine against torch fp32. Writes bench/results/cpu_backbone.json
-and .md.
+backbone on OpenVINO fp32 / bf16 / int8 (NNCF, installed with the default set-up) at 224 x 8 and 336 x 2 in the
+same rounds as the engines, with the worst per-token cosine against torch fp32. The engine's openvino int8 reads
+the models `vlora-va models calibrate` makes, calibrated here on pedestrians.mp4 0-50 s (cached). Writes
+bench/results/cpu_backbone.json and .md.
 
     python bench/cpu_backbone.py                 # ~5-10 min on 2 shared cores
     python bench/cpu_backbone.py --rounds 3 --skip threads
@@ -52,7 +53,7 @@ from vlora_va.engine.backbones import load_backbone  # noqa: E402
 from vlora_va.engine.backends.torch_eager import normalise  # noqa: E402
 from vlora_va.engine.executor import Engine  # noqa: E402
 from vlora_va.engine.modes import PREMERGED, LoRAMode  # noqa: E402
-from vlora_va.engine.precision import Capabilities, cpu_flags  # noqa: E402
+from vlora_va.engine.precision import AVX2_ENV, Capabilities, cpu_flags  # noqa: E402
 from vlora_va.ingest.chunker import letterbox, plan_chunk  # noqa: E402
 from vlora_va.serving.scheduling import make_plan  # noqa: E402
 
@@ -188,6 +189,8 @@ def main() -> int:
             engines[key] = Engine(copy.deepcopy(backbone), {n: copy.deepcopy(a) for n, a in adapters.items()},
                                   IMAGE_SIZE, premerge_max_mb=4096, precision=p, backend=backend)
             print(f"engine {key}: built in {time.perf_counter() - t0:.1f} s", flush=True)
+            if backend == "openvino" and p == "int8":  # its NNCF models, as `vlora-va models calibrate` makes them
+                calibrate(engines[key])
     mode = LoRAMode(PREMERGED)
     catalog = next(iter(engines.values())).catalog()
 
@@ -258,11 +261,19 @@ def main() -> int:
                    "vnni": caps.vnni, "int8_kernels": caps.int8_kernels, "cores": os.cpu_count(),
                    "avx512": "avx512f" in flags},
            "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
+           # how the kernels were capped, if they were (engine/precision.py AVX2_ENV; OpenVINO reads ONEDNN_MAX_CPU_ISA)
+           "isa_caps": {k: os.environ[k] for k in AVX2_ENV if k in os.environ},
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pipelines": meta, "results": rows, "scaling": scaling,
            "linears": linears, "prefix": prefix, "peers": peers,
            # what each openvino model took to convert and compile (first use, in the warm-up round)
            "openvino_compile_s": {k: {m: round(t, 2) for m, t in e.backend.compile_s.items()}
-                                  for k, e in engines.items() if hasattr(e.backend, "compile_s")}}
+                                  for k, e in engines.items() if hasattr(e.backend, "compile_s")},
+           # int8 parts that ran in float for want of a calibrated model (must be none for the int8 rows to count)
+           "openvino_uncalibrated": {k: e.backend.uncalibrated for k, e in engines.items()
+                                     if getattr(e.backend, "precision", "") == "int8"},
+           "vs_peer": vs_peer(peers)}
+    print("engine openvino int8 / standalone openvino int8 (the same float hint), ms per image: "
+          + ", ".join(f"{s} px {r:.2f}x" for s, r in out["vs_peer"].items()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cpu_backbone.json").write_text(json.dumps(out, indent=1) + "\n")
     (args.out / "cpu_backbone.md").write_text(markdown(out) + "\n")
@@ -301,13 +312,68 @@ CALIBRATION_S = (0.0, 50.0)  # pedestrians.mp4, 1 frame per second: NNCF's calib
 HELD_OUT_S = (60.0, 68.0)  # 8 later frames, never calibrated on: the accuracy check
 
 
+def calibrate(engine: Engine) -> None:
+    """The engine's int8 models from NNCF on CALIBRATION_S of pedestrians.mp4 (cached: a second run reads them)."""
+    from vlora_va.training.calibrate import calibrate_engine
+    from vlora_va.training.frames import read_frames
+
+    frames = [letterbox(f.rgb, IMAGE_SIZE)[0] for f in read_frames(ROOT / "sample_videos" / "pedestrians.mp4",
+                                                                   *CALIBRATION_S, 1.0)]
+    for r in calibrate_engine(engine, {n: frames for n in engine.adapters}, "pedestrians.mp4 0-50 s, 1 per second"):
+        print(f"  {r['part']}: {'kept' if r['kept'] else 'calibrated in %.0f s' % r['seconds']}", flush=True)
+
+
+def vs_peer(peers: list[dict]) -> dict[str, float]:
+    """The acceptance ratio per image size: the engine's openvino int8 (premerged adapter, shared prefix) over the
+    plain backbone's standalone OpenVINO int8 with the same float hint, ms per image in the same rounds."""
+    from vlora_va.engine.backends.openvino import int8_hint
+
+    peer = f"openvino int8 ({'bf16' if int8_hint() == 'bf16' else 'fp32'} parts)"
+    ms = {(r["size"], r["variant"]): r["ms_per_image"] for r in peers}
+    return {str(size): round(ms[size, "engine openvino int8"] / ms[size, peer], 3)
+            for size in sorted({r["size"] for r in peers}) if (size, "engine openvino int8") in ms and (size, peer) in ms}
+
+
+def onnxruntime_int8(whole: torch.nn.Module, example: torch.Tensor, size: int) -> dict:
+    """ONNX Runtime's dynamic int8 (weights int8 per tensor or per channel, activations quantized per call) of the
+    plain backbone, as callables like OpenVINO's compiled models (x -> [out]); {} where onnxruntime or the export is
+    missing. Exported by torch's TorchScript exporter (the dynamo one needs onnxscript), opset 17, dynamic batch."""
+    import tempfile
+
+    try:
+        import onnxruntime as ort
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError:
+        print("peers: onnxruntime not installed: no ONNX Runtime int8")
+        return {}
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fp32 = Path(tmp) / "fp32.onnx"
+        torch.onnx.export(whole, (example,), str(fp32), input_names=["x"], output_names=["y"], opset_version=17,
+                          dynamic_axes={"x": {0: "n"}, "y": {0: "n"}}, dynamo=False)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = torch.get_num_threads(), 1
+        for name, per_channel in (("onnxruntime int8 (dynamic)", False), ("onnxruntime int8 (dynamic, per channel)",
+                                                                         True)):
+            q = Path(tmp) / f"q{int(per_channel)}.onnx"
+            t0 = time.perf_counter()
+            quantize_dynamic(str(fp32), str(q), weight_type=QuantType.QInt8, per_channel=per_channel)
+            session = ort.InferenceSession(str(q), opts, providers=["CPUExecutionProvider"])
+            out[name] = (lambda x, s=session: s.run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)}))
+            print(f"  {size} px: {name} quantized in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
 def openvino_peers(backbone, naive, engines: dict, mode: LoRAMode, rounds: int) -> list[dict]:
     """The best CPU peer on the plain backbone, in the same run as the engine: OpenVINO fp32, bf16 and int8 (NNCF
     post-training quantization, SmoothQuant for transformers, 50 calibration frames; its float parts with each
     hint), each with INFERENCE_PRECISION_HINT set explicitly, at 224 px batch 8 and 336 px batch 2, against naive
-    fp32 and the engine (torch and openvino backends, one adapter, premerged) on the same images. Accuracy: the
-    worst per-token cosine of the last hidden state against torch fp32 over 8 held-out frames. NNCF is not a
-    dependency (`pip install nncf==3.4.0`); without it the int8 rows are left out."""
+    fp32 and the engine (torch and openvino backends, one adapter served at that size, premerged) on the same
+    images. Accuracy: the
+    worst per-token cosine of the last hidden state against torch fp32 over 8 held-out frames. ONNX Runtime's
+    dynamic int8 too (`onnxruntime_int8`; onnxruntime comes with the test set-up). Without nncf or onnxruntime
+    their rows are left out."""
     from vlora_va.engine.backends.openvino import import_openvino
     from vlora_va.training.frames import read_frames
 
@@ -352,16 +418,22 @@ def openvino_peers(backbone, naive, engines: dict, mode: LoRAMode, rounds: int) 
                               model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calib))
             print(f"  {size} px: NNCF int8 from {len(calib)} frames in {time.perf_counter() - t0:.0f} s", flush=True)
             models.update({"openvino int8 (fp32 parts)": (q, "f32"), "openvino int8 (bf16 parts)": (q, "bf16")})
-        compiled = {k: core.compile_model(m, "CPU", {"INFERENCE_PRECISION_HINT": h,
-                                                     "INFERENCE_NUM_THREADS": torch.get_num_threads(),
-                                                     "PERFORMANCE_HINT": "LATENCY"})
-                    for k, (m, h) in models.items()}
+        compiled = {}
+        for k, (m, h) in models.items():
+            try:
+                compiled[k] = core.compile_model(m, "CPU", {"INFERENCE_PRECISION_HINT": h,
+                                                            "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+                                                            "PERFORMANCE_HINT": "LATENCY"})
+            except RuntimeError as e:  # the bf16 hint under ONEDNN_MAX_CPU_ISA=AVX2 does not compile
+                print(f"  {size} px {k}: not compiled here ({str(e).splitlines()[0][:120]})", flush=True)
+        compiled.update(onnxruntime_int8(Whole(naive), calib[:1], size))
         x = test[:n]
         frames = held[:n]
         fns = {"naive fp32": (lambda: naive_forward(naive, {size: x}))}
         fns.update({k: (lambda c=c: c(x.numpy())) for k, c in compiled.items()})
-        for p, e in engines.items():
-            fns[f"engine {p}"] = (lambda e=e: e.features(frames, [e.slots["detect"]] * n, mode, size))
+        for p, e in engines.items():  # through an adapter served at this size (int8: the one calibrated there)
+            slot = next((e.slots[a] for a in sorted(e.sizes) if e.sizes[a] == size), e.slots["detect"])
+            fns[f"engine {p}"] = (lambda e=e, slot=slot: e.features(frames, [slot] * n, mode, size))
         print(f"peers at {size} px, batch {n}: {len(fns)} variants x {rounds} rounds ...", flush=True)
         res = interleaved(fns, rounds)
         cos = {}
@@ -423,7 +495,8 @@ def markdown(out: dict) -> str:
     c = out["cpu"]
     lines = [f"# CPU backbone: naive fp32 eager vs the daemon's way ({out['created']})", "",
              f"CPU {c['model']} ({c['isa']}, native bf16 {c['flags_bf16']}, VNNI {c['vnni']}), {c['cores']} cores, "
-             f"torch {out['torch']}, {out['threads']} threads, medians of {out['rounds']} interleaved rounds. "
+             f"torch {out['torch']}, {out['threads']} threads, medians of {out['rounds']} interleaved rounds"
+             + (f", kernels capped by {out['isa_caps']}" if out.get("isa_caps") else "") + ". "
              "One second of video per pipeline; `backbone` = the engine's forwards, `execute` = with resize and heads.",
              "`× naive` = median over rounds of the variant / the median of naive fp32 on today's default images; "
              "`per round` = the median of the ratio taken within each round (the two runs a few seconds apart, hit "
@@ -452,6 +525,12 @@ def markdown(out: dict) -> str:
         lines += [f"| {r['size']} | {r['batch']} | {r['variant']} | {r['ms_per_image']:.1f} | {r['vs_naive']:.2f} | "
                   f"{'' if r['worst_token_cosine'] is None else format(r['worst_token_cosine'], '.4f')} |"
                   for r in out["peers"]]
+        if out.get("vs_peer"):
+            lines += ["", "The engine's openvino int8 (one adapter premerged, its calibrated prefix and suffix) over the "
+                      "standalone OpenVINO int8 of the plain backbone with the same float hint, ms per image: "
+                      + ", ".join(f"{s} px **{r:.2f}x**" for s, r in out["vs_peer"].items())
+                      + f"; int8 parts that ran in float for want of a calibrated model: "
+                      f"{sum(len(v) for v in out.get('openvino_uncalibrated', {}).values())}."]
     if out.get("linears"):
         lines += ["", "Linear layers alone (ms per call, × fp32), rows of the default pipeline's forwards:", "",
                   "| rows | shape | variant | ms | × fp32 |", "|---|---|---|---:|---:|"]

@@ -36,14 +36,17 @@ from vlora_va.engine import precision as P  # noqa: E402
 from vlora_va.engine import precision_auto as A  # noqa: E402
 from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
 from vlora_va.engine.backbones import load_backbone  # noqa: E402
+from vlora_va.engine.backends import openvino_int8  # noqa: E402
 from vlora_va.engine.executor import Engine  # noqa: E402
 from vlora_va.engine.heads import Features  # noqa: E402
 from vlora_va.engine.modes import PREMERGED, LoRAMode  # noqa: E402
 from vlora_va.ingest.chunker import letterbox  # noqa: E402
 from vlora_va.training import paired  # noqa: E402
+from vlora_va.training.calibrate import calibrate_engine  # noqa: E402
 from vlora_va.training.data import activity_clips, detection_labels, merge_labels  # noqa: E402
 from vlora_va.training.evaluate import HUMAN_SET, human_clip_frames, human_frames, load_human_set, sources_of  # noqa: E402
 from vlora_va.training.frames import Frame, read_frames  # noqa: E402
+from vlora_va.training.metrics import human_detection_report  # noqa: E402
 from vlora_va.training.spec import Range, Spec  # noqa: E402
 
 IMAGE_SIZE = 336
@@ -53,16 +56,27 @@ HELD_OUT = Range(PED, 55.0, 79.5, 0.5)
 # name -> (precision, int8 activations in 7 bits): the 8-bit kernel runs where the CPU has VNNI, the 7-bit one
 # elsewhere (precision.reduce_range), so both are gated, under their precision.gate_key names
 VARIANTS = {"fp32": ("fp32", None), "bf16": ("bf16", None), "int8": ("int8", False), "int8-7bit": ("int8", True)}
-GATED = ("bf16", "int8", "int8-7bit")
+# The openvino backend's int8 (NNCF, calibrated on the training range 0-50 s) as this CPU runs it: its float parts
+# in bf16 or f32, weights in 7 bits without VNNI (openvino_int8.gate_name); only this CPU's variant can be measured
+_CAPS = P.Capabilities.detect("cpu")
+OPENVINO_INT8 = openvino_int8.gate_name(_CAPS.native_bf16, _CAPS.vnni)
+VARIANTS[OPENVINO_INT8] = ("int8", None)
+GATED = ("bf16", "int8", "int8-7bit", OPENVINO_INT8)
+CALIBRATION = Range(PED, 0.0, 50.0, 1.0)  # the training range, one frame a second (50 frames, as the CLI takes)
 
 
 class Scorer:
     """One adapter served by an engine in one precision: predictions for frames and clips."""
 
-    def __init__(self, backbone, adapter, precision: str, reduce_range: bool | None = None):
+    def __init__(self, backbone, adapter, precision: str, reduce_range: bool | None = None, backend: str = "torch"):
         self.adapter, self.reduce_range = adapter, reduce_range
         self.engine = Engine(copy.deepcopy(backbone), {adapter.name: adapter}, IMAGE_SIZE, max_slots=1,
-                             premerge_max_mb=4096, precision=precision)
+                             premerge_max_mb=4096, precision=precision, backend=backend)
+        assert self.engine.backend_name == backend, f"backend {backend} does not run here"
+        if backend == "openvino" and precision == "int8":  # calibrated as `vlora-va models calibrate` does
+            frames = [letterbox(f.rgb, IMAGE_SIZE)[0] for f in read_frames(CALIBRATION.video, CALIBRATION.start,
+                                                                          CALIBRATION.end, CALIBRATION.step)]
+            calibrate_engine(self.engine, {adapter.name: frames}, "pedestrians.mp4 0-50 s, 1 per second")
         self.size = self.engine.sizes[adapter.name]
         self.head = adapter.head
         self._cache: dict[str, tuple] = {}
@@ -91,8 +105,10 @@ class Scorer:
         """{frame key: detections scoring >= 0.05} (AP needs the ranking; F1 reads it at the threshold)."""
         feats, lbs = self.features(frames)
         thr, self.head.score_threshold = self.head.score_threshold, 0.05
+        # the head as the engine runs it (a backend may compile it: openvino)
+        forward = self.engine.backend.head_forward(0, self.head, self.size) or self.head
         try:
-            dets = self.head.decode(self.head(feats), lbs, [f.size for f in frames])
+            dets = self.head.decode(forward(feats), lbs, [f.size for f in frames])
         finally:
             self.head.score_threshold = thr
         return {f.key: [d.to_json() for d in ds] for f, ds in zip(frames, dets)}
@@ -118,6 +134,29 @@ def score_detect(s: Scorer, data: dict) -> dict:
     return {"person F1@0.5 (teacher)": (teacher, lambda it: paired.f1_at(it, thr)),
             "person AP50 (teacher)": (teacher, paired.ap50),
             "person F1@0.5 (human)": (human, lambda it: paired.f1_at(it, thr))}
+
+
+def worst_token_cosine(s: Scorer, ref: Scorer, keys: list) -> float:
+    """The lowest cosine between a token's last hidden state (class token and every patch token) in this precision and
+    in fp32, over the frames `keys` (both scorers have computed them)."""
+    worst = 1.0
+    for k in keys:
+        (a, _), (b, _) = s._cache[k], ref._cache[k]
+        x = torch.cat([a.cls[:, None], a.grid.flatten(2).transpose(1, 2)], 1)
+        y = torch.cat([b.cls[:, None], b.grid.flatten(2).transpose(1, 2)], 1)
+        worst = min(worst, float(torch.nn.functional.cosine_similarity(x, y, dim=-1).min()))
+    return worst
+
+
+def human_counts(s: Scorer, data: dict) -> dict:
+    """Counts on the human-checked boxes at the adapter's threshold (reported, not gated): persons over 100 px
+    found, and side-by-side pairs that came out as two boxes."""
+    preds = s.detections([f for f in data["frames"] if f.key in data["human"]])
+    person = human_detection_report(preds, data["human"], s.head.classes, s.head.score_threshold)["person"]
+    big = person["recall_by_height"][">100"]
+    pairs = person["side_by_side"]
+    return {"persons over 100 px found": big["found"], "persons over 100 px": big["refs"],
+            "side-by-side pairs split": pairs["separate"], "side-by-side pairs": pairs["cases"]}
 
 
 def score_clips(s: Scorer, data: dict, clip_len: int) -> dict:
@@ -181,12 +220,23 @@ def main() -> int:
         t0 = time.monotonic()
         data = detect_data(adapter, hs) if adapter.task == "detection" else clip_data(adapter, hs, adapter.clip_len)
         scored: dict[str, dict] = {}
+        counts: dict[str, dict] = {}
+        cosine: dict[str, float] = {}  # detection: the worst per-token cosine of the last hidden state vs fp32
         for v in variants:
             prec, rr = VARIANTS[v]
-            s = Scorer(backbone, copy.deepcopy(adapter), prec, rr)
+            s = Scorer(backbone, copy.deepcopy(adapter), prec, rr, "openvino" if v == OPENVINO_INT8 else "torch")
             scored[v] = score_detect(s, data) if adapter.task == "detection" else score_clips(s, data, adapter.clip_len)
             print(f"{name} {v}: " + ", ".join(f"{m} {fn(items):.4f}" for m, (items, fn) in scored[v].items()), flush=True)
-            del s
+            if adapter.task == "detection":
+                counts[v] = human_counts(s, data)
+                print(f"  {name} {v} on the human-checked set: {counts[v]}", flush=True)
+                if v == "fp32":
+                    reference = s
+                else:  # the held-out frames of the surveillance camera (49 at 55-79.5 s)
+                    cosine[v] = round(worst_token_cosine(s, reference, data["teacher_keys"]), 4)
+                    print(f"  {name} {v}: worst token cosine vs fp32 {cosine[v]} at {s.size} px", flush=True)
+            if v != "fp32":
+                del s
         rows = {}
         for v in variants[1:]:
             rows[v] = {m: paired.paired(scored["fp32"][m][0], items, fn) for m, (items, fn) in scored[v].items()}
@@ -194,7 +244,7 @@ def main() -> int:
                 print(f"  {name} {v} - fp32 {m}: {d['delta']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]", flush=True)
         report["adapters"][name] = {"sha256": adapter.sha256, "seconds": round(time.monotonic() - t0),
                                     "fp32": {m: round(fn(items), 4) for m, (items, fn) in scored["fp32"].items()},
-                                    "vs_fp32": rows}
+                                    "vs_fp32": rows, "human_counts": counts, "worst_token_cosine": cosine}
         gate = {}
         for v in GATED:
             if v in rows:
@@ -203,6 +253,8 @@ def main() -> int:
         report["adapters"][name]["gate"] = gate
         if args.write_gate and gate:
             path = ROOT / "adapters" / name / A.GATE_FILE
+            gate = {**A.gate_of(adapter), **{k: {**g, "created": report["created"]} for k, g in gate.items()}}
+            # (the precisions not measured this time keep their entries; each entry says when it was measured)
             path.write_text(json.dumps({
                 "adapter_sha256": adapter.sha256, "written_by": "bench/precision_accuracy.py --write-gate",
                 "created": report["created"], "rule": f"a precision passes unless a gated metric's paired bootstrap "
@@ -260,6 +312,17 @@ def markdown(r: dict) -> str:
     for name, a in r["adapters"].items():
         for prec, g in a.get("gate", {}).items():
             lines.append(f"| {name} | {prec} | {'passes' if g['passes'] else 'off: ' + ', '.join(g['failing'])} |")
+    counted = [(name, v, c) for name, a in r["adapters"].items() for v, c in a.get("human_counts", {}).items()]
+    if counted:
+        lines += ["", "On the human-checked boxes (not gated): persons taller than 100 px found, side-by-side pairs "
+                  "that came out as two boxes:", "", "| adapter | precision | persons > 100 px | pairs split |",
+                  "|---|---|---:|---:|"]
+        lines += [f"| {name} | {v} | {c['persons over 100 px found']} of {c['persons over 100 px']} | "
+                  f"{c['side-by-side pairs split']} of {c['side-by-side pairs']} |" for name, v, c in counted]
+    cosines = [(name, v, c) for name, a in r["adapters"].items() for v, c in a.get("worst_token_cosine", {}).items()]
+    if cosines:
+        lines += ["", "Worst per-token cosine of the last hidden state (every token) against fp32, over the held-out "
+                  "frames at 55-79.5 s: " + "; ".join(f"{name} {v} {c:.4f}" for name, v, c in cosines) + "."]
     if r.get("options"):
         lines += ["", "Options for the activity task, against today's `actions` (8 frames at 224 px, fp32), clip top-1 "
                   "on the same 48 clips (teacher labels):", "", "| option | top-1 | Δ | 95% interval |", "|---|---:|---:|---|"]

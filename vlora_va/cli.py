@@ -248,6 +248,28 @@ def cmd_models_fetch(args) -> int:
     return 0
 
 
+def cmd_models_calibrate(args) -> int:
+    from vlora_va.contracts.config import ConfigError, load_config
+    from vlora_va.training.calibrate import CalibrationError, calibrate
+
+    try:
+        start, end = (float(v) for v in args.range.split("-"))
+    except ValueError:
+        log.error("--range %r: expected START-END in seconds, e.g. 0-50", args.range)
+        return 2
+    try:
+        records = calibrate(load_config(args.config), start, end, args.force)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    except CalibrationError as e:
+        log.error("calibrate: %s", e)
+        return 1
+    for r in records:
+        print(f"{r['part']}: {'kept' if r['kept'] else 'calibrated in %.0f s' % r['seconds']} ({r['path']})")
+    return 0
+
+
 def cmd_adapters_init(args) -> int:
     """Create an untrained adapter (B = 0 LoRA + random head): for trying a pipeline before training."""
     from vlora_va.engine.adapters import AdapterError, fit_target_modules, init_untrained
@@ -427,6 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", default="dinov2-small")
     p.add_argument("--force", action="store_true")
     p.set_defaults(func=cmd_models_fetch)
+    p = models.add_parser("calibrate", help="int8 models of a pipeline for the openvino backend (NNCF; cached, "
+                                            "idempotent)")
+    p.add_argument("config", nargs="?", default="pipelines.yaml")
+    p.add_argument("--range", default="0-50", help="seconds of each camera's video to calibrate on (default 0-50: "
+                                                    "the shipped adapters' training range)")
+    p.add_argument("--force", action="store_true", help="calibrate again parts already calibrated")
+    p.set_defaults(func=cmd_models_calibrate)
 
     adapters = sub.add_parser("adapters", help="adapter utilities").add_subparsers(dest="what", required=True)
     p = adapters.add_parser("init", help="create an UNTRAINED adapter directory (B=0 LoRA, random head)")

@@ -8,7 +8,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +18,6 @@ import yaml
 pytest.importorskip("openvino")
 
 from tests.engine.test_executor import frames, request, upper_only_adapter  # noqa: E402
-from vlora_va.contracts.geometry import Letterbox  # noqa: E402
-from vlora_va.contracts.requests import Request  # noqa: E402
 from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
 from vlora_va.engine.backbones import load_backbone  # noqa: E402
 from vlora_va.engine.executor import Engine  # noqa: E402
@@ -94,8 +91,8 @@ def test_the_lora_free_prefix_runs_once_per_frame_and_changes_nothing(tiny_backb
     shared = frames(3, 21)
     slots = [o.slots["up1"]] * 3 + [o.slots["up2"]] * 3
     calls = []
-    real = o.backend._run
-    o.backend._run = lambda compiled, x: (calls.append(x.shape[0]), real(compiled, x))[1]
+    real = o.backend.infer
+    o.backend.infer = lambda compiled, x: (calls.append(x.shape[0]), real(compiled, x))[1]
     got = o.features(shared + shared, slots)
     assert calls == [3, 3, 3]  # lower on 3 distinct frames, then each adapter's upper on its 3 rows
     assert set(o.backend._lower) == {(TINY_IMAGE, 1)}
@@ -132,6 +129,45 @@ def test_each_model_is_compiled_with_the_precision_hint_asked_for(tiny_backbone_
         t, _ = engines(tiny_backbone_dir, tiny_adapters)
         want = t.features(fr, [t.slots["detect"]] * 2)
         assert (got.cls - want.cls).abs().max() < 0.1 * want.cls.abs().max()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_detection_heads_run_compiled_at_f32_in_the_float_precisions(tiny_backbone_dir, tiny_adapters, precision):
+    """The detection head runs compiled (at f32 in the float precisions: their gates were measured with fp32 heads),
+    its raw outputs those of the torch module; an action head stays the torch module."""
+    from vlora_va.engine.backends.openvino import import_openvino
+
+    _, o = engines(tiny_backbone_dir, tiny_adapters, precision=precision)
+    batch = [request("detect", 2, 1), request("actions", 2, 2)]
+    rows = o.execute(make_plan(batch, LoRAMode(PREMERGED), o.catalog()))
+    assert len(rows) == 2 and set(o.backend._heads) == {(o.slots["detect"], TINY_IMAGE)}
+    (compiled,) = o.backend._heads.values()
+    assert compiled.get_property("INFERENCE_PRECISION_HINT") == import_openvino().Type.f32
+    head = o.adapters["detect"].head
+    feats = o.features(frames(2, 4), [o.slots["detect"]] * 2, keep_pixels=True)
+    forward = o.backend.head_forward(o.slots["detect"], head, TINY_IMAGE)
+    with torch.no_grad():
+        for got, want in zip(forward(feats), head(feats)):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert o.backend.head_forward(o.slots["actions"], o.adapters["actions"].head, TINY_IMAGE) is None
+
+
+def test_prepare_compiles_an_adapters_models_and_head_on_the_compile_thread(tiny_backbone_dir, tiny_adapters):
+    """What a batch of a newly loaded adapter needs is built by `prepare` (off the engine thread); its first batch
+    then compiles nothing, and its rows are the torch engine's."""
+    t, o = engines(tiny_backbone_dir, {"detect": tiny_adapters["detect"]}, premerge_max_mb=64)
+    slot = o.slots["detect"]
+    job = o.backend.prepare(slot, TINY_IMAGE, o.adapters["detect"].head)
+    built = job.result(timeout=120)
+    assert {k[0] for k in built} == {"lower", "upper", "head"}
+    compiled = dict(o.backend.compile_s)
+    assert len(compiled) == 3
+    batch = [request("detect", 2, 1)]
+    got = o.execute(make_plan(batch, LoRAMode(PREMERGED), o.catalog()))
+    want = t.execute(make_plan(batch, LoRAMode(PREMERGED), t.catalog()))
+    assert o.backend.compile_s == compiled  # nothing compiled at the batch
+    assert_rows_close(got[0].to_json(), want[0].to_json())
+    assert o.backend.prepare(slot, TINY_IMAGE, o.adapters["detect"].head) is None  # all there: nothing to build
 
 
 PROBE = """
@@ -184,24 +220,168 @@ def test_without_openvino_the_engine_falls_back_to_torch_and_says_why(tiny_backb
     torch.testing.assert_close(o.features(fr, slots).cls, t.features(fr, slots).cls)
 
 
-def test_int8_is_not_built_for_it_yet_and_falls_back_to_torch(tiny_backbone_dir, tiny_adapters, caplog):
-    caplog.set_level(logging.WARNING, logger="vlora_va.engine.executor")
+def test_a_precision_it_does_not_compute_is_refused_by_name():
+    from vlora_va.engine.backends.openvino import OpenVINOBackbone
+
+    assert "precision fp16 is not built for it" in OpenVINOBackbone.unavailable(torch.device("cpu"), "fp16")
+    assert OpenVINOBackbone.unavailable(torch.device("cpu"), "int8") is None
+    assert "CPUs only" in OpenVINOBackbone.unavailable(torch.device("cuda"), "int8")
+
+
+# ---------------------------------------------------------------- int8: NNCF-calibrated models
+pytest.importorskip("nncf")
+
+
+def int8_engine(backbone_dir, adapter_dirs, base=None):
+    base = base if base is not None else load_backbone(str(backbone_dir))
+    ads = {n: load_adapter_dir(n, p, 32) for n, p in adapter_dirs.items()}
+    return Engine(copy.deepcopy(base), ads, TINY_IMAGE, backend="openvino", precision="int8")
+
+
+@pytest.fixture
+def int8_cache(tmp_path, monkeypatch):
+    """A calibrated-model cache of the test's own (the session's OpenVINO cache is shared by every test)."""
+    monkeypatch.setenv("VLORA_VA_OPENVINO_CACHE", str(tmp_path / "ov"))
+    return tmp_path / "ov" / "int8"
+
+
+def calibration_frames(n=12, seed=0):
+    """Smooth frames (random pixels make activation ranges no image has)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        yy, xx = np.mgrid[0:TINY_IMAGE, 0:TINY_IMAGE] / TINY_IMAGE
+        img = np.stack([np.sin(xx * rng.uniform(2, 9) + rng.uniform(0, 6)) * yy,
+                        np.cos(yy * rng.uniform(2, 9)) * xx, xx * yy * rng.uniform(0, 1)], -1)
+        out.append(((img - img.min()) / (np.ptp(img) + 1e-6) * 255).astype(np.uint8))
+    return out
+
+
+def test_int8_runs_the_calibrated_models_in_8_bits_close_to_float(tiny_backbone_dir, tiny_adapters, int8_cache):
+    from vlora_va.engine.backends.openvino import int8_layers
+    from vlora_va.training.calibrate import calibrate_engine
+
+    cal = int8_engine(tiny_backbone_dir, tiny_adapters)
+    records = calibrate_engine(cal, {n: calibration_frames(seed=i) for i, n in enumerate(cal.adapters)}, "test")
+    split = cal.backend.split([])
+    assert [r["part"] for r in records] == [f"lower {TINY_IMAGE}px split {split}",
+                                            f"upper {TINY_IMAGE}px split {split} (actions)",
+                                            f"upper {TINY_IMAGE}px split {split} (detect)"]
+    assert len(list(int8_cache.glob("*.xml"))) == 3 and not any(r["kept"] for r in records)
+    # a fresh engine (a daemon's start) reads them: every part int8, none converted from torch
+    e = int8_engine(tiny_backbone_dir, tiny_adapters)
+    t, _ = engines(tiny_backbone_dir, tiny_adapters)
+    fr = calibration_frames(4, seed=9)
+    slots = [e.slots["detect"], e.slots["actions"], e.slots["detect"], e.slots["actions"]]
+    got, want = e.features(fr, slots), t.features(fr, slots)
+    assert e.backend.uncalibrated == [] and all(k.endswith(" int8") for k in e.backend.compile_s), e.backend.compile_s
+    assert len(e.backend._lower) == 1 and len(e.backend._upper) == 2  # (the tiny prefix, split 0, has no linear)
+    assert all(int8_layers(m)[0] > 0 for m in e.backend._upper.values())
+    cos = torch.nn.functional.cosine_similarity(got.grid.flatten(2), want.grid.flatten(2), dim=1)
+    assert cos.min() > 0.95, cos.min()
+    assert (got.cls - want.cls).abs().max() > 1e-4  # quantized: not the float model under another name
+    # calibrating again keeps what is there
+    assert all(r["kept"] for r in calibrate_engine(cal, {n: calibration_frames() for n in cal.adapters}, "test"))
+
+
+def test_int8_without_calibrated_models_runs_in_float_and_names_each_part(tiny_backbone_dir, tiny_adapters,
+                                                                         int8_cache, caplog, tmp_path):
+    from vlora_va.engine.backends.openvino import int8_hint
+    from vlora_va.training.calibrate import calibrate_engine
+
+    caplog.set_level(logging.WARNING, logger="vlora_va.engine.backends.openvino")
+    e = int8_engine(tiny_backbone_dir, {"detect": tiny_adapters["detect"]})
+    fr = frames(2, 3)
+    got = e.features(fr, [e.slots["detect"]] * 2)
+    assert len(e.backend.uncalibrated) == 2 and len([r for r in caplog.records if "no calibrated" in r.getMessage()]) == 2
+    f = Engine(load_backbone(str(tiny_backbone_dir)), {"detect": load_adapter_dir("detect", tiny_adapters["detect"], 32)},
+               TINY_IMAGE, backend="openvino", precision={"f32": "fp32", "bf16": "bf16"}[int8_hint()])
+    torch.testing.assert_close(got.cls, f.features(fr, [f.slots["detect"]] * 2).cls)  # the float model, same hint
+    # calibrated, then an adapter loaded at run time: its suffix has no model, the shared prefix has
+    calibrate_engine(e, {"detect": calibration_frames()}, "test")
+    e.load("other", upper_only_adapter(tmp_path / "up", tiny_adapters["detect"], 7))
+    e.backend.uncalibrated.clear()
+    e.features(fr, [e.slots["detect"], e.slots["other"]])
+    assert [w.split()[0] for w in e.backend.uncalibrated] == ["upper"]
+    assert e.backend.uncalibrated[0].endswith(f"slot {e.slots['other']}")
+
+
+def test_the_calibrated_models_key_names_what_they_depend_on(tmp_path):
+    from vlora_va.engine.backends import openvino_int8 as Q
+
+    key = Q.part_key("upper", "base", 336, 8, "adapter-a", False, "2026.4.1")
+    paths = {Q.model_path(tmp_path, key)}
+    for change in ({"backbone": "other"}, {"size": 224}, {"split": 10}, {"adapter": "adapter-b"},
+                   {"overflow_fix": True}, {"openvino": "2027.0"}):
+        paths.add(Q.model_path(tmp_path, {**key, **change}))
+    assert len(paths) == 7
+    assert Q.part_key("lower", "base", 336, 8, "adapter-a", False, "v")["adapter"] is None  # shared by every adapter
+    assert Q.cached(tmp_path, key) is None
+    path = Q.model_path(tmp_path, key)  # a model whose provenance names another key is never read
+    for suffix in (".xml", ".bin"):
+        path.with_suffix(suffix).write_text("x")
+    path.with_suffix(".json").write_text(json.dumps({"key": {**key, "split": 9}}))
+    assert Q.cached(tmp_path, key) is None
+    path.with_suffix(".json").write_text(json.dumps({"key": key}))
+    assert Q.cached(tmp_path, key) == path
+    # the gate entry follows what this CPU computes: float parts, and 7-bit weights without VNNI
+    assert (Q.gate_name(True, True), Q.gate_name(False, True), Q.gate_name(False, False)) == \
+        ("openvino-int8-bf16", "openvino-int8-f32", "openvino-int8-f32-7bit")
+
+
+def test_auto_offers_openvino_int8_only_calibrated_and_gated(tiny_backbone_dir, tiny_adapters, int8_cache):
+    from vlora_va.engine import precision_auto as A
+    from vlora_va.engine.backends import openvino_int8 as Q
+    from vlora_va.engine.precision import Capabilities
+    from vlora_va.training.calibrate import calibrate_engine
+
+    caps = Capabilities.detect("cpu")
     base = load_backbone(str(tiny_backbone_dir))
     ads = {n: load_adapter_dir(n, p, 32) for n, p in tiny_adapters.items()}
-    e = Engine(base, ads, TINY_IMAGE, backend="openvino", precision="int8")
-    assert e.backend_name == "torch"
-    assert any("precision int8 is not built for it" in r.getMessage() for r in caplog.records)
-    now = time.time()
-    req = Request("cam", 0, "detect", "detect", frames(1, 1), [0.0], Letterbox(1.0, 0.0, 0.0),
-                  (TINY_IMAGE, TINY_IMAGE), now, now, now + 5)
-    assert len(e.execute(make_plan([req], e.default_mode(), e.catalog()))) == 1
+    sizes = {n: TINY_IMAGE for n in ads}
+    why, parts = A.openvino_int8_gate(caps, base, ads, sizes)
+    assert "no calibrated int8 model for actions" in why and parts == {}
+    calibrate_engine(int8_engine(tiny_backbone_dir, tiny_adapters, base), {n: calibration_frames() for n in ads}, "t")
+    why, parts = A.openvino_int8_gate(caps, base, ads, sizes)
+    assert why == f"adapter detect has no accuracy-gate result for {Q.gate_name(caps.native_bf16, caps.vnni)}"
+    assert set(parts) == {TINY_IMAGE}
+    # gated: a candidate, timed through the calibrated parts
+    gate = {"bf16": None, "int8": None, A.OPENVINO_INT8: None}
+    bf16_cpu = Capabilities("cpu", "AVX512", True, True, True)
+    assert A.candidates(bf16_cpu, gate, openvino=True)[0][-1] == "openvino-int8"
+    assert A.split_choice("openvino-int8") == ("openvino", "int8")
+    shut = {**gate, A.OPENVINO_INT8: why}
+    usable, notes = A.candidates(bf16_cpu, shut, openvino=True)
+    assert "openvino-int8" not in usable and f"openvino-int8: {why}" in notes
+    speeds = A.measure_speeds(base, ["openvino-bf16", "openvino-int8"], {TINY_IMAGE: 2.0}, rounds=1, int8_parts=parts)
+    assert set(speeds) == {"openvino-bf16", "openvino-int8"} and all(t > 0 for t in speeds.values())
+
+
+def test_models_calibrate_on_a_pipeline_file_then_keeps_what_is_there(tiny_backbone_dir, tiny_adapters, int8_cache,
+                                                                     tmp_path, capsys):
+    from tests.pipeline_helpers import tiny_pipeline
+    from vlora_va import cli
+
+    cfg = tiny_pipeline(tmp_path, tiny_backbone_dir, {"detect": tiny_adapters["detect"]}, [{"id": "a"}])
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["models", "calibrate", str(path), "--range", "0-4"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("lower", "upper"))]
+    assert len(said) == 2 and all("calibrated in" in line for line in said), said
+    assert cli.main(["models", "calibrate", str(path), "--range", "0-4"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("lower", "upper"))]
+    assert len(said) == 2 and all(": kept (" in line for line in said), said
+    assert cli.main(["models", "calibrate", str(path), "--range", "four"]) == 2
+    cfg["streams"][0]["source"] = "rtsp://127.0.0.1:1/none"  # no file camera: nothing to calibrate on
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["models", "calibrate", str(path)]) == 1
 
 
 @pytest.mark.parametrize("native_bf16, gate, want", [(True, None, "bf16"), (False, None, "fp32"),
                                                      (True, "adapter detect failed the accuracy gate", "fp32")])
 def test_auto_on_the_openvino_backend_takes_bf16_only_where_native_and_gated(native_bf16, gate, want):
     """The torch engine's speed probe says nothing of this backend's: auto takes bf16 where the CPU computes it
-    natively and the adapters' bf16 gate passed, else fp32 (its int8 is not built)."""
+    natively and the adapters' bf16 gate passed, else fp32 (its int8 where calibrated and gated: build_engine)."""
     from vlora_va.engine import precision_auto
     from vlora_va.engine.precision import Capabilities
 

@@ -117,3 +117,63 @@ def test_requests_for_an_adapter_being_loaded_wait_for_it(tmp_path, tiny_backbon
     rows = {r["stream"]: r for r in d.finish()}
     assert rows["other"]["status"] == "ok"
     assert rows["cam"]["status"] == "ok" and rows["cam"]["adapter"] == "late"
+
+
+@pytest.fixture
+def compile_gate(monkeypatch):
+    """Holds the openvino backend's background compiles until the test opens it (or makes them fail): what a slow
+    compile on a busy machine looks like, under the test's control."""
+    import threading
+
+    from vlora_va.engine.backends.openvino import OpenVINOBackbone
+
+    gate = {"open": threading.Event(), "started": threading.Event(), "fail": False}
+    real = OpenVINOBackbone.float_model
+
+    def float_model(self, part, size, split, slot):
+        if threading.current_thread().name.startswith("openvino-compile"):
+            gate["started"].set()
+            assert gate["open"].wait(60)
+            if gate["fail"]:
+                raise RuntimeError("out of memory (the test's)")
+        return real(self, part, size, split, slot)
+    monkeypatch.setattr(OpenVINOBackbone, "float_model", float_model)
+    return gate
+
+
+def test_an_adapter_loaded_at_run_time_compiles_beside_serving(tmp_path, tiny_backbone_dir, tiny_adapters, extra,
+                                                             compile_gate):
+    """daemon.backend openvino: a loaded adapter's models compile on their own thread. The other adapters are
+    served meanwhile (no stall), the new one's requests wait and are then served by its own compiled model."""
+    pytest.importorskip("openvino")
+    d = RunningDaemon(config(tmp_path, tiny_backbone_dir, {"detect": tiny_adapters["detect"]}, max_slots=3,
+                             backend="openvino"))
+    reply = control(d, "load", name="late", path=str(extra["extra0"]))
+    assert reply["ok"] and reply["compiling"] and compile_gate["started"].wait(30)
+    served(d, 0, "late")  # held while its model compiles
+    d.send(chunk_parts("other", 0, [("t", "detect")], n_frames=2))
+    wait_rows(d, 1)  # answered while the compile is still held: serving did not wait for it
+    assert d.daemon.stats.answered == 1 and "late" in d.daemon.adapters.waiting
+    compile_gate["open"].set()
+    rows = {r["stream"]: r for r in d.finish()}
+    assert rows["other"]["status"] == "ok"
+    assert rows["cam"]["status"] == "ok" and rows["cam"]["adapter"] == "late"
+    slot = reply["slot"]
+    assert any(k.startswith("upper") and k.endswith(f"slot {slot}") for k in d.daemon.engine.backend.compile_s)
+
+
+def test_an_adapter_whose_compile_fails_is_taken_out_and_its_requests_told(tmp_path, tiny_backbone_dir,
+                                                                          tiny_adapters, extra, compile_gate):
+    pytest.importorskip("openvino")
+    d = RunningDaemon(config(tmp_path, tiny_backbone_dir, {"detect": tiny_adapters["detect"]}, max_slots=3,
+                             backend="openvino"))
+    assert control(d, "load", name="late", path=str(extra["extra0"]))["compiling"]
+    served(d, 0, "late")
+    compile_gate["fail"] = True
+    compile_gate["open"].set()
+    wait_rows(d, 1)
+    d.send(chunk_parts("other", 0, [("t", "detect")], n_frames=2))  # the daemon goes on
+    rows = {r["stream"]: r for r in d.finish()}
+    assert rows["cam"]["status"] == "error" and "failed to compile" in rows["cam"]["reason"]
+    assert "out of memory (the test's)" in rows["cam"]["reason"] and rows["other"]["status"] == "ok"
+    assert "late" not in d.daemon.engine.slots and "compile failed" in d.daemon.adapters.failed["late"]

@@ -273,3 +273,15 @@ def init_untrained(path: str | Path, *, task: str, names: list[str], base_model:
         head_cfg["params"] = {"image_size": image_size}
     return save_adapter_dir(path, lora=lora, rank=rank, alpha=alpha, target_modules=target_modules,
                             base_model=base_model, head=head, head_config=head_cfg)
+
+
+def adapter_digest(adapter) -> str:
+    """Which adapter this is, for what is measured or built from it (accuracy-gate results, calibrated models): its
+    files' sha256, recomputed from the weights for adapters loaded without one."""
+    if getattr(adapter, "sha256", ""):
+        return adapter.sha256
+    h = hashlib.sha256()
+    for name in sorted(adapter.lora):
+        a, b = adapter.lora[name]
+        h.update(name.encode() + a.float().numpy().tobytes() + b.float().numpy().tobytes())
+    return h.hexdigest()

@@ -21,7 +21,7 @@ import torch
 from vlora_va.contracts.plugins import BACKBONE_BACKENDS
 from vlora_va.contracts.results import Payload
 from vlora_va.engine import precision as precision_mod
-from vlora_va.engine.adapters import Adapter, AdapterError, fit_module_names
+from vlora_va.engine.adapters import Adapter, AdapterError, adapter_digest, fit_module_names
 from vlora_va.engine.backbones import patch_size, tensor_digest
 from vlora_va.engine.backends import BackboneBackend
 from vlora_va.engine.heads import Clip, Features
@@ -106,6 +106,8 @@ class Engine:
         self.backend = backend_cls(
             self.backbone, self.lora_ctx, self.device, self.dtype, max_batch_images,
             fixed_layout=self.device.type == "cuda" if fixed_layout is None else fixed_layout, precision=self.precision)
+        self.backend.identity = self.backbone_digest
+        self.backend.digests = {slot: adapter_digest(self.adapters[name]) for name, slot in self.slots.items()}
         # Each plan key's first execution (time.monotonic()): the daemon's warm-up must have run every key before
         # it says ready, so no request pays a first call's costs (tests check this). Keys as warm-up counts them.
         self.first_runs: dict[PlanKey, float] = {}
@@ -151,6 +153,7 @@ class Engine:
                 clear_slot(self.backbone, slot)
         adapter.head.to(self.device).eval()
         if self.backend is not None:
+            self.backend.digests[slot] = adapter_digest(adapter)
             self.backend.slot_changed(slot)
         self.adapters[name], self.slots[name] = adapter, slot
         self.sizes[name] = int(adapter.head_config.get("image_size", self.image_size))
@@ -159,6 +162,11 @@ class Engine:
                         "it will see upscaled frames", name, self.sizes[name], self.image_size)
         return slot
 
+    def prepare(self, name: str):
+        """Start building what the backend needs to serve a loaded adapter (its compiled models), off this thread;
+        a Future that is done when it may serve, or None when there is nothing to build."""
+        return self.backend.prepare(self.slots[name], self.sizes[name], self.adapters[name].head)
+
     def unload(self, name: str) -> int:
         """Free an adapter's slot for real (its stacks zeroed, its premerged weights back to the base)."""
         slot = self.slots.pop(name)
@@ -166,6 +174,7 @@ class Engine:
         if self.lora_ctx is not None:
             clear_slot(self.backbone, slot)
         if self.backend is not None:
+            self.backend.digests.pop(slot, None)
             self.backend.slot_changed(slot)
         return slot
 
@@ -275,5 +284,7 @@ class Engine:
             # Each request's letterbox at the size the adapter runs at: heads place results in original pixels.
             clips = [Clip(batch[i].num_images, batch[i].letterbox.resized(group.size / batch[i].frames[0].shape[0]),
                           batch[i].orig_size, tuple(batch[i].frame_ts)) for i in idxs]
-            for i, result in zip(idxs, self.adapters[name].head.serve(feats.select(mine), clips)):
+            head = self.adapters[name].head
+            forward = self.backend.head_forward(self.slots[name], head, group.size)  # None: the torch module
+            for i, result in zip(idxs, head.serve(feats.select(mine), clips, forward)):
                 results[i] = result

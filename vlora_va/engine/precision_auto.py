@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vlora_va.engine.adapters import adapter_digest
 from vlora_va.engine.precision import (
     Capabilities,
     PrecisionError,
@@ -53,18 +54,6 @@ SWITCH_MARGIN = 0.10
 
 
 # ---------------------------------------------------------------- the accuracy gate
-def adapter_digest(adapter) -> str:
-    """What the gate's results belong to: the adapter's files (its sha256; recomputed for adapters loaded
-    without one)."""
-    if getattr(adapter, "sha256", ""):
-        return adapter.sha256
-    h = hashlib.sha256()
-    for name in sorted(adapter.lora):
-        a, b = adapter.lora[name]
-        h.update(name.encode() + a.float().numpy().tobytes() + b.float().numpy().tobytes())
-    return h.hexdigest()
-
-
 def gate_of(adapter) -> dict:
     """{precision: {"passes": bool, ...}} from the adapter's GATE_FILE, or {} when it has none or the file was
     measured on other weights."""
@@ -109,7 +98,8 @@ class Choice:
     reason: str
 
 
-OPENVINO = "openvino-"  # a candidate computed by the openvino backbone backend: "openvino-fp32", "openvino-bf16"
+OPENVINO = "openvino-"  # a candidate computed by the openvino backbone backend: "openvino-fp32", "-bf16", "-int8"
+OPENVINO_INT8 = OPENVINO + "int8"  # NNCF-calibrated (backends/openvino_int8.py): gated under its own key
 
 
 def split_choice(label: str) -> tuple[str, str]:
@@ -120,7 +110,8 @@ def split_choice(label: str) -> tuple[str, str]:
 def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str = "auto",
                openvino: bool = False) -> tuple[list[str], list[str]]:
     """(the precisions auto may take on this CPU: fp32 first, why each other one may not). openvino: the openvino
-    backend's float precisions compete too (`daemon.backend: auto`); its bf16 under the same gate as torch's."""
+    backend's precisions compete too (`daemon.backend: auto`): its bf16 under the same gate as torch's, its int8
+    where it is calibrated and its own gate passed (gate[OPENVINO_INT8] says why not)."""
     usable, notes = ["fp32"], []
     for p in ("bf16", "int8"):
         if p == "bf16" and dtype_setting == "float32":
@@ -143,6 +134,10 @@ def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: s
             usable.append(OPENVINO + "fp32")
             if "bf16" in usable:  # native bf16, gate passed, dtype allows
                 usable.append(OPENVINO + "bf16")
+            if gate.get(OPENVINO_INT8, "not asked"):
+                notes.append(f"{OPENVINO_INT8}: {gate.get(OPENVINO_INT8, 'not asked')}")
+            else:
+                usable.append(OPENVINO_INT8)
     return usable, notes
 
 
@@ -181,8 +176,8 @@ def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds
 
 
 def float_precision(caps: Capabilities, gate: dict[str, str | None]) -> Choice:
-    """`auto` for a backend that computes in float precisions only (the openvino backend, until its int8 is
-    calibrated): bf16 where the CPU computes it natively and the adapters' bf16 gate passed, else fp32."""
+    """`auto` among a backend's float precisions (the openvino backend where its int8 is not calibrated or not
+    gated): bf16 where the CPU computes it natively and the adapters' bf16 gate passed, else fp32."""
     if not caps.native_bf16:
         return Choice("fp32", "no native bf16 on this CPU")
     if gate.get("bf16"):
@@ -230,7 +225,7 @@ def _speed_path(directory: Path, key: dict) -> Path:
 
 
 def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[int, float],
-                   rounds: int = FULL_ROUNDS) -> dict[str, float]:
+                   rounds: int = FULL_ROUNDS, int8_parts: dict | None = None) -> dict[str, float]:
     """Seconds of backbone compute one second of the pipeline's images takes in each precision.
 
     workload: images per second the pipeline sends, by image size. Per size one plain-backbone forward of
@@ -238,8 +233,9 @@ def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[in
     the mix decides (on this project's reference CPU the plain backbone ran bf16 ahead at 224 px and int8 ahead
     at 336, so equal weights per size can rank them wrong for a pipeline's mix). The fastest of `rounds` interleaved rounds: the machine's own cost, as
     the cost profile takes it (`profiling._timed`); a burst of other load slows precisions unevenly (int8 ran 1.7x,
-    bf16 1.2x slower in a start-up probe on a busy host) and would otherwise decide."""
-    models = {p: _plain(backbone, p) for p in precisions}
+    bf16 1.2x slower in a start-up probe on a busy host) and would otherwise decide. int8_parts: the calibrated
+    models "openvino-int8" runs (openvino.int8_calibration)."""
+    models = {p: _plain(backbone, p, int8_parts) for p in precisions}
     batches = [(torch.randn(min(PROBE_MAX_IMAGES, max(1, math.ceil(n))), 3, s, s), n) for s, n in workload.items()]
 
     def run(p: str) -> float:
@@ -260,12 +256,13 @@ def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[in
     return {p: min(t) for p, t in times.items()}
 
 
-def _plain(backbone: nn.Module, label: str):
-    """The plain backbone computing as a candidate does: a torch copy in that precision, or compiled by OpenVINO."""
+def _plain(backbone: nn.Module, label: str, int8_parts: dict | None = None):
+    """The backbone computing as a candidate does: a torch copy in that precision, or compiled by OpenVINO (int8:
+    the calibrated parts)."""
     if label.startswith(OPENVINO):
         from vlora_va.engine.backends.openvino import PlainOpenVINO
 
-        return PlainOpenVINO(backbone, label.removeprefix(OPENVINO))
+        return PlainOpenVINO(backbone, label.removeprefix(OPENVINO), int8_parts)
     return precision_copy(backbone, label)
 
 
@@ -388,14 +385,14 @@ def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previ
     return choice
 
 
-def prober(backbone: nn.Module, workload: dict[int, float]):
+def prober(backbone: nn.Module, workload: dict[int, float], int8_parts: dict | None = None):
     """probe(precisions, rounds) -> Probe: `measure_speeds` of this backbone and workload, with the machine's load
     meanwhile; each probe is logged."""
     mix = ", ".join(f"{n:g}/s at {s} px" for s, n in sorted(workload.items()))
 
     def probe(precisions: list[str], rounds: int) -> Probe:
         t0 = time.perf_counter()
-        speeds, others = others_share(lambda: measure_speeds(backbone, precisions, workload, rounds))
+        speeds, others = others_share(lambda: measure_speeds(backbone, precisions, workload, rounds, int8_parts))
         measured = Probe(speeds, others)
         log.info("precision speeds (%d round%s, %.1f s, %s; seconds of backbone compute per second of the "
                  "pipeline's images, %s): %s", rounds, "s" * (rounds > 1), time.perf_counter() - t0, measured.load,
@@ -406,13 +403,32 @@ def prober(backbone: nn.Module, workload: dict[int, float]):
 
 
 def pick(setting: str, dtype_setting: str, device: str, backbone: nn.Module, backbone_id: str, adapters: dict,
-         workload: dict[int, float], cache_dir: Path, openvino: bool = False) -> Choice:
+         workload: dict[int, float], cache_dir: Path, openvino: bool = False,
+         sizes: dict[str, int] | None = None) -> Choice:
     """The daemon's precision for this machine, adapter set and workload (images per second by image size; see
-    the module docstring). openvino: `daemon.backend: auto`, the openvino backend's float precisions compete
-    ("openvino-fp32", "openvino-bf16": `split_choice`)."""
+    the module docstring). openvino: `daemon.backend: auto`, the openvino backend's precisions compete
+    ("openvino-fp32", "openvino-bf16", "openvino-int8": `split_choice`); sizes: each adapter's image size."""
     caps = Capabilities.detect(device)
     gate = {p: gate_allows(adapters, p) for p in ("bf16", "int8")}
     if setting != "auto" or caps.device != "cpu" or dtype_setting in ("bfloat16", "float16"):
         return choose(setting, caps, gate, None, dtype_setting)
+    parts = None
+    if openvino:
+        gate[OPENVINO_INT8], parts = openvino_int8_gate(caps, backbone, adapters, sizes or {})
     key = speed_key(caps, backbone_id, backbone, workload, openvino)
-    return decide(caps, gate, dtype_setting, cache_dir, key, prober(backbone, workload), openvino)
+    return decide(caps, gate, dtype_setting, cache_dir, key, prober(backbone, workload, parts), openvino)
+
+
+def openvino_int8_gate(caps: Capabilities, backbone: nn.Module, adapters: dict,
+                       sizes: dict[str, int]) -> tuple[str | None, dict]:
+    """(why the openvino backend's int8 may not serve these adapters: not calibrated, or its accuracy gate for this
+    CPU's variant (openvino_int8.gate_name) not passed; None: it may; its calibrated parts for the speed probe)."""
+    from vlora_va.engine.backends import openvino_int8
+    from vlora_va.engine.backends.openvino import int8_calibration, openvino_problem
+
+    if openvino_problem():
+        return openvino_problem(), {}
+    missing, parts = int8_calibration(backbone, adapters, sizes)
+    if missing:
+        return missing, {}
+    return gate_allows(adapters, openvino_int8.gate_name(caps.native_bf16, caps.vnni)), parts

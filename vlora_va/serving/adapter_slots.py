@@ -7,8 +7,10 @@ the daemon applies queued operations here between two batches, so a slot is neve
     unload   frees the slot for real (stacks zeroed, premerged weights back to the base)
     list     what is where
 While an adapter's files are being read, requests for it are held (not refused) until it is in, or answered with
-an error row if it fails, or shed once their deadline passes. The configured adapters are pinned. This file owns
-the catalog (what the scheduler knows about the loaded adapters) and the adapters that failed to load.
+an error row if it fails, or shed once their deadline passes. A backend that compiles per adapter (openvino)
+compiles a loaded adapter on its own thread (`Engine.prepare`): serving goes on meanwhile, and the adapter's
+requests stay held until its models are ready. The configured adapters are pinned. This file owns the catalog (what
+the scheduler knows about the loaded adapters) and the adapters that failed to load.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from concurrent.futures import Future
 
 from vlora_va.contracts.requests import Request
 from vlora_va.engine.executor import Engine
@@ -36,6 +39,7 @@ class AdapterSlots:
         self.failed = dict(failed)  # adapter name -> why it could not be loaded
         self.operations: queue.Queue[Operation] = queue.Queue()  # prepared on the control thread, applied here
         self.loading: set[str] = set()  # names whose files are being read: their requests wait
+        self.compiling: dict[str, Future] = {}  # loaded, their backend models compiling: their requests wait too
         self.pinned: set[str] = set(self.catalog.adapters)  # the configured adapters are never evicted
         self._last_used: dict[str, float] = {}
         self._held: list[Request] = []
@@ -46,10 +50,25 @@ class AdapterSlots:
         for name in names:
             self._last_used[name] = when
 
+    @property
+    def waiting(self) -> set[str]:
+        """Adapters whose requests are held: being read (a reload serves the old weights meanwhile) or compiling."""
+        return {n for n in self.loading if n not in self.catalog.adapters} | set(self.compiling)
+
     # ------------------------------------------------------------------ held requests
     def hold(self, requests: list[Request]) -> None:
         """Requests whose adapter is being loaded: queued once it is in."""
         self._held.extend(requests)
+
+    @property
+    def held(self) -> int:
+        """Requests held for adapters being loaded or compiled."""
+        return len(self._held)
+
+    def refuse_held(self, reason: str) -> None:
+        """Every held request shed with `reason` (the daemon stops)."""
+        held, self._held = self._held, []
+        self.rows.refuse([(r, "shed", reason, "drain") for r in held])
 
     def shed_late(self) -> None:
         """Held requests past their deadline are shed."""
@@ -72,7 +91,9 @@ class AdapterSlots:
 
     # ------------------------------------------------------------------ operations
     def apply_operations(self) -> None:
-        """Every queued operation, in order; each gets its reply."""
+        """Compiles that finished release their adapters' requests; then every queued operation, in order; each
+        gets its reply."""
+        self._compiles_done()
         while True:
             try:
                 op = self.operations.get_nowait()
@@ -86,8 +107,25 @@ class AdapterSlots:
             finally:
                 if op.op == "load":
                     self.loading.discard(op.name)
-                    self._release_held(op.name, op.reply)
+                    if op.name not in self.compiling:  # else its compile releases them
+                        self._release_held(op.name, op.reply)
                 op.done.set()
+
+    def _compiles_done(self) -> None:
+        """Adapters whose backend models finished compiling serve from now on; one whose compile failed is taken
+        out again, its held requests answered with the reason."""
+        for name, job in [(n, j) for n, j in self.compiling.items() if j.done()]:
+            del self.compiling[name]
+            problem = job.exception()
+            if problem is None:
+                log.info("adapter %s: compiled for the %s backend, serving", name, self.engine.backend_name)
+                self._release_held(name, {"ok": True})
+                continue
+            log.error("adapter %s: compiling for the %s backend failed: %s", name, self.engine.backend_name, problem)
+            if name in self.engine.slots:
+                self._remove(name, f"adapter {name!r} failed to compile: {problem}")
+            self.failed[name] = f"compile failed: {problem}"
+            self._release_held(name, {"ok": False, "error": f"compile failed: {problem}"})
 
     def _slots_reply(self) -> dict:
         return {"used": len(self.engine.slots), "total": self.engine.max_slots}
@@ -117,10 +155,14 @@ class AdapterSlots:
             self.pinned.add(name)
         self._last_used[name] = time.time()
         self._changed()
-        log.info("adapter %s %s into slot %d (%s, sha256 %s)%s", name, "reloaded" if reloaded else "loaded", slot,
-                 adapter.path, adapter.sha256[:16], f"; evicted {evicted}" if evicted else "")
+        job = self.engine.prepare(name)  # its backend models, compiled on their own thread (None: nothing to build)
+        if job is not None:
+            self.compiling[name] = job
+        log.info("adapter %s %s into slot %d (%s, sha256 %s)%s%s", name, "reloaded" if reloaded else "loaded", slot,
+                 adapter.path, adapter.sha256[:16], f"; evicted {evicted}" if evicted else "",
+                 "; compiling, its requests wait" if job is not None else "")
         return {"ok": True, "name": name, "slot": slot, "reloaded": reloaded, "evicted": evicted,
-                "sha256": adapter.sha256[:16], "slots": self._slots_reply()}
+                "sha256": adapter.sha256[:16], "slots": self._slots_reply(), "compiling": job is not None}
 
     def _unload(self, op: Operation) -> dict:
         if op.name not in self.engine.slots:
@@ -140,9 +182,12 @@ class AdapterSlots:
         if self.engine.weights_slot == self.engine.slots[name]:
             self.pristine_weights()
         slot = self.engine.unload(name)
+        self.compiling.pop(name, None)  # a compile still running is for weights no longer there
         self.pinned.discard(name)
         self._last_used.pop(name, None)
-        self.rows.errors(self.scheduler.drop_adapter(name), reason)
+        held = [r for r in self._held if r.adapter == name]  # held while it compiled: told too
+        self._held = [r for r in self._held if r.adapter != name]
+        self.rows.errors(self.scheduler.drop_adapter(name) + held, reason)
         self._changed()
         log.info("%s (slot %d freed)", reason, slot)
         return slot

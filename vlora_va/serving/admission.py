@@ -166,17 +166,18 @@ class Admission:
         self.costs = costs
         self.overload = OverloadControl(degrade)
 
-    def admit(self, requests: list[Request], catalog: Catalog, failed: dict[str, str], loading: set[str],
+    def admit(self, requests: list[Request], catalog: Catalog, failed: dict[str, str], waiting: set[str],
               now: float, queued: list[Request] | None = None) -> Admitted:
         """Sort one chunk's requests (see the module docstring). failed: adapters that could not be loaded (name ->
-        why); loading: adapters being loaded right now; queued: the scheduler's queue (None: not known)."""
+        why); waiting: adapters whose requests are held (being loaded, or compiled for the backend:
+        AdapterSlots.waiting); queued: the scheduler's queue (None: not known)."""
         out = Admitted()
         mode = catalog.resting_mode()
         # the live work queued (best-effort work goes after it, so it delays nothing admitted here)
         backlog = None if queued is None else sum(self._cost(r, catalog, mode) for r in queued
                                                   if r.adapter in catalog.adapters and not r.best_effort)
         for req in requests:
-            if req.adapter in loading and req.adapter not in catalog.adapters:
+            if req.adapter in waiting:
                 out.held.append(req)  # within its deadline (runtime adapters shed it when that passes)
                 continue
             problem = unservable(req, catalog, failed)

@@ -154,7 +154,7 @@ class Daemon:
         self.rows.expect([(r.stream, r.task, r.seq) for r in item.requests], [(r.stream, r.task, r.seq) for r in fresh])
         if len(fresh) < len(item.requests):
             self.rows.reused([r for r in item.requests if r.reuse_chunk >= 0])
-        admitted = self.admission.admit(fresh, self.catalog, self.adapters.failed, self.adapters.loading,
+        admitted = self.admission.admit(fresh, self.catalog, self.adapters.failed, self.adapters.waiting,
                                         time.time(), self.scheduler.queue)
         self.adapters.hold(admitted.held)
         self.rows.refuse(admitted.refused)
@@ -275,7 +275,12 @@ class Daemon:
                 transport.pause()
             self._step(transport, stopping=True)
             quiet = time.monotonic() - transport.last_read >= DRAIN_QUIET_S
-            if not self.scheduler.queue and (quiet or not reading) and not transport.take(0):
+            # requests held for an adapter still loading or compiling are answered too (they end by their deadline)
+            if not self.scheduler.queue and not self.adapters.held and (quiet or not reading) \
+                    and not transport.take(0):
+                break
+            if not reading and not self.scheduler.queue and self.adapters.held:
+                self.adapters.refuse_held("the daemon stopped while its adapter was still loading")
                 break
         self.rows.finish()
         self.status_report.log_progress(force=True)

@@ -79,10 +79,12 @@ def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     if backend != "auto" and BACKBONE_BACKENDS.load(backend).owns_precision and d.precision == "auto" \
             and device == "cpu":
         caps = precision.Capabilities.detect(device)  # the torch engine's speeds say nothing of this backend's
-        choice = precision_auto.float_precision(caps, {"bf16": precision_auto.gate_allows(adapters, "bf16")})
+        int8_why, _ = precision_auto.openvino_int8_gate(caps, backbone, adapters, sizes)
+        choice = (precision_auto.float_precision(caps, {"bf16": precision_auto.gate_allows(adapters, "bf16")})
+                  if int8_why else precision_auto.Choice("int8", "calibrated int8 models here, accuracy gate passed"))
     else:  # backend auto: the openvino backend's precisions compete with torch's, measured the same way
         choice = precision_auto.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
-                                     profiling.profile_dir(d.profile_cache), openvino=backend == "auto")
+                                     profiling.profile_dir(d.profile_cache), openvino=backend == "auto", sizes=sizes)
         backend, choice = auto_backend(backend, choice)
     log.info("backbone precision %s: %s (backend %s)", choice.precision, choice.reason, backend)
     dtype = precision.dtype_of(choice.precision) if d.dtype == "auto" else pick_dtype(d.dtype, device)

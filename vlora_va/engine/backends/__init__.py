@@ -30,6 +30,10 @@ class BackboneBackend(ABC):
                  dtype: torch.dtype, max_batch_images: int):
         self.backbone, self.lora_ctx, self.device, self.dtype = backbone, lora_ctx, device, dtype
         self.max_batch_images = max_batch_images
+        # Set by the engine, for a backend that caches what it builds from the weights: the base weights' digest,
+        # and each occupied slot's adapter digest (adapters.adapter_digest)
+        self.identity = ""
+        self.digests: dict[int, str] = {}
 
     @classmethod
     def unavailable(cls, device: torch.device, precision: str) -> str | None:
@@ -47,6 +51,17 @@ class BackboneBackend(ABC):
         [0, prefix) run once per distinct frame (they are LoRA-free for every slot involved); keys: each frame's
         identity (contracts.requests.frame_key; None: from the frames' buffers). keep_pixels: the features also
         carry each frame's model input."""
+
+    def prepare(self, slot: int, size: int, head=None):
+        """Start building, on a thread of the backend's own, what serving `slot` at `size` px needs (an adapter
+        loaded at run time; head: its head); a concurrent.futures.Future done when it is built (its exception: why it could not be),
+        or None when there is nothing to build (this one: eager torch needs nothing)."""
+        return None
+
+    def head_forward(self, slot: int, head, size: int):
+        """`slot`'s head forward as this backend computes it (called as the head module is), or None: the head runs
+        as the torch module it is (this one: always)."""
+        return None
 
     def warmed(self) -> None:
         """The daemon's warm-up is over: from now on, work the backend prepares lazily is a miss worth saying."""

@@ -12,8 +12,18 @@ Per image size, the backbone is cut at `split`, the first block any resident ada
 Models are converted from the engine's own torch modules (their LoRA layers swapped for plain linears holding the
 merged weights while OpenVINO traces them), with a static image size and a dynamic batch, and compiled with the
 precision hint set explicitly (`INFERENCE_PRECISION_HINT`: on CPUs with bf16, OpenVINO would otherwise run a
-float32 model in bf16). Compiling happens on first use, which the daemon's warm-up makes happen before ready; an
-adapter loaded or unloaded at run time drops its slot's models (`slot_changed`), and its first batch compiles them.
+float32 model in bf16). Compiling happens on first use, which the daemon's warm-up makes happen before ready. An
+adapter loaded or unloaded at run time drops its slot's models (`slot_changed`); `prepare` compiles a loaded one's
+on a thread of their own while serving goes on (the daemon holds its requests until then), and a batch that needs a
+model still compiling waits for that compile rather than starting another.
+
+int8 (openvino_int8.py): each part is read from its calibrated IR (`vlora-va models calibrate`); a part nobody
+calibrated (an adapter loaded at run time, a backbone changed since) runs in float at the same hint, with a warning.
+
+Detection heads run compiled too (`head_forward`; their decoding stays in torch): the x4 grid and its detail branch
+cost 25 ms per image at 336 px in torch fp32 on 2 cores, 16 compiled at f32 (the same numbers to 1e-5), 8 at bf16. At
+f32 in fp32 and bf16 (their accuracy gates were measured with torch heads); at the model's hint in int8, whose gate
+is measured this way.
 
 OpenVINO reports usage to Intel on import and on every conversion unless the user opted out; `import_openvino`
 makes it use its own no-op stand-in, so nothing here contacts the outside.
@@ -25,8 +35,10 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -35,16 +47,24 @@ from torch import nn
 
 from vlora_va.contracts.requests import frame_key
 from vlora_va.engine.backbones import patch_size
-from vlora_va.engine.backends import BackboneBackend
+from vlora_va.engine.backends import BackboneBackend, openvino_int8
 from vlora_va.engine.backends.torch_eager import lower, normalise, upper
+from vlora_va.engine.heads.detection import DetectionHead
 from vlora_va.engine.heads.features import Features
 from vlora_va.engine.lora import LoRAContext, LoRALinear
 from vlora_va.engine.modes import LoRAMode
+from vlora_va.engine.precision import Capabilities
 from vlora_va.engine.vit import block_of, blocks
 
 log = logging.getLogger(__name__)
 
 HINTS = {"fp32": "f32", "bf16": "bf16"}  # engine precision -> OpenVINO's INFERENCE_PRECISION_HINT
+PRECISIONS = (*HINTS, "int8")  # int8: NNCF-calibrated models, their float parts at `int8_hint()`
+
+
+def int8_hint() -> str:
+    """The hint an int8 model's float parts compute in on this CPU (bf16 where it has native bf16)."""
+    return openvino_int8.float_hint(Capabilities.detect("cpu").native_bf16)
 
 
 def import_openvino():
@@ -78,7 +98,8 @@ def compile_config(precision: str) -> dict:
     """How every model here is compiled: the precision hint explicit (OpenVINO would run a float32 model in bf16 on
     a CPU with bf16), one stream of the engine's thread count (the daemon runs one batch at a time, and ingest
     shares the cores)."""
-    return {"INFERENCE_PRECISION_HINT": HINTS[precision], "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+    hint = int8_hint() if precision == "int8" else HINTS[precision]
+    return {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": torch.get_num_threads(),
             "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
 
 
@@ -93,26 +114,81 @@ def convert(module: nn.Module, example: torch.Tensor):
 
 
 class PlainOpenVINO:
-    """The plain (LoRA-free) backbone compiled by OpenVINO, called as the Hugging Face model is
-    (`model(pixel_values=x)`), one compiled model per image size: what `daemon.backend: auto` times against the
-    torch precisions (precision_auto.measure_speeds)."""
+    """The backbone compiled by OpenVINO, called as the Hugging Face model is (`model(pixel_values=x)`), one
+    compiled model per image size: what `daemon.backend: auto` times against the torch precisions
+    (precision_auto.measure_speeds). Float: the plain (LoRA-free) backbone. int8: the calibrated parts the engine
+    would run, `int8_parts` {size: (lower IR, upper IR of one adapter)} (`int8_calibration`)."""
 
-    def __init__(self, backbone: nn.Module, precision: str):
+    def __init__(self, backbone: nn.Module, precision: str, int8_parts: dict[int, tuple[Path, Path]] | None = None):
         self.backbone, self.config = backbone, compile_config(precision)  # a float32 backbone
         self.core = import_openvino().Core()
-        self._compiled: dict[int, object] = {}
+        self.int8_parts = int8_parts if precision == "int8" else None
+        self._compiled: dict[int, list] = {}
 
     def __call__(self, pixel_values: torch.Tensor) -> np.ndarray:
         size = pixel_values.shape[-1]
         if size not in self._compiled:
-            self._compiled[size] = self.core.compile_model(
-                convert(_Part(self.backbone, 0, "whole"), pixel_values[:1].float()), "CPU", self.config)
-        return self._compiled[size](pixel_values.float().numpy())[0]
+            if self.int8_parts is not None:
+                self._compiled[size] = [self.core.compile_model(self.core.read_model(str(p)), "CPU", self.config)
+                                        for p in self.int8_parts[size]]
+            else:
+                self._compiled[size] = [self.core.compile_model(
+                    convert(_Part(self.backbone, 0, "whole"), pixel_values[:1].float()), "CPU", self.config)]
+        x = pixel_values.float().numpy()
+        for part in self._compiled[size]:
+            x = part(x)[0]
+        return x
+
+
+def int8_layers(compiled) -> tuple[int, int]:
+    """(linear layers that run in 8 bits, all linear layers) of a compiled model, as the CPU plugin executes it."""
+    kinds = []
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if "layerType" in info and info["layerType"].astype(str) == "FullyConnected":
+            kinds.append(info["runtimePrecision"].astype(str))
+    return sum(k in ("u8", "i8") for k in kinds), len(kinds)
+
+
+def int8_calibration(backbone: nn.Module, adapters: dict, sizes: dict[str, int]) -> tuple[str | None, dict]:
+    """Whether the int8 models the openvino engine would run for these adapters (at sizes: adapter -> px) are
+    calibrated here: (why not, or None; {size: (lower IR, upper IR of its first adapter)} for the speed probe).
+    The same keys as `OpenVINOBackbone.int8_key`: `backbone` is the plain one the engine is built from."""
+    from vlora_va.engine.adapters import adapter_digest
+    from vlora_va.engine.backbones import tensor_digest
+
+    if not adapters:
+        return "no adapter to calibrate for", {}
+    identity, version = tensor_digest(backbone.state_dict()), openvino_version()
+    fix = openvino_int8.overflow_fix(Capabilities.detect("cpu").vnni)
+    first = [block_of(n) for a in adapters.values() for n in a.lora if block_of(n) is not None]
+    split = min(first, default=len(blocks(backbone)))
+    parts: dict[int, tuple[Path, Path]] = {}
+    missing = []
+    for name in sorted(adapters, key=lambda n: (sizes[n], n)):
+        size = sizes[name]
+        lower = openvino_int8.cached(int8_dir(), openvino_int8.part_key("lower", identity, size, split, None, fix,
+                                                                        version))
+        upper = openvino_int8.cached(int8_dir(), openvino_int8.part_key("upper", identity, size, split,
+                                                                        adapter_digest(adapters[name]), fix, version))
+        if lower is None or upper is None:
+            missing.append(f"{name} at {size} px")
+        elif size not in parts:
+            parts[size] = (lower, upper)
+    if missing:
+        return (f"no calibrated int8 model for {', '.join(missing)} (run `vlora-va models calibrate` on the pipeline "
+                f"file)"), {}
+    return None, parts
 
 
 def cache_dir() -> Path:
     """Where OpenVINO keeps compiled blobs ($VLORA_VA_OPENVINO_CACHE, else ~/.cache/vlora-va/openvino)."""
     return Path(os.environ.get("VLORA_VA_OPENVINO_CACHE", Path.home() / ".cache" / "vlora-va" / "openvino"))
+
+
+def int8_dir() -> Path:
+    """Where calibrated int8 models live (IR; keyed by openvino_int8.part_key)."""
+    return cache_dir() / "int8"
 
 
 class _Part(nn.Module):
@@ -129,6 +205,17 @@ class _Part(nn.Module):
         if self.part == "whole":
             return upper(self.backbone, lower(self.backbone, x, 0), 0)
         return upper(self.backbone, x, self.split)
+
+
+class _HeadPart(nn.Module):
+    """A detection head as a module OpenVINO can trace: (grid[, pixels]) -> (class logits, box distances)."""
+
+    def __init__(self, head: DetectionHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, grid: torch.Tensor, pixels: torch.Tensor | None = None):
+        return self.head(Features(grid.new_zeros(grid.shape[:2]), grid, pixels))
 
 
 class OpenVINOBackbone(BackboneBackend):
@@ -150,23 +237,115 @@ class OpenVINOBackbone(BackboneBackend):
         self._lower: dict[tuple[int, int], object] = {}  # (size, split) -> compiled lower part
         self._upper: dict[tuple[int, int, int], object] = {}  # (slot, size, split) -> compiled upper part
         self.compile_s: dict[str, float] = {}  # what each model took to convert and compile (tests, logs)
+        self.uncalibrated: list[str] = []  # int8: the parts that ran in float, no calibrated model found (tests, logs)
         self.serving = False
+        # adapters loaded at run time compile here, one model at a time, beside serving (`prepare`)
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="openvino-compile")
+        self._pending: dict[tuple, Future] = {}  # ("lower", size, split) / ("upper", slot, size, split) -> its job
+        self._convert_lock = threading.Lock()  # conversion swaps the torch backbone's LoRA layers (`_merged`)
+        self._heads: dict[tuple[int, int], object] = {}  # (slot, size) -> its detection head, compiled
+        self._loras = [m for m in backbone.modules() if isinstance(m, LoRALinear)]
+        caps = Capabilities.detect("cpu")
+        self.overflow_fix = openvino_int8.overflow_fix(caps.vnni)  # int8: which calibrated models this CPU reads
 
     @classmethod
     def unavailable(cls, device: torch.device, precision: str) -> str | None:
         if device.type != "cpu":
             return f"it runs on CPUs only, not {device.type}"
-        if precision not in HINTS:
-            return f"precision {precision} is not built for it (it runs {' or '.join(HINTS)})"
+        if precision not in PRECISIONS:
+            return f"precision {precision} is not built for it (it runs {', '.join(PRECISIONS)})"
         return openvino_problem()
 
     def warmed(self) -> None:
         self.serving = True
 
     def slot_changed(self, slot: int) -> None:
-        """An adapter was loaded into or removed from `slot`: its compiled models are stale."""
+        """An adapter was loaded into or removed from `slot`: its compiled models are stale (a compile still running
+        for it too: its result is never used)."""
         for key in [k for k in self._upper if k[0] == slot]:
             del self._upper[key]
+        for key in [k for k in self._heads if k[0] == slot]:
+            del self._heads[key]
+        for key in [k for k in self._pending if k[0] in ("upper", "head") and k[1] == slot]:
+            del self._pending[key]
+
+    def prepare(self, slot: int, size: int, head=None) -> Future | None:
+        """Compile what a batch of `slot` alone at `size` px runs (its upper part, the lower part if its split is
+        new, its detection head), on the compile thread."""
+        split = self.split([slot])
+        jobs = []
+        if isinstance(head, DetectionHead) and (slot, size) not in self._heads:
+            jobs.append(("head", slot, size))
+        if (size, split) not in self._lower and ("lower", size, split) not in self._pending:
+            jobs.append(("lower", size, split))
+        if (slot, size, split) not in self._upper:
+            jobs.append(("upper", slot, size, split))
+        if not jobs:
+            return None
+
+        def build() -> dict[tuple, object]:
+            return {job: self._compile_head(head, size, slot) if job[0] == "head" else
+                    self._compile(self._what(job), job[0], job[-2], job[-1], job[1] if job[0] == "upper" else None,
+                                  background=True) for job in jobs}
+        future = self._compiler.submit(build)
+        for job in jobs:
+            self._pending[job] = future
+        return future
+
+    def head_forward(self, slot: int, head, size: int):
+        """A detection head compiled (per slot and image size, a dynamic batch): called as the module is, with its
+        raw outputs as torch tensors. Other heads: None (cheap: an action head costs ~4 ms a clip)."""
+        if not isinstance(head, DetectionHead):
+            return None
+        key = (slot, size)
+        if key not in self._heads:
+            self._heads[key] = self._adopt(("head", slot, size)) or self._compile_head(head, size, slot)
+        compiled, detail = self._heads[key], head.detail_branch is not None
+
+        def forward(feats: Features):
+            inputs = [feats.grid.float().numpy()] + ([feats.pixels.float().numpy()] if detail else [])
+            out = compiled(inputs)
+            return torch.from_numpy(out[0]), torch.from_numpy(out[1])
+        return forward
+
+    def _compile_head(self, head: DetectionHead, size: int, slot: int):
+        t0 = time.perf_counter()
+        grid = size // self.patch
+        example = [torch.zeros(1, self.backbone.config.hidden_size, grid, grid)]
+        if head.detail_branch is not None:
+            example.append(torch.zeros(1, 3, size, size))
+        ov = import_openvino()
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            model = ov.convert_model(_HeadPart(head), example_input=tuple(example),
+                                     input=[ov.PartialShape([-1] + list(x.shape[1:])) for x in example])
+        config = dict(self.config)
+        if self.precision != "int8":  # the float precisions' gates were measured with fp32 heads
+            config["INFERENCE_PRECISION_HINT"] = "f32"
+        compiled = self.core.compile_model(model, "CPU", config)
+        what = self._what(("head", slot, size))
+        self.compile_s[what] = time.perf_counter() - t0
+        log.info("openvino: %s compiled in %.1f s (%s)", what, self.compile_s[what], config["INFERENCE_PRECISION_HINT"])
+        return compiled
+
+    def _adopt(self, job: tuple):
+        """The model a background compile built for `job` (waiting for it if still running), or None: none was
+        started, or it failed (then the caller compiles it here)."""
+        future = self._pending.pop(job, None)
+        if future is None:
+            return None
+        try:
+            return future.result()[job]
+        except Exception as e:  # noqa: BLE001 - said, then compiled on this thread
+            log.warning("openvino: the background compile of %s failed (%s): compiling it now", self._what(job), e)
+            return None
+
+    def _what(self, job: tuple) -> str:
+        if job[0] == "head":
+            return f"detection head {job[2]}px slot {job[1]}"
+        if job[0] == "lower":
+            return f"lower {job[1]}px blocks 0-{job[2]}"
+        return f"upper {job[2]}px blocks {job[3]}-{self.n_blocks} slot {job[1]}"
 
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
         x = normalise(torch.from_numpy(np.stack(frames)))
@@ -184,12 +363,12 @@ class OpenVINOBackbone(BackboneBackend):
         unique = list({k: f for k, f in zip(keys, frames)}.values())
         pixels = self.pixels(unique, size)
         split = self.split(slots)
-        below = self._run(self.lower_model(size, split), pixels.numpy())  # once per distinct frame
+        below = self.infer(self.lower_model(size, split), pixels.numpy())  # once per distinct frame
         out: np.ndarray | None = None
         for slot in sorted(set(slots)):  # one sub-batch per adapter
             rows = [i for i, s in enumerate(slots) if s == slot]
             hidden_rows = below[[source[i] for i in rows]]
-            got = self._run(self.upper_model(slot, size, split), hidden_rows)
+            got = self.infer(self.upper_model(slot, size, split), hidden_rows)
             if out is None:
                 out = np.empty((len(frames),) + got.shape[1:], dtype=np.float32)
             out[rows] = got
@@ -199,7 +378,10 @@ class OpenVINOBackbone(BackboneBackend):
         return feats
 
     def split(self, slots: list[int]) -> int:
-        """Where lower ends: the first block with LoRA in any of these slots (all blocks: none has LoRA)."""
+        """Where lower ends: the first block with LoRA in any of these slots (all blocks: none has LoRA). In int8, in
+        any resident slot: a calibrated part must not depend on which adapters share a batch."""
+        if self.precision == "int8":
+            slots = list(range(self.lora_ctx.num_slots)) if self.lora_ctx is not None else []
         first = self.n_blocks
         for m in self._lora_layers():
             g, l = m._group, m._index
@@ -208,42 +390,92 @@ class OpenVINOBackbone(BackboneBackend):
         return first
 
     @staticmethod
-    def _run(compiled, x: np.ndarray) -> np.ndarray:
+    def infer(compiled, x: np.ndarray) -> np.ndarray:
+        """One compiled part on a float32 batch."""
         return np.asarray(compiled(np.ascontiguousarray(x, dtype=np.float32))[0], dtype=np.float32)
 
     # ------------------------------------------------------------------ models
     def lower_model(self, size: int, split: int):
         key = (size, split)
         if key not in self._lower:
-            self._lower[key] = self._compile(f"lower {size}px blocks 0-{split}", _Part(self.backbone, split, "lower"),
-                                             torch.zeros(1, 3, size, size), None)
+            job = ("lower", size, split)
+            self._lower[key] = self._adopt(job) or self._compile(self._what(job), "lower", size, split, None)
         return self._lower[key]
 
     def upper_model(self, slot: int, size: int, split: int):
         key = (slot, size, split)
         if key not in self._upper:
-            tokens = self.prefix_tokens + (size // self.patch) ** 2
-            example = torch.zeros(1, tokens, self.backbone.config.hidden_size)
-            self._upper[key] = self._compile(f"upper {size}px blocks {split}-{self.n_blocks} slot {slot}",
-                                             _Part(self.backbone, split, "upper"), example, slot)
+            job = ("upper", slot, size, split)
+            self._upper[key] = self._adopt(job) or self._compile(self._what(job), "upper", size, split, slot)
         return self._upper[key]
 
-    def _compile(self, what: str, part: _Part, example: torch.Tensor, slot: int | None):
-        """Convert `part` (its LoRA layers as plain linears holding slot's merged weights, or the base weights)
-        with a dynamic batch, and compile it with this backend's hints."""
+    def int8_key(self, part: str, size: int, split: int, slot: int | None) -> dict:
+        """The calibrated model's key for a part (openvino_int8.part_key): the engine sets `identity` (the base
+        weights' digest) and `digests` (slot -> its adapter's)."""
+        adapter = self.digests.get(slot) if slot is not None and slot >= 0 else None
+        return openvino_int8.part_key(part, self.identity, size, split, adapter, self.overflow_fix,
+                                      openvino_version())
+
+    def example(self, part: str, size: int) -> torch.Tensor:
+        """One input of a part at `size` px: pixels (lower) or the hidden state at the split (upper)."""
+        if part == "lower":
+            return torch.zeros(1, 3, size, size)
+        return torch.zeros(1, self.prefix_tokens + (size // self.patch) ** 2, self.backbone.config.hidden_size)
+
+    def float_model(self, part: str, size: int, split: int, slot: int | None):
+        """A part as an OpenVINO float32 model (LoRA layers as plain linears holding slot's merged weights, or the
+        base weights), with a dynamic batch."""
+        with self._convert_lock, self._merged(slot):
+            return convert(_Part(self.backbone, split, part), self.example(part, size))
+
+    def _compile(self, what: str, part: str, size: int, split: int, slot: int | None, background: bool = False):
+        """Compile `part` with this backend's hints: its calibrated model in int8 (float where there is none), else
+        converted from the torch modules. background: on the compile thread (`prepare`), serving goes on."""
         t0 = time.perf_counter()
-        if self.serving:
+        if self.serving and not background:
             log.warning("openvino: compiling %s while serving (an adapter loaded at run time?)", what)
-        with self._merged(slot):
-            model = convert(part, example)
+        model = None
+        if self.precision == "int8":
+            path = openvino_int8.cached(int8_dir(), self.int8_key(part, size, split, slot))
+            if path is not None:
+                model = self.core.read_model(str(path))
+                what += " int8"
+            else:
+                self.uncalibrated.append(what)
+                log.warning("openvino: %s has no calibrated int8 model (vlora-va models calibrate): it runs in float",
+                            what)
+        if model is None:
+            model = self.float_model(part, size, split, slot)
         compiled = self.core.compile_model(model, "CPU", self.config)
         self.compile_s[what] = time.perf_counter() - t0
-        log.info("openvino: %s compiled in %.1f s (%s)", what, self.compile_s[what],
-                 self.config["INFERENCE_PRECISION_HINT"])
+        layers = ""
+        if self.precision == "int8":
+            n8, n = int8_layers(compiled)
+            layers = f", {n8} of {n} linear layers in int8"
+        log.info("openvino: %s compiled in %.1f s (%s%s)%s", what, self.compile_s[what],
+                 self.config["INFERENCE_PRECISION_HINT"], layers, " beside serving" if background else "")
         return compiled
 
+    def calibrate(self, part: str, size: int, split: int, slot: int | None, samples: list[np.ndarray],
+                  provenance: dict) -> Path:
+        """Quantize one part to int8 with NNCF, its activation ranges from `samples` (the part's inputs, each
+        [1, ...]), and write it where `_compile` reads it; the compiled part, if any, is dropped. Calibration only
+        (`vlora-va models calibrate`): the daemon never calls this."""
+        t0 = time.perf_counter()
+        key = self.int8_key(part, size, split, slot)
+        model = openvino_int8.quantize(self.float_model(part, size, split, slot), samples, self.overflow_fix)
+        path = openvino_int8.save(import_openvino(), model, int8_dir(), key,
+                                  {**provenance, "samples": len(samples), "nncf": openvino_int8.nncf_version(),
+                                   "seconds": round(time.perf_counter() - t0, 1)})
+        self._lower.pop((size, split), None) if part == "lower" else self._upper.pop((slot, size, split), None)
+        log.info("openvino: %s %dpx split %d%s calibrated on %d samples in %.0f s: %s", part, size, split,
+                 f" slot {slot}" if part == "upper" else "", len(samples), time.perf_counter() - t0, path)
+        return path
+
     def _lora_layers(self) -> list[LoRALinear]:
-        return [m for m in self.backbone.modules() if isinstance(m, LoRALinear)]
+        """The backbone's LoRA layers, found once (walking every module took ~1 ms a batch; the set never changes,
+        and a conversion on the compile thread swaps them out of the tree for a while)."""
+        return self._loras
 
     @contextlib.contextmanager
     def _merged(self, slot: int | None):

@@ -223,7 +223,7 @@ class ActionHead(Head):
     def min_frames(self, config: dict) -> int:
         return int(config.get("min_clip_len", config.get("clip_len", 1)))
 
-    def serve(self, feats: Features, clips: list[Clip]) -> list[ActivityResult]:
+    def serve(self, feats: Features, clips: list[Clip], forward=None) -> list[ActivityResult]:
         """Clips of equal length through the head together; each clip's label (and persons)."""
         starts = list(itertools.accumulate((c.frames for c in clips[:-1]), initial=0))  # each clip's first row
         by_len: dict[int, list[int]] = {}
@@ -234,7 +234,7 @@ class ActionHead(Head):
             rows = torch.tensor([r for i in group for r in range(starts[i], starts[i] + clip_len)],
                                 device=feats.grid.device)
             # A clip's frames share one letterbox: persons are placed through it, as detections are.
-            results = self.decode(self(feats.select(rows), clip_len), [clips[i].letterbox for i in group],
+            results = self.decode((forward or self)(feats.select(rows), clip_len), [clips[i].letterbox for i in group],
                                   [clips[i].orig_size for i in group], [list(clips[i].frame_ts) for i in group])
             for i, res in zip(group, results):
                 out[i] = res

@@ -49,8 +49,9 @@ class Head(nn.Module):
         """The fewest frames per request it accepts (overload may thin clips down to this)."""
         return 1
 
-    def serve(self, feats: Features, clips: list[Clip]) -> list[Any]:
-        """Each request's result, in order. feats holds the requests' frames, clip after clip."""
+    def serve(self, feats: Features, clips: list[Clip], forward=None) -> list[Any]:
+        """Each request's result, in order. feats holds the requests' frames, clip after clip. forward: this head's
+        forward as a backbone backend compiled it (called as the module is; None: the module itself)."""
         raise NotImplementedError
 
 

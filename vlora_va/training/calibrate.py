@@ -1,0 +1,119 @@
+"""`vlora-va models calibrate [pipelines.yaml]`: the openvino backend's int8 models for a pipeline, quantized by NNCF
+ahead of time (never in the daemon's start-up), cached as IR where the daemon reads them (engine/backends/
+openvino_int8.py says what a part is and what its key holds).
+
+Calibration frames come from the pipeline's own cameras over `--range` (default 0-50 s: the shipped adapters'
+training range, so the held-out 55-79.5 s of pedestrians.mp4 is never calibrated on), one frame per step so that
+SUBSET (50) spread over the range, letterboxed to daemon.image_size as ingest sends them:
+- the shared prefix (lower) of each image size on the frames of every camera whose tasks run at that size;
+- each adapter's suffix (upper) on the frames of the cameras that use it, pushed through the int8 prefix (so its
+  ranges are those it sees when serving).
+Idempotent: a part already calibrated for the same key is kept (`--force`: calibrate again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+
+from vlora_va.contracts.config import PipelineConfig
+from vlora_va.engine.backbones import load_backbone
+from vlora_va.engine.backends import openvino_int8
+from vlora_va.engine.backends.openvino import int8_dir, openvino_problem
+from vlora_va.engine.executor import Engine
+from vlora_va.ingest.chunker import letterbox
+from vlora_va.serving.startup import load_adapters
+from vlora_va.training.frames import read_frames
+
+log = logging.getLogger(__name__)
+
+
+class CalibrationError(Exception):
+    pass
+
+
+def camera_frames(config: PipelineConfig, adapter: str, start: float, end: float, n: int) -> list[np.ndarray]:
+    """n frames of the file cameras whose tasks use `adapter`, evenly over their frames in [start, end) (n per
+    camera read at most), letterboxed to the daemon's image size (what ingest sends)."""
+    sources = [s.source for s in config.streams if s.scheme == "file" and any(t.adapter == adapter for t in s.tasks)]
+    if not sources:
+        raise CalibrationError(f"adapter {adapter}: no file camera of the pipeline uses it, nothing to calibrate on")
+    frames = [f.rgb for src in sources for f in read_frames(src, start, end, (end - start) / n)]
+    if len(frames) < 8:
+        raise CalibrationError(f"adapter {adapter}: {len(frames)} frames in {start:g}-{end:g} s of {sources}")
+    return [letterbox(frames[i], config.daemon.image_size)[0] for i in _evenly(len(frames), n)]
+
+
+def _evenly(total: int, n: int) -> list[int]:
+    return sorted(set(np.linspace(0, total - 1, min(total, n)).astype(int).tolist()))
+
+
+def calibrate(config: PipelineConfig, start: float = 0.0, end: float = 50.0, force: bool = False) -> list[dict]:
+    """Calibrate every part the pipeline's int8 openvino engine runs; returns one record per part."""
+    problem = openvino_problem()
+    if problem:
+        raise CalibrationError(problem)
+    if openvino_int8.nncf_version() is None:
+        raise CalibrationError("nncf is not installed (pip install nncf==3.4.0, part of the default set-up)")
+    d = config.daemon
+    torch.set_num_threads(d.threads or os.cpu_count() or 1)
+    backbone = load_backbone(d.backbone, d.allow_download, "cpu")
+    adapters, failed = load_adapters(config, backbone.config.hidden_size)
+    if failed:
+        raise CalibrationError("adapters not loaded: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
+    engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, "cpu", 0, d.max_batch_images,
+                    torch.float32, precision="int8", backend="openvino")
+    frames = {n: camera_frames(config, n, start, end, openvino_int8.SUBSET) for n in engine.adapters}
+    return calibrate_engine(engine, frames, f"{start:g}-{end:g} s", force)
+
+
+def calibrate_engine(engine: Engine, frames: dict[str, list[np.ndarray]], where: str, force: bool = False) -> list[dict]:
+    """Calibrate the parts an int8 openvino engine runs for its resident adapters, on `frames` (adapter -> frames
+    as ingest sends them; `where`: what they are, for the provenance)."""
+    if engine.backend_name != "openvino" or engine.precision != "int8":
+        raise CalibrationError(f"the engine runs {engine.backend_name} {engine.precision}, not openvino int8")
+    be = engine.backend
+    split = be.split([])  # int8: the first block any resident adapter puts LoRA on
+    records = []
+    for size in sorted(set(engine.sizes.values())):
+        names = sorted(n for n, s in engine.sizes.items() if s == size)
+        mixed = [f for n in names for f in frames[n]]
+        mixed = [mixed[i] for i in _evenly(len(mixed), openvino_int8.SUBSET)]
+        records.append(_part(be, "lower", size, split, None, lambda: _pixels(be, mixed, size), force,
+                             {"frames": f"{len(mixed)} frames of {', '.join(names)}'s cameras, {where}"}))
+        for n in names:
+            slot = engine.slots[n]
+            records.append(_part(be, "upper", size, split, slot, lambda n=n: _hidden(be, frames[n], size, split),
+                                 force, {"adapter": n, "frames": f"{len(frames[n])} frames, {where}"}))
+    return records
+
+
+def _part(be, part: str, size: int, split: int, slot: int | None, samples, force: bool, provenance: dict) -> dict:
+    key = be.int8_key(part, size, split, slot)
+    path = openvino_int8.cached(int8_dir(), key)
+    what = f"{part} {size}px split {split}" + (f" ({provenance['adapter']})" if "adapter" in provenance else "")
+    if path is not None and not force:
+        log.info("calibrate: %s already calibrated (%s)", what, path.name)
+        return {"part": what, "path": str(path), "kept": True}
+    t0 = time.perf_counter()
+    path = be.calibrate(part, size, split, slot, samples(), provenance)
+    return {"part": what, "path": str(path), "kept": False, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _pixels(be, frames: list[np.ndarray], size: int) -> list[np.ndarray]:
+    x = be.pixels(frames, size).numpy()
+    return [x[i:i + 1] for i in range(len(x))]
+
+
+def _hidden(be, frames: list[np.ndarray], size: int, split: int) -> list[np.ndarray]:
+    """The upper part's inputs: the frames through the (int8, just calibrated) prefix, as the daemon computes them."""
+    lower = be.lower_model(size, split)
+    out = []
+    for i in range(0, len(frames), 8):
+        h = be.infer(lower, be.pixels(frames[i:i + 8], size).numpy())
+        out += [h[j:j + 1] for j in range(len(h))]
+    return out
