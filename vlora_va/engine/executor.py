@@ -286,5 +286,8 @@ class Engine:
                           batch[i].orig_size, tuple(batch[i].frame_ts)) for i in idxs]
             head = self.adapters[name].head
             forward = self.backend.head_forward(self.slots[name], head, group.size)  # None: the torch module
-            for i, result in zip(idxs, head.serve(feats.select(mine), clips, forward)):
+            # passed only when there is one: a plug-in head written to serve(feats, clips) keeps working
+            served = head.serve(feats.select(mine), clips) if forward is None else \
+                head.serve(feats.select(mine), clips, forward)
+            for i, result in zip(idxs, served):
                 results[i] = result

@@ -51,7 +51,8 @@ class Head(nn.Module):
 
     def serve(self, feats: Features, clips: list[Clip], forward=None) -> list[Any]:
         """Each request's result, in order. feats holds the requests' frames, clip after clip. forward: this head's
-        forward as a backbone backend compiled it (called as the module is; None: the module itself)."""
+        forward as a backbone backend compiled it (called as the module is; None: the module itself). The engine
+        passes it only when a backend compiled the head, so a plug-in head may take (feats, clips) alone."""
         raise NotImplementedError
 
 
