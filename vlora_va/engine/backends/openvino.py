@@ -242,7 +242,8 @@ class OpenVINOBackbone(BackboneBackend):
         # adapters loaded at run time compile here, one model at a time, beside serving (`prepare`)
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="openvino-compile")
         self._pending: dict[tuple, Future] = {}  # ("lower", size, split) / ("upper", slot, size, split) -> its job
-        self._convert_lock = threading.Lock()  # conversion swaps the torch backbone's LoRA layers (`_merged`)
+        # conversions, one at a time: a part's swaps the torch backbone's LoRA layers (`_merged`)
+        self._convert_lock = threading.Lock()
         self._heads: dict[tuple[int, int], object] = {}  # (slot, size) -> its detection head, compiled
         self._loras = [m for m in backbone.modules() if isinstance(m, LoRALinear)]
         caps = Capabilities.detect("cpu")
@@ -315,7 +316,8 @@ class OpenVINOBackbone(BackboneBackend):
         if head.detail_branch is not None:
             example.append(torch.zeros(1, 3, size, size))
         ov = import_openvino()
-        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        # one trace at a time: the engine thread may be converting a part while the compile thread does this
+        with self._convert_lock, torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             model = ov.convert_model(_HeadPart(head), example_input=tuple(example),
                                      input=[ov.PartialShape([-1] + list(x.shape[1:])) for x in example])
