@@ -136,7 +136,10 @@ def test_detection_heads_run_compiled_at_f32_in_the_float_precisions(tiny_backbo
     """The detection head runs compiled (at f32 in the float precisions: their gates were measured with fp32 heads),
     its raw outputs those of the torch module; an action head stays the torch module."""
     from vlora_va.engine.backends.openvino import import_openvino
+    from vlora_va.engine.precision import Capabilities
 
+    if precision == "bf16" and not Capabilities.detect("cpu").native_bf16:
+        pytest.skip("no native bf16 here (and under ONEDNN_MAX_CPU_ISA=AVX2 the bf16 hint does not compile)")
     _, o = engines(tiny_backbone_dir, tiny_adapters, precision=precision)
     batch = [request("detect", 2, 1), request("actions", 2, 2)]
     rows = o.execute(make_plan(batch, LoRAMode(PREMERGED), o.catalog()))
@@ -353,8 +356,8 @@ def test_auto_offers_openvino_int8_only_calibrated_and_gated(tiny_backbone_dir, 
     shut = {**gate, A.OPENVINO_INT8: why}
     usable, notes = A.candidates(bf16_cpu, shut, openvino=True)
     assert "openvino-int8" not in usable and f"openvino-int8: {why}" in notes
-    speeds = A.measure_speeds(base, ["openvino-bf16", "openvino-int8"], {TINY_IMAGE: 2.0}, rounds=1, int8_parts=parts)
-    assert set(speeds) == {"openvino-bf16", "openvino-int8"} and all(t > 0 for t in speeds.values())
+    speeds = A.measure_speeds(base, ["openvino-fp32", "openvino-int8"], {TINY_IMAGE: 2.0}, rounds=1, int8_parts=parts)
+    assert set(speeds) == {"openvino-fp32", "openvino-int8"} and all(t > 0 for t in speeds.values())
 
 
 def test_models_calibrate_on_a_pipeline_file_then_keeps_what_is_there(tiny_backbone_dir, tiny_adapters, int8_cache,
