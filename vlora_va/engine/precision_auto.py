@@ -426,8 +426,9 @@ def openvino_int8_gate(caps: Capabilities, backbone: nn.Module, adapters: dict,
     from vlora_va.engine.backends import openvino_int8
     from vlora_va.engine.backends.openvino import int8_calibration, openvino_problem
 
-    if openvino_problem():
-        return openvino_problem(), {}
+    problem = openvino_problem()  # (it builds an OpenVINO Core: once)
+    if problem:
+        return problem, {}
     missing, parts = int8_calibration(backbone, adapters, sizes)
     if missing:
         return missing, {}
