@@ -250,7 +250,7 @@ def cmd_models_fetch(args) -> int:
 
 def cmd_models_calibrate(args) -> int:
     from vlora_va.contracts.config import ConfigError, load_config
-    from vlora_va.training.calibrate import CalibrationError, calibrate
+    from vlora_va.training.calibrate import CalibrationError, calibrate, describe
 
     try:
         start, end = (float(v) for v in args.range.split("-"))
@@ -266,7 +266,7 @@ def cmd_models_calibrate(args) -> int:
         log.error("calibrate: %s", e)
         return 1
     for r in records:
-        print(f"{r['part']}: {'kept' if r['kept'] else 'calibrated in %.0f s' % r['seconds']} ({r['path']})")
+        print(describe(r))
     return 0
 
 

@@ -143,6 +143,21 @@ def test_features_keep_each_frames_model_input_in_the_callers_order(tiny_backbon
     assert small.pixels.shape == (3, 3, 28, 28) and torch.equal(small.pixels[1], engine.pixels([b], 28)[0])
 
 
+def test_the_model_input_is_the_frames_normalised_then_resized_to_float_rounding():
+    """model_input resizes first (cheaper): the values are those of the plain definition, normalise then an
+    antialiased bilinear resize, to float rounding (a uint8 resize would round to whole grey levels: 1e-2 here)."""
+    import torch.nn.functional as F
+
+    from vlora_va.engine.backends.torch_eager import model_input, normalise
+
+    images = torch.from_numpy(np.stack(frames(3, 11)))
+    want = F.interpolate(normalise(images), size=(20, 20), mode="bilinear", antialias=True, align_corners=False)
+    got = model_input(images, 20)
+    assert got.shape == (3, 3, 20, 20) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert torch.equal(model_input(images, images.shape[1]), normalise(images))  # its own size: no resize
+
+
 def test_a_detection_head_with_a_detail_branch_is_served_from_each_frames_own_image(tiny_backbone_dir, tiny_adapters,
                                                                                      tmp_path):
     import shutil

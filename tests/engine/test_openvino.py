@@ -125,6 +125,9 @@ def test_each_model_is_compiled_with_the_precision_hint_asked_for(tiny_backbone_
     got = o.features(fr, [o.slots["detect"]] * 2)
     models = list(o.backend._lower.values()) + list(o.backend._upper.values())
     assert models and all(m.get_property("INFERENCE_PRECISION_HINT") == getattr(ov.Type, hint) for m in models)
+    # threads set deliberately: the engine's, one stream (one batch at a time), pinned
+    assert all(m.get_property("INFERENCE_NUM_THREADS") == torch.get_num_threads() and
+               m.get_property("NUM_STREAMS") == 1 and m.get_property("ENABLE_CPU_PINNING") is True for m in models)
     if precision == "bf16":  # close to float32, not equal
         t, _ = engines(tiny_backbone_dir, tiny_adapters)
         want = t.features(fr, [t.slots["detect"]] * 2)
@@ -261,7 +264,9 @@ def calibration_frames(n=12, seed=0):
 
 
 def test_int8_runs_the_calibrated_models_in_8_bits_close_to_float(tiny_backbone_dir, tiny_adapters, int8_cache):
-    from vlora_va.engine.backends.openvino import int8_layers
+    from vlora_va.engine.backends import openvino_int8 as Q
+    from vlora_va.engine.backends.openvino import import_openvino, int8_hint, int8_layers
+    from vlora_va.engine.precision import Capabilities
     from vlora_va.training.calibrate import calibrate_engine
 
     cal = int8_engine(tiny_backbone_dir, tiny_adapters)
@@ -269,8 +274,8 @@ def test_int8_runs_the_calibrated_models_in_8_bits_close_to_float(tiny_backbone_
     split = cal.backend.split([])
     assert [r["part"] for r in records] == [f"lower {TINY_IMAGE}px split {split}",
                                             f"upper {TINY_IMAGE}px split {split} (actions)",
-                                            f"upper {TINY_IMAGE}px split {split} (detect)"]
-    assert len(list(int8_cache.glob("*.xml"))) == 3 and not any(r["kept"] for r in records)
+                                            f"upper {TINY_IMAGE}px split {split} (detect)", "float hint"]
+    assert len(list(int8_cache.glob("*.xml"))) == 3 and not any(r["kept"] for r in records[:-1])
     # a fresh engine (a daemon's start) reads them: every part int8, none converted from torch
     e = int8_engine(tiny_backbone_dir, tiny_adapters)
     t, _ = engines(tiny_backbone_dir, tiny_adapters)
@@ -280,6 +285,17 @@ def test_int8_runs_the_calibrated_models_in_8_bits_close_to_float(tiny_backbone_
     assert e.backend.uncalibrated == [] and all(k.endswith(" int8") for k in e.backend.compile_s), e.backend.compile_s
     assert len(e.backend._lower) == 1 and len(e.backend._upper) == 2  # (the tiny prefix, split 0, has no linear)
     assert all(int8_layers(m)[0] > 0 for m in e.backend._upper.values())
+    # the float parts at the hint calibration measured faster here (each this CPU runs timed); a detection head at
+    # bf16 where the CPU has it, else f32
+    ov = import_openvino()
+    bf16 = Capabilities.detect("cpu").native_bf16
+    hint = json.loads((int8_cache / Q.HINT_FILE).read_text()) if bf16 else {"hint": "f32", "seconds": {"f32": 0}}
+    assert records[-1]["part"] == "float hint" and records[-1]["hint"] == hint["hint"] == int8_hint()
+    assert set(hint["seconds"]) == set(Q.float_hints(bf16))
+    parts = list(e.backend._lower.values()) + list(e.backend._upper.values())
+    assert all(m.get_property("INFERENCE_PRECISION_HINT") == getattr(ov.Type, hint["hint"]) for m in parts)
+    head = e.backend._compile_head(e.adapters["detect"].head, TINY_IMAGE, e.slots["detect"])
+    assert head.get_property("INFERENCE_PRECISION_HINT") == (ov.Type.bf16 if bf16 else ov.Type.f32)
     cos = torch.nn.functional.cosine_similarity(got.grid.flatten(2), want.grid.flatten(2), dim=1)
     assert cos.min() > 0.95, cos.min()
     assert (got.cls - want.cls).abs().max() > 1e-4  # quantized: not the float model under another name
@@ -327,14 +343,34 @@ def test_the_calibrated_models_key_names_what_they_depend_on(tmp_path):
     assert Q.cached(tmp_path, key) is None
     path.with_suffix(".json").write_text(json.dumps({"key": key}))
     assert Q.cached(tmp_path, key) == path
-    # the gate entry follows what this CPU computes: float parts, and 7-bit weights without VNNI
-    assert (Q.gate_name(True, True), Q.gate_name(False, True), Q.gate_name(False, False)) == \
-        ("openvino-int8-bf16", "openvino-int8-f32", "openvino-int8-f32-7bit")
+    # the gate entry follows what this CPU computes: the float parts' hint, the head's, 7-bit weights without VNNI
+    assert [Q.gate_name(True, True, "f32"), Q.gate_name(True, True, "bf16"), Q.gate_name(False, True, "f32"),
+            Q.gate_name(False, False, "f32")] == \
+        ["openvino-int8-f32-bf16-head", "openvino-int8-bf16", "openvino-int8-f32", "openvino-int8-f32-7bit"]
+
+
+def test_the_float_hint_is_the_one_measured_for_this_cpu_openvino_and_threads(tmp_path, monkeypatch):
+    from vlora_va.engine.backends import openvino_int8 as Q
+
+    key = Q.hint_key("EPYC (AVX512)", "2026.4.1", 2)
+    assert Q.read_hint(tmp_path, key) == "f32" and Q.recorded_hint(tmp_path, key) is None  # nothing measured: f32
+    # bf16 only when at least BF16_MARGIN faster (f32 is the more accurate)
+    assert Q.write_hint(tmp_path, key, {"f32": 1.0, "bf16": 1.0 - Q.BF16_MARGIN / 2}) == "f32"
+    assert Q.write_hint(tmp_path, key, {"f32": 1.0, "bf16": 1.0 - 2 * Q.BF16_MARGIN}) == "bf16"
+    assert Q.read_hint(tmp_path, key) == "bf16"
+    for other in ({"cpu": "Xeon (AVX512)"}, {"openvino": "2027.0"}, {"threads": 4}):
+        assert Q.read_hint(tmp_path, {**key, **other}) == "f32"  # measured on another machine or set-up
+    monkeypatch.setattr(Q, "HINT_OVERRIDE", "f32")
+    assert Q.read_hint(tmp_path, key) == "f32"
+    (tmp_path / Q.HINT_FILE).write_text("{not json")
+    monkeypatch.setattr(Q, "HINT_OVERRIDE", None)
+    assert Q.read_hint(tmp_path, key) == "f32"
 
 
 def test_auto_offers_openvino_int8_only_calibrated_and_gated(tiny_backbone_dir, tiny_adapters, int8_cache):
     from vlora_va.engine import precision_auto as A
     from vlora_va.engine.backends import openvino_int8 as Q
+    from vlora_va.engine.backends.openvino import int8_hint
     from vlora_va.engine.precision import Capabilities
     from vlora_va.training.calibrate import calibrate_engine
 
@@ -346,7 +382,8 @@ def test_auto_offers_openvino_int8_only_calibrated_and_gated(tiny_backbone_dir, 
     assert "no calibrated int8 model for actions" in why and parts == {}
     calibrate_engine(int8_engine(tiny_backbone_dir, tiny_adapters, base), {n: calibration_frames() for n in ads}, "t")
     why, parts = A.openvino_int8_gate(caps, base, ads, sizes)
-    assert why == f"adapter detect has no accuracy-gate result for {Q.gate_name(caps.native_bf16, caps.vnni)}"
+    variant = Q.gate_name(caps.native_bf16, caps.vnni, int8_hint())
+    assert why == f"adapter detect has no accuracy-gate result for {variant}"
     assert set(parts) == {TINY_IMAGE}
     # gated: a candidate, timed through the calibrated parts
     gate = {"bf16": None, "int8": None, A.OPENVINO_INT8: None}
@@ -431,6 +468,26 @@ def test_a_daemon_on_the_openvino_backend_compiles_before_ready_and_serves(tiny_
         answer = [k for k in ("frames", "label", "score", "scores") if k in want]
         assert answer and all(k in got for k in answer)
         assert_rows_close({k: got[k] for k in answer}, {k: want[k] for k in answer})
+
+
+def test_warm_up_builds_each_adapters_models_at_its_own_size_only(tiny_backbone_dir, tmp_path):
+    """An adapter is served at its own image size only: warm-up builds none of its models at another size (here a
+    float model nothing would run; at ViT-S ~1 s and ~100 MB each, and in int8 an uncalibrated one)."""
+    from vlora_va.serving import profiling
+    from vlora_va.testing.tiny import make_adapter
+
+    big = 2 * TINY_IMAGE
+    dirs = {"small": make_adapter(tmp_path / "small", "detection", ["person"], seed=1),
+            "big": make_adapter(tmp_path / "big", "action", ["a", "b"], seed=2, image_size=big)}
+    e = Engine(load_backbone(str(tiny_backbone_dir)), {n: load_adapter_dir(n, p, 32) for n, p in dirs.items()}, big,
+               backend="openvino", precision="fp32")
+    catalog = e.catalog()
+    assert {n: a.size for n, a in catalog.adapters.items()} == {"small": TINY_IMAGE, "big": big}
+    profiling.warm_up(e, catalog, {s: [LoRAMode(PREMERGED)] for s in catalog.sizes}, [1, 2])
+    built = {(k.split()[0], k.split("px")[0].split()[-1], k.rsplit(" ", 1)[-1]) for k in e.backend.compile_s
+             if not k.startswith("lower")}
+    assert built == {("upper", str(TINY_IMAGE), str(e.slots["small"])), ("upper", str(big), str(e.slots["big"])),
+                     ("detection", str(TINY_IMAGE), str(e.slots["small"]))}
 
 
 # ---------------------------------------------------------------- daemon.backend: auto

@@ -13,13 +13,13 @@ from vlora_va.serving.admission import BACKLOG_SHARE, TARGET_UTILISATION, Overlo
 T0 = 5000.0
 
 
-def offer(ctl, seconds, per_s, cost_s, min_frames=1, start=T0, **kw):
+def offer(ctl, seconds, per_s, cost_s, min_frames=1, start=T0, busy=0.0, **kw):
     """Arrivals at per_s requests/s, each costing cost_s of engine time; returns (request, admission)."""
     out = []
     for i in range(int(seconds * per_s)):
         now = start + i / per_s
         r = request(kw.get("adapter", "a"), now, seq=i, **{k: v for k, v in kw.items() if k != "adapter"})
-        out.append((r, ctl.admit(r, cost_s, now, min_frames)))
+        out.append((r, ctl.admit(r, cost_s, now, min_frames, busy=busy)))
     return out
 
 
@@ -73,6 +73,25 @@ def test_a_degraded_tier_still_admits_what_the_queue_leaves_time_for():
               for i in range(12)]
     shed = [v for v in behind if v.request is None]
     assert 6 <= len(shed) < 12 and all(v.reason.startswith("overload: priority 0 work shed") for v in shed)
+
+
+def test_a_background_compile_takes_its_share_of_the_cores_off_the_capacity():
+    """0.8 s of compute a second fits the machine, not while a compile takes half its cores (busy=0.5): the tier is
+    then admitted at about target x 0.5 / 0.8, queued work counts as twice as long, and once the compile is over
+    everything is admitted again."""
+    ctl = OverloadControl("shed")
+    assert all(a.request is r for r, a in offer(ctl, 10, 10, 0.08))
+    during = offer(ctl, 10, 10, 0.08, start=T0 + 10, busy=0.5)
+    share = sum(a.request is not None for _, a in during) / len(during)
+    assert share == pytest.approx(TARGET_UTILISATION * 0.5 / 0.8, abs=0.06), share
+    assert ctl.fractions[0] == pytest.approx(TARGET_UTILISATION * 0.5 / 0.8, abs=0.02)
+    now = T0 + 20  # new streams (no credit yet): the backlog rule alone decides
+    # 0.82 s queued: with the request, fits the 1-s share of its 2-s budget at full speed, not at half
+    fits_alone = BACKLOG_SHARE * 2.0 - 0.08 - 0.1
+    assert ctl.admit(request("a", now, stream="x"), 0.08, now, 1, backlog_s=fits_alone, busy=0.5).request is None
+    assert ctl.admit(request("a", now, stream="y"), 0.08, now, 1, backlog_s=0.3, busy=0.5).request is not None
+    after = offer(ctl, 10, 10, 0.08, start=T0 + 25)[60:]  # the window has forgotten the compile's seconds
+    assert all(a.request is r for r, a in after) and ctl.fractions == {0: 1.0}
 
 
 def test_lower_priority_gives_way_first():

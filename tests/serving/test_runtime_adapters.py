@@ -154,8 +154,10 @@ def test_an_adapter_loaded_at_run_time_compiles_beside_serving(tmp_path, tiny_ba
     d.send(chunk_parts("other", 0, [("t", "detect")], n_frames=2))
     wait_rows(d, 1)  # answered while the compile is still held: serving did not wait for it
     assert d.daemon.stats.answered == 1 and "late" in d.daemon.adapters.waiting
+    assert d.daemon.adapters.busy_share() > 0  # admission counts the compile's share of the cores off the capacity
     compile_gate["open"].set()
     rows = {r["stream"]: r for r in d.finish()}
+    assert d.daemon.adapters.busy_share() == 0
     assert rows["other"]["status"] == "ok"
     assert rows["cam"]["status"] == "ok" and rows["cam"]["adapter"] == "late"
     slot = reply["slot"]

@@ -213,10 +213,11 @@ def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workloa
             "threads": torch.get_num_threads(), "torch": torch.__version__, "backbone": backbone_id,
             "backbone_shape": [getattr(cfg, k, None) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")],
             "workload": {str(s): round(n, 3) for s, n in sorted(workload.items())}, "reduce_range": reduce_range()}
-    if openvino:  # the openvino backend's candidates too: a key of its own (and of its version)
-        from vlora_va.engine.backends.openvino import openvino_version
+    if openvino:  # the openvino backend's candidates too: a key of its own (its version, its int8's float hint)
+        from vlora_va.engine.backends.openvino import int8_hint, openvino_version
 
         key["openvino"] = openvino_version()
+        key["openvino_int8_hint"] = int8_hint()
     return key
 
 
@@ -424,7 +425,7 @@ def openvino_int8_gate(caps: Capabilities, backbone: nn.Module, adapters: dict,
     """(why the openvino backend's int8 may not serve these adapters: not calibrated, or its accuracy gate for this
     CPU's variant (openvino_int8.gate_name) not passed; None: it may; its calibrated parts for the speed probe)."""
     from vlora_va.engine.backends import openvino_int8
-    from vlora_va.engine.backends.openvino import int8_calibration, openvino_problem
+    from vlora_va.engine.backends.openvino import int8_calibration, int8_hint, openvino_problem
 
     problem = openvino_problem()  # (it builds an OpenVINO Core: once)
     if problem:
@@ -432,4 +433,4 @@ def openvino_int8_gate(caps: Capabilities, backbone: nn.Module, adapters: dict,
     missing, parts = int8_calibration(backbone, adapters, sizes)
     if missing:
         return missing, {}
-    return gate_allows(adapters, openvino_int8.gate_name(caps.native_bf16, caps.vnni)), parts
+    return gate_allows(adapters, openvino_int8.gate_name(caps.native_bf16, caps.vnni, int8_hint())), parts

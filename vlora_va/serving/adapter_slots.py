@@ -20,6 +20,8 @@ import queue
 import time
 from concurrent.futures import Future
 
+import torch
+
 from vlora_va.contracts.requests import Request
 from vlora_va.engine.executor import Engine
 from vlora_va.engine.plan import Catalog
@@ -54,6 +56,12 @@ class AdapterSlots:
     def waiting(self) -> set[str]:
         """Adapters whose requests are held: being read (a reload serves the old weights meanwhile) or compiling."""
         return {n for n in self.loading if n not in self.catalog.adapters} | set(self.compiling)
+
+    def busy_share(self) -> float:
+        """The share of the engine's cores a background compile takes while one runs (admission counts it off the
+        capacity): one thread of the engine's (the compile thread runs one model at a time, and its trace and
+        compile mostly keep one core busy)."""
+        return 1.0 / max(1, torch.get_num_threads()) if self.compiling else 0.0
 
     # ------------------------------------------------------------------ held requests
     def hold(self, requests: list[Request]) -> None:

@@ -24,6 +24,11 @@ whether it is *now*. Without this, a burst (a quiet camera sending its frames ag
 5-s average past the target and shed a chunk the machine had time for (bench/capacity.py: 1 busy + 2 quiet cameras
 at 1.4 of 2 cores, 1 chunk of 45 shed in every window). Best-effort requests (files
 read as fast as possible) are never shed: the transport's backpressure paces their source.
+
+Background work that shares the engine's cores (an adapter loaded at run time compiling its backend models,
+AdapterSlots.busy_share) takes its share off the capacity while it runs: the target is target x (1 - share), and
+the queued work counts as that much slower. The cost model's online correction would see the slower batches only
+after they ran, a few batches into the compile.
 """
 
 from __future__ import annotations
@@ -82,9 +87,9 @@ class OverloadControl:
             _, tier, cost = self._arrivals.popleft()
             self._load[tier] -= cost
 
-    def _update(self, now: float) -> None:
+    def _update(self, now: float, busy: float = 0.0) -> None:
         span = self._span(now)
-        left = self.target
+        left = self.target * (1.0 - busy)
         fractions = {}
         for tier in sorted(self._load, reverse=True):
             load = max(0.0, self._load[tier]) / span
@@ -93,20 +98,22 @@ class OverloadControl:
         self.fractions = fractions
 
     def admit(self, request: Request, cost_s: float, now: float, min_frames: int,
-              backlog_s: float | None = None) -> Verdict:
+              backlog_s: float | None = None, busy: float = 0.0) -> Verdict:
         """Record the request's predicted cost and decide what happens to it. backlog_s: the predicted engine time
-        of the work queued now (None: not known, the load alone decides)."""
+        of the work queued now (None: not known, the load alone decides); busy: the share of the cores background
+        work takes now (0: none)."""
+        busy = min(max(busy, 0.0), 0.9)  # some capacity always stays: the compile ends
         if self._first is None:  # the first request stands for the chunk of media before it (~1 s), or a
             self._first = now - MIN_SPAN_S  # second chunk a moment later would read as twice the load
         tier = request.priority
         self._arrivals.append((now, tier, cost_s))
         self._load[tier] = self._load.get(tier, 0.0) + cost_s
         self._expire(now)
-        self._update(now)
+        self._update(now, busy)
         fraction = self.fractions.get(tier, 1.0)
         self._report(tier, now)
         if fraction >= 1.0 or (backlog_s is not None
-                               and backlog_s + cost_s <= BACKLOG_SHARE * (request.deadline - now)):
+                               and (backlog_s + cost_s) / (1.0 - busy) <= BACKLOG_SHARE * (request.deadline - now)):
             return Verdict(request)
         if self.degrade == "frames":
             keep = max(min_frames, math.ceil(request.num_images * fraction))
@@ -167,10 +174,11 @@ class Admission:
         self.overload = OverloadControl(degrade)
 
     def admit(self, requests: list[Request], catalog: Catalog, failed: dict[str, str], waiting: set[str],
-              now: float, queued: list[Request] | None = None) -> Admitted:
+              now: float, queued: list[Request] | None = None, busy: float = 0.0) -> Admitted:
         """Sort one chunk's requests (see the module docstring). failed: adapters that could not be loaded (name ->
         why); waiting: adapters whose requests are held (being loaded, or compiled for the backend:
-        AdapterSlots.waiting); queued: the scheduler's queue (None: not known)."""
+        AdapterSlots.waiting); queued: the scheduler's queue (None: not known); busy: the share of the cores
+        background work takes now (AdapterSlots.busy_share)."""
         out = Admitted()
         mode = catalog.resting_mode()
         # the live work queued (best-effort work goes after it, so it delays nothing admitted here)
@@ -189,7 +197,7 @@ class Admission:
                 continue
             info = catalog.adapters[req.adapter]
             cost = self._cost(req, catalog, mode)
-            verdict = self.overload.admit(req, cost, now, info.min_frames, backlog)
+            verdict = self.overload.admit(req, cost, now, info.min_frames, backlog, busy)
             if verdict.request is None:
                 out.refused.append((req, "shed", verdict.reason, "overload"))
                 continue

@@ -155,7 +155,7 @@ class Daemon:
         if len(fresh) < len(item.requests):
             self.rows.reused([r for r in item.requests if r.reuse_chunk >= 0])
         admitted = self.admission.admit(fresh, self.catalog, self.adapters.failed, self.adapters.waiting,
-                                        time.time(), self.scheduler.queue)
+                                        time.time(), self.scheduler.queue, self.adapters.busy_share())
         self.adapters.hold(admitted.held)
         self.rows.refuse(admitted.refused)
         self.scheduler.extend(admitted.queue)

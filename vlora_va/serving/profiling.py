@@ -269,11 +269,13 @@ def warm_up(engine, catalog: Catalog, modes_by_size: dict[int, list[LoRAMode]], 
             bucketed: bool = False) -> set:
     """Run every plan key the daemon will use once (size x mode x batch bucket), so no request pays a first
     call's costs (allocations, kernel selection; on a GPU, compilation). Outside merged mode the batches mix
-    every adapter, so the multi-adapter paths run too. Returns the keys run."""
-    names = list(catalog.adapters)
+    every adapter served at that size, so the multi-adapter paths run too (an adapter never runs at another size:
+    warming it there built models nothing uses, for the openvino backend float ones, uncalibrated, ~1 s and ~100 MB
+    each). Returns the keys run."""
     by_slot = {a.slot: n for n, a in catalog.adapters.items()}
     done = set()
     for size, modes in modes_by_size.items():
+        names = [n for n, a in catalog.adapters.items() if a.size == size] or list(catalog.adapters)
         for mode in modes:
             for n in images:
                 if mode.kind == MERGED:

@@ -9,12 +9,16 @@ SUBSET (50) spread over the range, letterboxed to daemon.image_size as ingest se
 - each adapter's suffix (upper) on the frames of the cameras that use it, pushed through the int8 prefix (so its
   ranges are those it sees when serving).
 Idempotent: a part already calibrated for the same key is kept (`--force`: calibrate again).
+
+Then, on a CPU with native bf16, which float hint runs these int8 models faster here (`measure_float_hint`): the
+daemon reads that choice, so it is measured once, on the machine, and never flips between starts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 
 import numpy as np
@@ -23,9 +27,11 @@ import torch
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.backends import openvino_int8
-from vlora_va.engine.backends.openvino import int8_dir, openvino_problem
+from vlora_va.engine.backends.openvino import hint_key, int8_dir, openvino_problem
 from vlora_va.engine.executor import Engine
+from vlora_va.engine.precision import Capabilities
 from vlora_va.ingest.chunker import letterbox
+from vlora_va.serving.capacity import offered_images
 from vlora_va.serving.startup import load_adapters
 from vlora_va.training.frames import read_frames
 
@@ -68,12 +74,16 @@ def calibrate(config: PipelineConfig, start: float = 0.0, end: float = 50.0, for
     engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, "cpu", 0, d.max_batch_images,
                     torch.float32, precision="int8", backend="openvino")
     frames = {n: camera_frames(config, n, start, end, openvino_int8.SUBSET) for n in engine.adapters}
-    return calibrate_engine(engine, frames, f"{start:g}-{end:g} s", force)
+    per_size, _ = offered_images(config, dict(engine.sizes))  # one second's images: the batches the daemon runs
+    batches = {size: max(1, min(d.max_batch_images, round(n))) for size, n in per_size.items()}
+    return calibrate_engine(engine, frames, f"{start:g}-{end:g} s", force, batches)
 
 
-def calibrate_engine(engine: Engine, frames: dict[str, list[np.ndarray]], where: str, force: bool = False) -> list[dict]:
+def calibrate_engine(engine: Engine, frames: dict[str, list[np.ndarray]], where: str, force: bool = False,
+                     batches: dict[int, int] | None = None) -> list[dict]:
     """Calibrate the parts an int8 openvino engine runs for its resident adapters, on `frames` (adapter -> frames
-    as ingest sends them; `where`: what they are, for the provenance)."""
+    as ingest sends them; `where`: what they are, for the provenance), then measure its float hint (batches: the
+    batch per image size to time it at, as the pipeline sends them; default 4)."""
     if engine.backend_name != "openvino" or engine.precision != "int8":
         raise CalibrationError(f"the engine runs {engine.backend_name} {engine.precision}, not openvino int8")
     be = engine.backend
@@ -89,7 +99,66 @@ def calibrate_engine(engine: Engine, frames: dict[str, list[np.ndarray]], where:
             slot = engine.slots[n]
             records.append(_part(be, "upper", size, split, slot, lambda n=n: _hidden(be, frames[n], size, split),
                                  force, {"adapter": n, "frames": f"{len(frames[n])} frames, {where}"}))
+    records.append(measure_float_hint(engine, frames, force, batches))
     return records
+
+
+def measure_float_hint(engine: Engine, frames: dict[str, list[np.ndarray]], force: bool = False,
+                       batches: dict[int, int] | None = None, rounds: int = 5) -> dict:
+    """Which float hint runs the engine's calibrated int8 models faster on this machine, recorded for the daemon
+    (openvino_int8.write_hint): each part (every size's prefix, every resident adapter's suffix) compiled at each
+    hint the CPU runs and timed on a batch of its own frames (batches[size], default 4: which hint wins depends on
+    the batch, so the pipeline's own), the hints interleaved in alternating order; per hint, the parts' medians
+    summed. Kept where already measured for this CPU, OpenVINO and thread count (force: again)."""
+    be, key, directory = engine.backend, hint_key(), int8_dir()
+    hints = openvino_int8.float_hints(Capabilities.detect("cpu").native_bf16)
+    record = {"part": "float hint", "path": str(directory / openvino_int8.HINT_FILE), "kept": True}
+    if len(hints) == 1:
+        return {**record, "hint": hints[0], "path": "the only one this CPU runs"}
+    recorded = openvino_int8.recorded_hint(directory, key)
+    if recorded is not None and not force:
+        log.info("calibrate: the float hint %s was measured here already", recorded)
+        return {**record, "hint": recorded}
+    split, runs = be.split([]), []
+    for size in sorted(set(engine.sizes.values())):
+        names = sorted(n for n, s in engine.sizes.items() if s == size)
+        pool = [f for n in names for f in frames[n]]
+        batch = (batches or {}).get(size, 4)
+        x = be.pixels((pool * batch)[:batch], size).numpy()
+        lower = {h: _compiled(be, "lower", size, split, None, h) for h in hints}
+        runs.append((lower, x))
+        hidden = be.infer(lower["f32"], x)
+        runs += [({h: _compiled(be, "upper", size, split, engine.slots[n], h) for h in hints}, hidden) for n in names]
+    times: dict[str, list[list[float]]] = {h: [[] for _ in runs] for h in hints}
+    for r in range(rounds):
+        for i, (models, x) in enumerate(runs):
+            for h in (hints if r % 2 == 0 else hints[::-1]):  # each hint first in half the rounds
+                # untimed first: the call after another model's pays for the caches, and the second hint of a pair
+                # would find them warm (5-10% in its favour, measured)
+                models[h](x)
+                t0 = time.perf_counter()
+                models[h](x)
+                times[h][i].append(time.perf_counter() - t0)
+    seconds = {h: sum(statistics.median(t) for t in times[h]) for h in hints}
+    hint = openvino_int8.write_hint(directory, key, seconds,
+                                    {str(size): (batches or {}).get(size, 4) for size in set(engine.sizes.values())})
+    log.info("calibrate: int8 float parts at %s here (%s)", hint,
+             ", ".join(f"{h} {1e3 * t:.1f} ms" for h, t in seconds.items()))
+    return {**record, "hint": hint, "kept": False, "times_s": {h: round(t, 4) for h, t in seconds.items()}}
+
+
+def describe(record: dict) -> str:
+    """One line for a record of `calibrate_engine` (the CLI's output)."""
+    if "hint" in record:
+        times = ", ".join(f"{h} {1e3 * t:.0f} ms" for h, t in record.get("times_s", {}).items())
+        return (f"{record['part']}: {record['hint']} ({'kept' if record['kept'] else 'measured: ' + times}; "
+                f"{record['path']})")
+    return f"{record['part']}: {'kept' if record['kept'] else 'calibrated in %.0f s' % record['seconds']} ({record['path']})"
+
+
+def _compiled(be, part: str, size: int, split: int, slot: int | None, hint: str):
+    path = openvino_int8.cached(int8_dir(), be.int8_key(part, size, split, slot))
+    return be.core.compile_model(be.core.read_model(str(path)), "CPU", {**be.config, "INFERENCE_PRECISION_HINT": hint})
 
 
 def _part(be, part: str, size: int, split: int, slot: int | None, samples, force: bool, provenance: dict) -> dict:

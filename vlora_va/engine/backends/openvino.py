@@ -22,8 +22,8 @@ calibrated (an adapter loaded at run time, a backbone changed since) runs in flo
 
 Detection heads run compiled too (`head_forward`; their decoding stays in torch): the x4 grid and its detail branch
 cost 25 ms per image at 336 px in torch fp32 on 2 cores, 16 compiled at f32 (the same numbers to 1e-5), 8 at bf16. At
-f32 in fp32 and bf16 (their accuracy gates were measured with torch heads); at the model's hint in int8, whose gate
-is measured this way.
+f32 in fp32 and bf16 (their accuracy gates were measured with torch heads); in int8 at bf16 where the CPU has it
+(openvino_int8.head_hint), whose gate is measured this way.
 
 OpenVINO reports usage to Intel on import and on every conversion unless the user opted out; `import_openvino`
 makes it use its own no-op stand-in, so nothing here contacts the outside.
@@ -48,12 +48,12 @@ from torch import nn
 from vlora_va.contracts.requests import frame_key
 from vlora_va.engine.backbones import patch_size
 from vlora_va.engine.backends import BackboneBackend, openvino_int8
-from vlora_va.engine.backends.torch_eager import lower, normalise, upper
+from vlora_va.engine.backends.torch_eager import lower, model_input, upper
 from vlora_va.engine.heads.detection import DetectionHead
 from vlora_va.engine.heads.features import Features
 from vlora_va.engine.lora import LoRAContext, LoRALinear
 from vlora_va.engine.modes import LoRAMode
-from vlora_va.engine.precision import Capabilities
+from vlora_va.engine.precision import Capabilities, device_name
 from vlora_va.engine.vit import block_of, blocks
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,13 @@ PRECISIONS = (*HINTS, "int8")  # int8: NNCF-calibrated models, their float parts
 
 
 def int8_hint() -> str:
-    """The hint an int8 model's float parts compute in on this CPU (bf16 where it has native bf16)."""
-    return openvino_int8.float_hint(Capabilities.detect("cpu").native_bf16)
+    """The hint an int8 model's float parts compute in on this machine: the faster one `vlora-va models calibrate`
+    measured here (openvino_int8.read_hint), f32 where none was."""
+    return openvino_int8.read_hint(int8_dir(), hint_key())
+
+
+def hint_key() -> dict:
+    return openvino_int8.hint_key(device_name(torch.device("cpu")), openvino_version(), torch.get_num_threads())
 
 
 def import_openvino():
@@ -97,10 +102,12 @@ def openvino_version() -> str:
 def compile_config(precision: str) -> dict:
     """How every model here is compiled: the precision hint explicit (OpenVINO would run a float32 model in bf16 on
     a CPU with bf16), one stream of the engine's thread count (the daemon runs one batch at a time, and ingest
-    shares the cores)."""
+    shares the cores), its threads pinned to cores (OpenVINO's default on Linux, set so: unpinned, one second of the
+    default pipeline's int8 work took 357-369 against 375 ms median, the same 408 ms at p90, with and without two
+    cameras decoding beside it, 2-core EPYC, 2026-11-27: no difference beyond the noise)."""
     hint = int8_hint() if precision == "int8" else HINTS[precision]
     return {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": torch.get_num_threads(),
-            "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+            "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": True}
 
 
 def convert(module: nn.Module, example: torch.Tensor):
@@ -248,6 +255,7 @@ class OpenVINOBackbone(BackboneBackend):
         self._loras = [m for m in backbone.modules() if isinstance(m, LoRALinear)]
         caps = Capabilities.detect("cpu")
         self.overflow_fix = openvino_int8.overflow_fix(caps.vnni)  # int8: which calibrated models this CPU reads
+        self.head_hint = openvino_int8.head_hint(caps.native_bf16)  # int8: its detection heads' hint
 
     @classmethod
     def unavailable(cls, device: torch.device, precision: str) -> str | None:
@@ -321,9 +329,8 @@ class OpenVINOBackbone(BackboneBackend):
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             model = ov.convert_model(_HeadPart(head), example_input=tuple(example),
                                      input=[ov.PartialShape([-1] + list(x.shape[1:])) for x in example])
-        config = dict(self.config)
-        if self.precision != "int8":  # the float precisions' gates were measured with fp32 heads
-            config["INFERENCE_PRECISION_HINT"] = "f32"
+        # f32 in the float precisions (their gates were measured with fp32 heads); int8's own head hint
+        config = {**self.config, "INFERENCE_PRECISION_HINT": "f32" if self.precision != "int8" else self.head_hint}
         compiled = self.core.compile_model(model, "CPU", config)
         what = self._what(("head", slot, size))
         self.compile_s[what] = time.perf_counter() - t0
@@ -350,11 +357,7 @@ class OpenVINOBackbone(BackboneBackend):
         return f"upper {job[2]}px blocks {job[3]}-{self.n_blocks} slot {job[1]}"
 
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
-        x = normalise(torch.from_numpy(np.stack(frames)))
-        if size is not None and size != x.shape[-1]:  # same resize as the torch backend: the same inputs
-            x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True,
-                                                align_corners=False)
-        return x
+        return model_input(torch.from_numpy(np.stack(frames)), size)  # the torch backend's inputs
 
     @torch.inference_mode()
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,

@@ -12,8 +12,16 @@ batch's): a calibrated part must not depend on which adapters share a batch. The
 and whether NNCF's overflow fix was applied: int8 sums saturate on CPUs without VNNI (AVX2, AVX-512 without VNNI),
 so there every weight is quantized to 7 bits, and the accuracy gate is kept separately (`gate_name`).
 
-The float parts of an int8 model (softmax, norms, the ops NNCF leaves in float) compute in the precision hint the
-model is compiled with: bf16 where the CPU has it, else f32. Both are explicit, and the gate is keyed by it.
+The float parts of an int8 model (softmax, norms, GELU, the attention NNCF leaves in float) compute in f32 or, where
+the CPU has native bf16, in bf16: whichever ran this machine's calibrated models faster when `vlora-va models
+calibrate` timed both (`write_hint`; bf16 only when at least BF16_MARGIN faster, f32 being the more accurate). The
+matmuls are int8 either way, and which wins depends on the CPU, the image size and the batch: on a 2-core EPYC
+with avx512_bf16, the plain backbone's int8 took 23.1 ms per image with f32 parts and 24.9 with bf16 at 224 px,
+batch 8, while bf16 was 3-10% faster at 336 px and at batch 4 (2026-11-27); on CPUs whose bf16 runs on AMX the
+float attention may gain more. So calibration times both at the pipeline's own batches. The daemon reads the
+recorded choice (`read_hint`; f32 where none was measured for this CPU, OpenVINO version and thread count), so it
+never changes between starts. A detection head, a float model of its own, computes in bf16 where the CPU has it
+(`head_hint`). The gate is keyed by both hints (`gate_name`).
 """
 
 from __future__ import annotations
@@ -33,8 +41,52 @@ FORMAT = 1  # bump when what a cached model holds changes: older ones are then n
 SUBSET = 50  # calibration samples per model (the issue's 50 frames; NNCF's default is 300)
 
 
-def float_hint(native_bf16: bool) -> str:
-    """INFERENCE_PRECISION_HINT for an int8 model's float parts."""
+HINT_FILE = "float-hint.json"  # in the int8 folder: the float hint measured on this machine (`write_hint`)
+BF16_MARGIN = 0.03  # bf16 float parts only when at least this much faster than f32 (f32 is the more accurate)
+HINT_OVERRIDE: str | None = None  # force the float hint (bench, tests); None: the one measured here
+
+
+def float_hints(native_bf16: bool) -> tuple[str, ...]:
+    """The INFERENCE_PRECISION_HINTs an int8 model's float parts may run in on this CPU."""
+    return ("f32", "bf16") if native_bf16 else ("f32",)
+
+
+def hint_key(cpu: str, openvino: str, threads: int) -> dict:
+    """What a measured float hint depends on: the CPU (model and vector capability), OpenVINO, the threads."""
+    return {"format": FORMAT, "cpu": cpu, "openvino": openvino, "threads": threads}
+
+
+def read_hint(directory: Path, key: dict) -> str:
+    """The float hint the daemon uses: HINT_OVERRIDE when set, else the one measured for `key`, else f32."""
+    return HINT_OVERRIDE or recorded_hint(directory, key) or "f32"
+
+
+def recorded_hint(directory: Path, key: dict) -> str | None:
+    """The float hint measured here for `key` (None: none was, or for another CPU, OpenVINO or thread count)."""
+    try:
+        record = json.loads((directory / HINT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    hint = record.get("hint") if isinstance(record, dict) and record.get("key") == key else None
+    return hint if hint in ("f32", "bf16") else None
+
+
+def write_hint(directory: Path, key: dict, seconds: dict[str, float], batches: dict | None = None) -> str:
+    """Record the faster float hint of `seconds` (hint -> the same work's time, at `batches`: image size -> batch)
+    for `key`; returns it."""
+    hint = "bf16" if "bf16" in seconds and seconds["bf16"] <= (1 - BF16_MARGIN) * seconds["f32"] else "f32"
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f"{HINT_FILE}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps({"key": key, "hint": hint, "seconds": {h: round(t, 4) for h, t in seconds.items()},
+                               "batches": batches or {}, "margin": BF16_MARGIN,
+                               "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
+    tmp.rename(directory / HINT_FILE)
+    return hint
+
+
+def head_hint(native_bf16: bool) -> str:
+    """INFERENCE_PRECISION_HINT for a detection head under int8 (a float model: its convolutions are most of its cost):
+    bf16 where the CPU has it, half the time of f32 (the shipped detect head at 336 px, 2 images: 19.5 ms)."""
     return "bf16" if native_bf16 else "f32"
 
 
@@ -44,10 +96,11 @@ def overflow_fix(vnni: bool) -> bool:
     return not vnni
 
 
-def gate_name(native_bf16: bool, vnni: bool) -> str:
-    """The accuracy-gate entry that covers this CPU's openvino int8: the float hint and the overflow fix both change
-    what it computes."""
-    return f"openvino-int8-{float_hint(native_bf16)}" + ("-7bit" if overflow_fix(vnni) else "")
+def gate_name(native_bf16: bool, vnni: bool, hint: str) -> str:
+    """The accuracy-gate entry that covers this CPU's openvino int8 with float parts at `hint`: the float hints (the
+    backbone's, the detection head's) and the overflow fix all change what it computes."""
+    head = "-bf16-head" if hint == "f32" and head_hint(native_bf16) == "bf16" else ""
+    return f"openvino-int8-{hint}{head}" + ("-7bit" if overflow_fix(vnni) else "")
 
 
 def part_key(part: str, backbone: str, size: int, split: int, adapter: str | None, fix: bool,

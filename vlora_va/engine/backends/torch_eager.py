@@ -42,6 +42,18 @@ def normalise(images: torch.Tensor) -> torch.Tensor:
     return (images.permute(0, 3, 1, 2).float() / 255.0 - mean) / std
 
 
+def model_input(images: torch.Tensor, size: int | None = None) -> torch.Tensor:
+    """uint8 [N, H, W, 3] RGB -> the model input [N, 3, size, size]: resized (bilinear, antialiased), then normalised.
+    In that order because both are linear (the filter's weights sum to 1), so the values are the same to float
+    rounding either way, and this way is half the work: the resize reads the frames in their own channels-last
+    layout, and normalising touches the smaller image (8 frames 336 -> 224 px: 13 -> 7 ms on 2 cores)."""
+    if size is not None and size != images.shape[1]:
+        x = images.permute(0, 3, 1, 2).float()  # channels-last in memory, as the frames are
+        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        images = x.permute(0, 2, 3, 1)
+    return normalise(images)
+
+
 def _run(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     out = block(hidden)
     return out[0] if isinstance(out, tuple) else out  # older transformers return a tuple
@@ -95,10 +107,7 @@ class TorchBackbone(BackboneBackend):
 
     def pixels(self, frames: list[np.ndarray], size: int | None = None) -> torch.Tensor:
         # np.stack copies: the received buffers stay untouched
-        x = normalise(torch.from_numpy(np.stack(frames)).to(self.device))
-        if size is not None and size != x.shape[-1]:  # resizing is linear: same before or after normalising
-            x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-        return x.to(self.dtype)
+        return model_input(torch.from_numpy(np.stack(frames)).to(self.device), size).to(self.dtype)
 
     @torch.inference_mode()
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,
