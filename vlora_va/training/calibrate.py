@@ -133,8 +133,8 @@ def measure_float_hint(engine: Engine, frames: dict[str, list[np.ndarray]], forc
     for r in range(rounds):
         for i, (models, x) in enumerate(runs):
             for h in (hints if r % 2 == 0 else hints[::-1]):  # each hint first in half the rounds
-                # untimed first: the call after another model's pays for the caches, and the second hint of a pair
-                # would find them warm (5-10% in its favour, measured)
+                # an untimed call first: the first call after another model's run pays for the caches, and timed
+                # that way the second hint of a pair would find them warm (5-10% in its favour, measured)
                 models[h](x)
                 t0 = time.perf_counter()
                 models[h](x)
