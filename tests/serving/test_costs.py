@@ -114,6 +114,19 @@ def test_the_efficient_batch_is_where_the_profile_measured_the_lowest_time_per_i
     assert m.efficient_batch(16) == cap
 
 
+def test_the_load_per_image_is_the_slope_of_the_batches_the_daemon_runs():
+    """Batches capped at 8 (a CPU where 16 costs more per image): one more image costs the slope up to 8, not the
+    slope through the batch of 16 that never runs."""
+    points = [(1, 0.10), (4, 0.33), (8, 0.66), (16, 1.50)]
+    m = C.CostModel(C.CostProfile(key={}, base={224: points}, factors={"merged": {1: 1.0}}, switch_s=0.0))
+    through_16 = (1.50 - 0.10) / 15
+    assert m.image_s(224, LoRAMode(MERGED, 0)) == pytest.approx(through_16)  # no cap: every point
+    m.batch_cap = m.efficient_batch(16)
+    assert m.batch_cap == 8 and m.image_s(224, LoRAMode(MERGED, 0)) == pytest.approx((0.66 - 0.10) / 7)
+    m.batch_cap = 1  # one point left: its own time per image
+    assert m.image_s(224, LoRAMode(MERGED, 0)) == pytest.approx(0.10)
+
+
 def test_the_efficient_batch_is_the_largest_over_sizes():
     """One batch limit serves every size: a size that gains from large batches keeps them (the default pipeline on
     OpenVINO: 224 px cheapest at 16, 336 px at 1)."""

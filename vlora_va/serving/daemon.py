@@ -79,6 +79,7 @@ class Daemon:
     def _batch_cap(self, max_batch: int) -> int:
         """max_batch_images, or less where the profile shows larger batches cost more per image (a CPU)."""
         cap = self.costs.efficient_batch(max_batch)
+        self.costs.batch_cap = cap  # its load accounting takes the slope of the batches that run
         if cap < max_batch:
             log.info("batches of at most %d images: the cost profile measured the lowest time per image there "
                      "(max_batch_images %d costs more per image on this machine)", cap, max_batch)
