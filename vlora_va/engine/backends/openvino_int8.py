@@ -76,12 +76,17 @@ def write_hint(directory: Path, key: dict, seconds: dict[str, float], batches: d
     for `key`; returns it."""
     hint = "bf16" if "bf16" in seconds and seconds["bf16"] <= (1 - BF16_MARGIN) * seconds["f32"] else "f32"
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f"{HINT_FILE}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps({"key": key, "hint": hint, "seconds": {h: round(t, 4) for h, t in seconds.items()},
-                               "batches": batches or {}, "margin": BF16_MARGIN,
-                               "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
-    tmp.rename(directory / HINT_FILE)
+    _write_record(directory / HINT_FILE, key, {"hint": hint, "seconds": {h: round(t, 4) for h, t in seconds.items()},
+                                               "batches": batches or {}, "margin": BF16_MARGIN})
     return hint
+
+
+def _write_record(path: Path, key: dict, fields: dict) -> None:
+    """A JSON record of `key` and `fields`, written whole or not at all (a temporary file, then a rename): a reader
+    never sees half of one."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, **fields, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
+    tmp.rename(path)
 
 
 def head_hint(native_bf16: bool) -> str:
@@ -146,9 +151,7 @@ def save(ov, model, directory: Path, key: dict, provenance: dict) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = model_path(directory, key)
     ov.save_model(model, str(path), compress_to_fp16=False)
-    tmp = path.with_suffix(f".json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"key": key, **provenance, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
-    tmp.rename(path.with_suffix(".json"))
+    _write_record(path.with_suffix(".json"), key, provenance)
     return path
 
 
