@@ -13,10 +13,11 @@ training footage, busy and quiet (bench/filter_accuracy.py: bench/results/filter
 1-frame detect's for detect); off: no filter.
 
 One run = one (isa, mix, filtering). One `vlora-va daemon` per ISA serves its runs one after another, as the
-default pipeline's daemon does (precision auto, 16-image batches, all cores); `--isa avx2` starts it with torch's
-kernel libraries capped at AVX2 through their environment variables (engine/precision.py AVX2_ENV), so it estimates
-an AVX2-only CPU of this clock. Ingest runs as it would on the camera host's side of the same machine: one
-`vlora-va ingest` process per camera, sharing the cores with the daemon.
+default pipeline's daemon does (pipelines.yaml's `backend`, precision auto, 16-image batches, all cores); `--isa avx2`
+starts it with torch's kernel libraries capped at AVX2 through their environment variables (engine/precision.py
+AVX2_ENV; OpenVINO heeds the same ONEDNN_MAX_CPU_ISA), so it estimates an AVX2-only CPU of this clock. Ingest
+runs as it would on the camera host's side of the same machine: one `vlora-va ingest` process per camera, sharing
+the cores with the daemon.
 
 A run adds cameras one at a time, one every --step s (26.4 s: 0.44 of quiet.mp4's one-minute walk-through period,
 so the cameras' walk-throughs fall at spread-out moments, as independent cameras' would; they all keep running).
@@ -42,6 +43,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -71,6 +74,11 @@ def say(msg: str) -> None:
 
 
 # ---------------------------------------------------------------- cameras
+def default_backend() -> str:
+    """The default pipeline's daemon.backend (`auto`: openvino where it measures faster here)."""
+    return yaml.safe_load((ROOT / "pipelines.yaml").read_text())["daemon"].get("backend", "torch")
+
+
 def tuned_threshold(task: str) -> float:
     """The threshold `vlora-va filter tune` chose for the task on the busy video (its report's `chosen`)."""
     path = Path(str(TUNED).format(task=TUNE_OF[task]))
@@ -187,12 +195,18 @@ def measure(sink: live.SinkRows, mine: set[str], ids: list[str], rows: list[dict
 
 
 # ---------------------------------------------------------------- the bench
+def daemon_section(work: Path, backbone: str, backend: str) -> dict:
+    """The daemon's settings: the default pipeline's (16-image batches, 20 ms wait, precision auto), with `backend`
+    given (the configuration's default is torch, the default pipeline's auto: default_backend)."""
+    cfg = live.daemon_section(f"ipc://{work}/daemon.sock", backbone, "cpu", 16, "auto")
+    return {**cfg, "max_wait_ms": 20, "backend": backend}
+
+
 def run_isa(isa: str, runs: list[tuple[str, bool]], filters: dict[str, float], args, doc: dict, save) -> None:
     """One daemon for this ISA, then each run's sweep against it."""
     work = Path(tempfile.mkdtemp(prefix=f"vlora-capacity-{isa}-", dir="/tmp"))
     sink_path = work / "results.jsonl"
-    daemon_cfg = live.daemon_section(f"ipc://{work}/daemon.sock", args.backbone, "cpu", 16, "auto")
-    daemon_cfg["max_wait_ms"] = 20
+    daemon_cfg = daemon_section(work, args.backbone, args.backend)
     every = [camera(f"{run_id(m, f)}-c{k}", kinds(m, args.max_streams)[k], filters if f else None)
              for m, f in runs for k in range(args.max_streams)]
     cfg = live.pipeline(daemon_cfg, [], sink_path)
@@ -225,7 +239,8 @@ def table(doc: dict) -> str:
              f"Cameras added one every {doc['step_s']} s until fewer than {live.HELD:.0%} of a {doc['window_s']:g}-s "
              "window's chunks are in deadline (both tasks' rows ok in time). Camera: detect (1 frame, 336 px) + "
              "activity (8 frames, 224 px) per 1-s chunk at 10 fps, live. busy = pedestrians.mp4; mixed = 1 busy + "
-             f"quiet.mp4 cameras. Filter thresholds: {doc['filters']}.", "",
+             f"quiet.mp4 cameras. Filter thresholds: {doc['filters']}. daemon.backend: {doc.get('backend', 'torch')}; "
+             "what it chose per ISA: " + "; ".join(f"{isa}: {what}" for isa, what in chosen(doc).items()) + ".", "",
              "| ISA | mix | filtering | cameras held | at that N: in deadline, rows reused, cores busy "
              "| one more camera: in deadline (window, second window) |",
              "|---|---|---|---:|---|---|"]
@@ -255,6 +270,15 @@ def table(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def chosen(doc: dict) -> dict[str, str]:
+    """Per ISA, the daemon's start-up line saying which backend and precision serve (its `daemon_startup`)."""
+    out = {}
+    for r in doc["runs"]:
+        line = next((x for x in reversed(r.get("daemon_startup", [])) if "backbone precision" in x), "")
+        out[r["isa"]] = line.split("startup: ", 1)[-1].strip() or "not logged"
+    return out
+
+
 def ratios(doc: dict) -> dict:
     held = {(r["isa"], r["mix"], r["filtering"]): r["streams_held"] for r in doc["runs"]}
     out = {}
@@ -272,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filtering", default="off,on")
     ap.add_argument("--max-streams", type=int, default=16)
     ap.add_argument("--backbone", default="dinov2-small", help="daemon.backbone (a model cache name or a path)")
+    ap.add_argument("--backend", default=default_backend(),
+                    help="daemon.backend (default: pipelines.yaml's, so the cameras run as `make run` does)")
     ap.add_argument("--step", type=float, default=STEP_S)
     ap.add_argument("--settle", type=float, default=SETTLE_S)
     ap.add_argument("--window", type=float, default=WINDOW_S)
@@ -287,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     filters = {t["name"]: float(given[t["name"]]) if t["name"] in given else tuned_threshold(t["name"])
                for t in live.TASKS} if any(filt) else {}
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "step_s": args.step,
-           "settle_s": args.settle, "window_s": args.window, "held_at": live.HELD, "filters": filters, "runs": []}
+    doc = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "backend": args.backend,
+           "step_s": args.step, "settle_s": args.settle, "window_s": args.window, "held_at": live.HELD,
+           "filters": filters, "runs": []}
     path = args.out / "capacity.json"
 
     def save() -> None:

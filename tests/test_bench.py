@@ -1,6 +1,7 @@
 """The benchmarks' own logic (their figures come from running them, not from tests): bench/gpu.py skips
 cleanly without CUDA; bench/serving.py's load schedule and its summary arithmetic."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,32 @@ def test_serving_analysis_and_ratios():
     summary = {r["policy"]: r for r in S.summarise(points)}
     assert summary["vlora"]["vs_best_baseline"] == pytest.approx(1.2)
     assert summary["vlora"]["vs_unmerge_only"] == pytest.approx(1.5)
+
+
+def test_capacity_bench_runs_the_daemon_with_the_default_pipelines_backend(tmp_path):
+    """bench/capacity.py measures cameras as `make run` serves them: pipelines.yaml's daemon.backend (auto: OpenVINO
+    where it measures faster), not the configuration's default (torch), and the settings validate."""
+    import capacity as C
+    import yaml
+
+    from vlora_va.contracts.config import parse_config
+
+    default = yaml.safe_load((ROOT / "pipelines.yaml").read_text())["daemon"]["backend"]
+    assert C.default_backend() == default
+    section = C.daemon_section(tmp_path, "dinov2-small", C.default_backend())
+    assert section["backend"] == default and section["precision"] == "auto"
+    assert section["max_batch_images"] == yaml.safe_load((ROOT / "pipelines.yaml").read_text())["daemon"][
+        "max_batch_images"]
+    cfg = C.live.pipeline(section, [], tmp_path / "rows.jsonl")
+    cfg["streams"] = [C.camera("c0", "busy", None)]
+    assert parse_config(json.dumps(cfg), base_dir=ROOT).daemon.backend == default
+
+
+def test_capacity_table_names_what_the_daemon_chose_per_isa():
+    import capacity as C
+
+    line = "  [daemon] vlora_va.serving.startup: backbone precision bf16: fastest here (backend openvino)"
+    doc = {"runs": [{"isa": "native", "daemon_startup": ["  [daemon] x: precision speeds ...", line]},
+                    {"isa": "avx2", "daemon_startup": []}]}
+    assert C.chosen(doc) == {"native": "backbone precision bf16: fastest here (backend openvino)",
+                             "avx2": "not logged"}

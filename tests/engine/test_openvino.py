@@ -134,6 +134,29 @@ def test_each_model_is_compiled_with_the_precision_hint_asked_for(tiny_backbone_
         assert (got.cls - want.cls).abs().max() < 0.1 * want.cls.abs().max()
 
 
+def test_compiled_models_are_cached_apart_per_precision_hint_and_isa_cap(tiny_backbone_dir, tiny_adapters, tmp_path,
+                                                                         monkeypatch):
+    """OpenVINO's blob cache key leaves the precision hint out: the same part compiled at f32 and then at bf16 must
+    not share a cache folder (with one, the bf16 compile loaded the f32 blob and gave NaN features on a Xeon with
+    AMX, 2026-11-27), nor may a blob built under the AVX2 cap serve an uncapped run."""
+    from vlora_va.engine.backends.openvino import blob_dir
+
+    monkeypatch.setenv("VLORA_VA_OPENVINO_CACHE", str(tmp_path))
+    fr = frames(2, 9)
+    got = {}
+    for precision in ("fp32", "bf16", "fp32"):  # the second fp32 run reads its own blobs again
+        _, o = engines(tiny_backbone_dir, tiny_adapters, precision=precision)
+        got.setdefault(precision, []).append(o.features(fr, [o.slots["detect"]] * 2).cls)
+    folders = {h: blob_dir({"INFERENCE_PRECISION_HINT": h}) for h in ("f32", "bf16")}
+    assert folders["f32"] != folders["bf16"] and all(f.is_relative_to(tmp_path) for f in folders.values())
+    assert all(any(f.glob("*.blob")) for f in folders.values())
+    assert not any(tmp_path.glob("*.blob"))  # nothing left in the shared top folder
+    assert all(torch.isfinite(c).all() for cs in got.values() for c in cs)
+    torch.testing.assert_close(got["fp32"][1], got["fp32"][0], atol=0, rtol=0)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert blob_dir({"INFERENCE_PRECISION_HINT": "f32"}) not in folders.values()
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_detection_heads_run_compiled_at_f32_in_the_float_precisions(tiny_backbone_dir, tiny_adapters, precision):
     """The detection head runs compiled (at f32 in the float precisions: their gates were measured with fp32 heads),

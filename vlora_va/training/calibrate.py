@@ -157,8 +157,7 @@ def describe(record: dict) -> str:
 
 
 def _compiled(be, part: str, size: int, split: int, slot: int | None, hint: str):
-    path = openvino_int8.cached(int8_dir(), be.int8_key(part, size, split, slot))
-    return be.core.compile_model(be.core.read_model(str(path)), "CPU", {**be.config, "INFERENCE_PRECISION_HINT": hint})
+    return be.compile_model(be.int8_model(part, size, split, slot), {**be.config, "INFERENCE_PRECISION_HINT": hint})
 
 
 def _part(be, part: str, size: int, split: int, slot: int | None, samples, force: bool, provenance: dict) -> dict:

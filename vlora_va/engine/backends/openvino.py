@@ -193,6 +193,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VLORA_VA_OPENVINO_CACHE", Path.home() / ".cache" / "vlora-va" / "openvino"))
 
 
+def blob_dir(config: dict) -> Path:
+    """Where OpenVINO caches the models compiled with `config`: a folder per precision hint and per ISA cap
+    (ONEDNN_MAX_CPU_ISA, precision.AVX2_ENV). OpenVINO 2026.4's cache key leaves the hint out: with one folder, a model
+    compiled at f32 was loaded again for a bf16 compile of the same graph, and on a Xeon with AMX that gave NaN
+    features (tests/engine/test_openvino.py); a blob built under the AVX2 cap could likewise serve an uncapped run."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "native").lower()
+    return cache_dir() / "blobs" / f"{config['INFERENCE_PRECISION_HINT']}-{isa}"
+
+
 def int8_dir() -> Path:
     """Where calibrated int8 models live (IR; keyed by openvino_int8.part_key)."""
     return cache_dir() / "int8"
@@ -236,7 +245,6 @@ class OpenVINOBackbone(BackboneBackend):
             raise RuntimeError(problem)
         self.core = import_openvino().Core()
         self.precision = precision
-        self.core.set_property("CPU", {"CACHE_DIR": str(cache_dir())})
         self.config = compile_config(precision)
         self.patch = patch_size(backbone)
         self.prefix_tokens = 1 + int(getattr(backbone.config, "num_register_tokens", 0) or 0)
@@ -331,7 +339,7 @@ class OpenVINOBackbone(BackboneBackend):
                                      input=[ov.PartialShape([-1] + list(x.shape[1:])) for x in example])
         # f32 in the float precisions (their gates were measured with fp32 heads); int8's own head hint
         config = {**self.config, "INFERENCE_PRECISION_HINT": "f32" if self.precision != "int8" else self.head_hint}
-        compiled = self.core.compile_model(model, "CPU", config)
+        compiled = self.compile_model(model, config)
         what = self._what(("head", slot, size))
         self.compile_s[what] = time.perf_counter() - t0
         log.info("openvino: %s compiled in %.1f s (%s)", what, self.compile_s[what], config["INFERENCE_PRECISION_HINT"])
@@ -433,6 +441,15 @@ class OpenVINOBackbone(BackboneBackend):
         with self._convert_lock, self._merged(slot):
             return convert(_Part(self.backbone, split, part), self.example(part, size))
 
+    def compile_model(self, model, config: dict):
+        """`model` compiled for the CPU with `config`, through OpenVINO's blob cache (blob_dir: one per hint)."""
+        return self.core.compile_model(model, "CPU", {**config, "CACHE_DIR": str(blob_dir(config))})
+
+    def int8_model(self, part: str, size: int, split: int, slot: int | None):
+        """The calibrated int8 model of `part` (`vlora-va models calibrate`), read, or None where there is none."""
+        path = openvino_int8.cached(int8_dir(), self.int8_key(part, size, split, slot))
+        return None if path is None else self.core.read_model(str(path))
+
     def _compile(self, what: str, part: str, size: int, split: int, slot: int | None, background: bool = False):
         """Compile `part` with this backend's hints: its calibrated model in int8 (float where there is none), else
         converted from the torch modules. background: on the compile thread (`prepare`), serving goes on."""
@@ -441,9 +458,8 @@ class OpenVINOBackbone(BackboneBackend):
             log.warning("openvino: compiling %s while serving (an adapter loaded at run time?)", what)
         model = None
         if self.precision == "int8":
-            path = openvino_int8.cached(int8_dir(), self.int8_key(part, size, split, slot))
-            if path is not None:
-                model = self.core.read_model(str(path))
+            model = self.int8_model(part, size, split, slot)
+            if model is not None:
                 what += " int8"
             else:
                 self.uncalibrated.append(what)
@@ -451,7 +467,7 @@ class OpenVINOBackbone(BackboneBackend):
                             what)
         if model is None:
             model = self.float_model(part, size, split, slot)
-        compiled = self.core.compile_model(model, "CPU", self.config)
+        compiled = self.compile_model(model, self.config)
         self.compile_s[what] = time.perf_counter() - t0
         layers = ""
         if self.precision == "int8":
