@@ -157,6 +157,24 @@ def test_compiled_models_are_cached_apart_per_precision_hint_and_isa_cap(tiny_ba
     assert blob_dir({"INFERENCE_PRECISION_HINT": "f32"}) not in folders.values()
 
 
+def test_blobs_an_earlier_version_cached_in_the_shared_folder_are_deleted(tiny_backbone_dir, tiny_adapters, tmp_path,
+                                                                          monkeypatch, caplog):
+    """Before blob_dir, every hint's blobs lay in the top cache folder: untrustworthy and never read again, so the
+    backend deletes them at start-up, and nothing else (the calibrated int8 models, this version's blobs)."""
+    monkeypatch.setenv("VLORA_VA_OPENVINO_CACHE", str(tmp_path))
+    old = [tmp_path / f"{n}.blob" for n in (123, 456)]
+    for p in old:
+        p.write_bytes(b"an old compiled model")
+    kept = [tmp_path / "int8" / "lower-56px-x.xml", tmp_path / "blobs" / "f32-native" / "789.blob"]
+    for p in kept:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"kept")
+    with caplog.at_level(logging.INFO, logger="vlora_va.engine.backends.openvino"):
+        engines(tiny_backbone_dir, tiny_adapters)
+    assert not any(p.exists() for p in old) and all(p.exists() for p in kept)
+    assert any("deleted 2 compiled models" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_detection_heads_run_compiled_at_f32_in_the_float_precisions(tiny_backbone_dir, tiny_adapters, precision):
     """The detection head runs compiled (at f32 in the float precisions: their gates were measured with fp32 heads),
