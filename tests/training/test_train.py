@@ -417,4 +417,7 @@ def test_a_box_head_started_from_a_detection_adapter_is_its_person_class(tmp_pat
     feats = Features(torch.zeros(2, 8), torch.randn(2, 8, 4, 4), torch.randn(2, 3, 56, 56))
     with torch.no_grad():
         (logits, dist), (theirs, their_dist) = head.box_head(feats), source(feats)
-    assert torch.equal(logits, theirs[:, 1:2]) and torch.equal(dist, their_dist)
+    # equal up to float rounding: a 1-channel output layer takes other kernels than the 2-channel one (with AMX,
+    # oneDNN's differ in the last bits); the car row would be 3 off (its bias -1 against the person's 2)
+    torch.testing.assert_close(logits, theirs[:, 1:2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dist, their_dist, rtol=1e-5, atol=1e-5)
