@@ -414,7 +414,7 @@ def test_below_half_its_capacity_every_row_is_served_on_time(tmp_path):
 OVERLOAD_MIN = 1.3  # the offered load the overload test must reach (seconds of compute per second)
 OVERLOAD_AIM = 1.8  # the estimate the copies aim at: five copies of 1 detection frame offered ~1.7 s/s on the EPYC
 # the test was made on, ~0.97 on a 2-core Xeon with AMX (OpenVINO bf16), which never overloaded it
-COPIES = 5  # more streams, not heavier ones, made ingest drop chunks there (the test counts every chunk's rows)
+COPIES = 5  # heavier copies rather than more: 12 copies made ingest drop a chunk there (the test counts them all)
 RSS_GROWTH_MAX_MB = 300  # the daemon's RSS under overload may exceed its RSS when serving began by at most this
 
 
@@ -456,8 +456,8 @@ def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_pat
     bikes = next(s for s in cfg["streams"] if s["id"] == "bikes")
     # five, not three: on a fast AVX-512 VNNI CPU three copies offered ~0.95-0.99 s of compute per second, at the
     # edge of overload, and sometimes nothing was shed; five offered ~1.7 s there (detect_frames_to_overload)
-    # The copies are untracked, one detection frame each, as this test was calibrated: tracking (2 detection frames,
-    # priority 1) is not what it is about, and five tracked copies would offer another ~0.6 s per second.
+    # The copies are untracked: tracking (2 detection frames, priority 1) is not what this test is about, and five
+    # tracked copies would offer another ~0.6 s per second. Their detection frames: detect_frames_to_overload.
     untracked = [{k: v for k, v in t.items() if k not in ("track", "priority")} | {"frames_per_chunk": 1}
                  if t.get("track") else t for t in peds["tasks"]]
     peds = {k: v for k, v in peds.items() if k not in ("lines", "zones", "snapshots")} | {"tasks": untracked}
