@@ -84,12 +84,12 @@ def test_capacity_bench_runs_the_daemon_with_the_default_pipelines_backend(tmp_p
 
     from vlora_va.contracts.config import parse_config
 
-    default = yaml.safe_load((ROOT / "pipelines.yaml").read_text())["daemon"]["backend"]
+    daemon = yaml.safe_load((ROOT / "pipelines.yaml").read_text())["daemon"]
+    default = daemon["backend"]
     assert C.default_backend() == default
     section = C.daemon_section(tmp_path, "dinov2-small", C.default_backend())
     assert section["backend"] == default and section["precision"] == "auto"
-    assert section["max_batch_images"] == yaml.safe_load((ROOT / "pipelines.yaml").read_text())["daemon"][
-        "max_batch_images"]
+    assert section["max_batch_images"] == daemon["max_batch_images"]
     cfg = C.live.pipeline(section, [], tmp_path / "rows.jsonl")
     cfg["streams"] = [C.camera("c0", "busy", None)]
     assert parse_config(json.dumps(cfg), base_dir=ROOT).daemon.backend == default

@@ -424,8 +424,7 @@ def detect_frames_to_overload(tmp_path: Path, cfg: dict, copy: dict) -> int:
     needs here with 1 and with 10 frames, interpolated (the cost is close to linear in frames)."""
     def need(frames: int) -> float:
         probe = tmp_path / f"one-copy-{frames}.yaml"
-        tasks = [dict(t, frames_per_chunk=frames) if t["adapter"] == "detect" else t for t in copy["tasks"]]
-        probe.write_text(yaml.safe_dump({**cfg, "streams": [dict(copy, id="probe", tasks=tasks)]}))
+        probe.write_text(yaml.safe_dump({**cfg, "streams": [dict(with_detect_frames(copy, frames), id="probe")]}))
         out = subprocess.run([*CLI, "validate", "--profile", str(probe)], cwd=ROOT, capture_output=True, text=True,
                              timeout=600)
         found = re.search(r"needs (\d+\.\d+) s of compute per second here", out.stdout)
@@ -437,6 +436,12 @@ def detect_frames_to_overload(tmp_path: Path, cfg: dict, copy: dict) -> int:
     frames = min(10, max(1, 1 + math.ceil((OVERLOAD_AIM / COPIES - one) / per_frame)))
     print(f"\none copy needs {one:.2f} s/s here with 1 detection frame, {ten:.2f} with 10: {frames} frames")
     return frames
+
+
+def with_detect_frames(stream: dict, frames: int) -> dict:
+    """`stream` with its detection task on `frames` frames per chunk."""
+    return dict(stream, tasks=[dict(t, frames_per_chunk=frames) if t["adapter"] == "detect" else t
+                               for t in stream["tasks"]])
 
 
 def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_path):
@@ -462,8 +467,7 @@ def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_pat
                  if t.get("track") else t for t in peds["tasks"]]
     peds = {k: v for k, v in peds.items() if k not in ("lines", "zones", "snapshots")} | {"tasks": untracked}
     copy = dict(peds, source=str(ROOT / peds["source"]), max_chunks=18)
-    frames = detect_frames_to_overload(tmp_path, cfg, copy)
-    copy["tasks"] = [dict(t, frames_per_chunk=frames) if t["adapter"] == "detect" else t for t in copy["tasks"]]
+    copy = with_detect_frames(copy, detect_frames_to_overload(tmp_path, cfg, copy))
     heavy = [dict(copy, id=f"pedestrians-{i}") for i in range(COPIES)]
     light = dict(bikes, id="bikes", source=str(ROOT / bikes["source"]), loop=True, max_chunks=36)
     cfg["streams"] = [*heavy, light]
