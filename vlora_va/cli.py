@@ -258,7 +258,7 @@ def cmd_models_calibrate(args) -> int:
         log.error("--range %r: expected START-END in seconds, e.g. 0-50", args.range)
         return 2
     try:
-        records = calibrate(load_config(args.config), start, end, args.force)
+        records = calibrate(load_config(args.config), start, end, args.force, gates=not args.no_gates)
     except ConfigError as e:
         log.error("%s", e)
         return 2
@@ -454,7 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", default="pipelines.yaml")
     p.add_argument("--range", default="0-50", help="seconds of each camera's video to calibrate on (default 0-50: "
                                                     "the shipped adapters' training range)")
-    p.add_argument("--force", action="store_true", help="calibrate again parts already calibrated")
+    p.add_argument("--force", action="store_true", help="calibrate again parts already calibrated (and measure "
+                   "again the accuracy gates measured on this machine)")
+    p.add_argument("--no-gates", action="store_true", help="skip measuring the accuracy gates this CPU's variants "
+                   "lack (precision: auto then leaves those variants off)")
     p.set_defaults(func=cmd_models_calibrate)
 
     adapters = sub.add_parser("adapters", help="adapter utilities").add_subparsers(dest="what", required=True)

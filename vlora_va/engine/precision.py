@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 import platform
 import warnings
 from dataclasses import dataclass
@@ -49,6 +50,14 @@ REDUCE_RANGE: bool | None = None
 # its own kernels is told, fbgemm included (it ignores ATen's capability).
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+# How this machine runs as an AVX-512 + VNNI CPU without bf16 (Cascade Lake, Ice Lake: most cloud Xeons) on one that
+# has bf16: oneDNN, which torch's bf16 matmuls and OpenVINO's CPU plugin both use, stops below AVX512_CORE_BF16, and
+# `Capabilities.detect` hides avx512_bf16 / AMX by the same cap. fbgemm keeps its AVX512-VNNI int8 kernels.
+VNNI_NO_BF16_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}
+# oneDNN's ISA names from the narrowest up (ONEDNN_MAX_CPU_ISA): a cap below AVX512_CORE_BF16 takes native bf16 away
+ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
+               "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2", "DEFAULT", "ALL")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32, "fp16": torch.float16}
 
 
@@ -74,6 +83,8 @@ class Capabilities:
         flags = cpu_flags()
         if not isa.startswith("AVX512"):  # torch runs narrower (ATEN_CPU_CAPABILITY=avx2): so do its peers here
             flags = {f for f in flags if not f.startswith(("avx512", "amx"))}
+        if not onednn_allows_bf16():  # oneDNN capped below bf16 (VNNI_NO_BF16_ENV): its bf16 would be emulated
+            flags -= {"avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}
         x86 = platform.machine().lower() in ("x86_64", "amd64")
         int8_kernels = x86 and isa.startswith(("AVX2", "AVX512")) and "fbgemm" in torch.backends.quantized.supported_engines
         return cls("cpu", isa, bool(flags & {"avx512_bf16", "amx_bf16"}), int8_kernels and int8_sums_exact(),
@@ -100,6 +111,21 @@ def int8_sums_exact() -> bool:
     return abs(float(y[0, 0]) - 63.0) < 0.5
 
 
+def onednn_cap() -> str | None:
+    """The oneDNN ISA cap this process runs under (ONEDNN_MAX_CPU_ISA, upper case), None where there is none."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    return cap if cap and cap not in ("ALL", "DEFAULT") else None
+
+
+def onednn_allows_bf16() -> bool:
+    """Whether oneDNN may use native bf16 instructions here: no cap, or a cap at or above AVX512_CORE_BF16 (an
+    unknown name counts as allowing: oneDNN ignores names it does not know)."""
+    cap = onednn_cap()
+    if cap is None or cap not in ONEDNN_ISAS:
+        return True
+    return ONEDNN_ISAS.index(cap) >= ONEDNN_ISAS.index("AVX512_CORE_BF16")
+
+
 def cpu_flags() -> set[str]:
     """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
     try:
@@ -122,7 +148,8 @@ def device_name(device: torch.device) -> str:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
-    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
+    cap = onednn_cap()  # a capped run is another machine to every cache keyed by this (profiles, float hint)
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()}{f', oneDNN <= {cap}' if cap else ''})"
 
 
 # ---------------------------------------------------------------- configuration -> precision and dtype

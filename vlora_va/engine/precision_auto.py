@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vlora_va.common import machine_load
 from vlora_va.engine.adapters import adapter_digest
 from vlora_va.engine.precision import (
     Capabilities,
@@ -55,8 +56,15 @@ SWITCH_MARGIN = 0.10
 
 # ---------------------------------------------------------------- the accuracy gate
 def gate_of(adapter) -> dict:
-    """{precision: {"passes": bool, ...}} from the adapter's GATE_FILE, or {} when it has none or the file was
-    measured on other weights."""
+    """{precision: {"passes": bool, ...}}: the adapter's shipped GATE_FILE entries, and for the variants it has
+    none for, the ones measured on this machine (`read_machine_gates`); {} for a precision measured nowhere. A
+    GATE_FILE measured on other weights counts as none."""
+    return {**read_machine_gates(adapter), **shipped_gate(adapter)}
+
+
+def shipped_gate(adapter) -> dict:
+    """{precision: entry} from the adapter's GATE_FILE, or {} when it has none or the file was measured on other
+    weights."""
     path = Path(getattr(adapter, "path", "") or ".") / GATE_FILE
     try:
         data = json.loads(path.read_text())
@@ -69,6 +77,87 @@ def gate_of(adapter) -> dict:
     return data.get("precisions", {}) if isinstance(data.get("precisions"), dict) else {}
 
 
+# ---------------------------------------------------------------- gates measured on this machine
+# `vlora-va models calibrate` measures the variants this CPU maps to that an adapter's GATE_FILE lacks
+# (training/precision_gate.py) and records them here, per machine: the repository's files are never written.
+MACHINE_GATE_FORMAT = 1
+MEASURE_COMMAND = "vlora-va models calibrate pipelines.yaml"  # what measures a missing gate (the set-up runs it)
+
+
+def machine_gate_dir() -> Path:
+    """$VLORA_VA_GATES, else ~/.cache/vlora-va/gates."""
+    return Path(os.environ.get("VLORA_VA_GATES", Path.home() / ".cache" / "vlora-va" / "gates"))
+
+
+def machine_gate_key(adapter, variant: str) -> dict:
+    """What a gate measured here is valid for: the adapter's exact weights, the variant, and the libraries that
+    compute it (torch; OpenVINO and NNCF, which calibrated the int8 models)."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    def v(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    return {"format": MACHINE_GATE_FORMAT, "adapter_sha256": adapter_digest(adapter), "variant": variant,
+            "torch": torch.__version__, "openvino": v("openvino"), "nncf": v("nncf")}
+
+
+def _machine_gate_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return machine_gate_dir() / f"gate-{key['variant']}-{digest}.json"
+
+
+def machine_gate_source() -> str:
+    """What a machine-measured entry says it was measured on."""
+    return f"this machine ({device_name(torch.device('cpu'))})"
+
+
+def write_machine_gate(adapter, variant: str, entry: dict) -> Path:
+    key = machine_gate_key(adapter, variant)
+    path = _machine_gate_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "entry": entry}, indent=1))
+    tmp.rename(path)  # whole or not at all: a daemon starting meanwhile never reads half a record
+    return path
+
+
+def read_machine_gates(adapter) -> dict:
+    """{variant: entry} measured on this machine for this adapter's weights and today's libraries."""
+    out = {}
+    directory = machine_gate_dir()
+    if not directory.is_dir():
+        return out
+    for path in directory.glob("gate-*.json"):
+        try:
+            data = json.loads(path.read_text())
+            key, entry = data["key"], data["entry"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(entry, dict) and key == machine_gate_key(adapter, key.get("variant", "")):
+            out[key["variant"]] = entry
+    return out
+
+
+def variants_here(caps: Capabilities, openvino: bool = False) -> list[str]:
+    """The gate entries `auto` may need on this CPU: torch bf16 where it is native, torch int8 at this CPU's
+    activation width, and the openvino backend's int8 as this CPU runs it (its float hint, its overflow fix)."""
+    out = []
+    if caps.native_bf16:
+        out.append("bf16")
+    if not caps.runs("int8"):
+        out.append(gate_key("int8"))
+    if openvino:
+        from vlora_va.engine.backends import openvino_int8  # noqa: PLC0415
+        from vlora_va.engine.backends.openvino import int8_hint, openvino_problem  # noqa: PLC0415
+
+        if openvino_problem() is None:
+            out.append(openvino_int8.gate_name(caps.native_bf16, caps.vnni, int8_hint()))
+    return out
+
+
 def gate_allows(adapters: dict, precision: str) -> str | None:
     """Why the accuracy gate keeps `precision` off for these adapters (None: every one passed it)."""
     if precision == "fp32":
@@ -77,7 +166,7 @@ def gate_allows(adapters: dict, precision: str) -> str | None:
     for name, a in adapters.items():
         entry = gate_of(a).get(key)
         if not entry:
-            return f"adapter {name} has no accuracy-gate result for {key}"
+            return f"adapter {name} has no accuracy-gate result for {key} (`{MEASURE_COMMAND}` measures it here)"
         if not entry.get("passes"):
             return f"adapter {name} failed the accuracy gate for {key} ({entry.get('summary', 'see its ' + GATE_FILE)})"
     return None
@@ -202,8 +291,6 @@ def stay_or_switch(previous: str, speeds: dict[str, float], detail: str = "") ->
 # ---------------------------------------------------------------- measuring speed (auto on a CPU)
 PROBE_MAX_IMAGES = 4  # images per size in one timed forward (CPU time is near linear in images: scaled up)
 FULL_ROUNDS = 3  # interleaved rounds of a full measurement (the fastest counts); a re-check times one
-QUIET_MAX_SHARE = 0.15  # a measurement counts as quiet while other processes took at most this share of the CPUs
-LOAD_WINDOW_S = 0.25  # the shortest window that share is read over (/proc/stat counts in 10 ms ticks)
 
 
 def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workload: dict[int, float],
@@ -267,35 +354,6 @@ def _plain(backbone: nn.Module, label: str, int8_parts: dict | None = None):
     return precision_copy(backbone, label)
 
 
-# ---------------------------------------------------------------- is the machine quiet while it measures
-def _machine_busy() -> tuple[float, int] | None:
-    """(CPU-seconds the whole machine has been busy since boot, its number of CPUs) from /proc/stat; None where
-    there is none. Busy is everything but idle and iowait, steal included (a VM's neighbours)."""
-    try:
-        with open("/proc/stat") as f:
-            lines = f.read().splitlines()
-        ticks = [int(v) for v in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
-    except (OSError, IndexError, ValueError):
-        return None
-    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), max(1, cpus)
-
-
-def others_share(fn):
-    """(fn(), the share of the machine's CPU time that other processes took while it ran; None where that cannot
-    be read). The machine's busy time less this process's own, over at least LOAD_WINDOW_S: a shorter run (a
-    tiny model) is followed by an idle wait, as the counters advance in ticks."""
-    before, own, t0 = _machine_busy(), time.process_time(), time.perf_counter()
-    result = fn()
-    rest = LOAD_WINDOW_S - (time.perf_counter() - t0)
-    if rest > 0:
-        time.sleep(rest)
-    after, own, wall = _machine_busy(), time.process_time() - own, time.perf_counter() - t0
-    if before is None or after is None:
-        return result, None
-    return result, min(1.0, max(0.0, (after[0] - before[0] - own) / (wall * after[1])))
-
-
 @dataclass(frozen=True)
 class Probe:
     """Speeds measured now (`measure_speeds`), and how busy the rest of the machine was meanwhile."""
@@ -304,12 +362,11 @@ class Probe:
 
     @property
     def quiet(self) -> bool:
-        return self.others is None or self.others <= QUIET_MAX_SHARE
+        return machine_load.quiet(self.others)
 
     @property
     def load(self) -> str:
-        return ("machine load not readable here" if self.others is None else
-                f"other processes took {self.others:.0%} of the CPUs, quiet is at most {QUIET_MAX_SHARE:.0%}")
+        return machine_load.describe(self.others)
 
 
 # ---------------------------------------------------------------- the cache: last start's speeds and choice
@@ -378,10 +435,11 @@ def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previ
     if previous is not None and not full.quiet:
         return Choice(previous, f"kept from the last start: the machine was busy while measuring ({full.load}); "
                                 "a switch is measured on a quiet machine only")
-    if not full.quiet:
-        log.warning("precision speeds measured on a busy machine (%s): the ranking may be off; a later quiet start "
-                    "re-checks it", full.load)
     choice = choose("auto", caps, gate, full.speeds, dtype_setting, previous, openvino)
+    if not full.quiet:  # used for this run, never kept as the machine's truth: the next start measures again
+        log.warning("precision speeds measured on a busy machine (%s): %s serves this run, and nothing is cached; "
+                    "the next start measures again", full.load, choice.precision)
+        return Choice(choice.precision, choice.reason + f"; measured on a busy machine ({full.load}), not cached")
     write_cache(cache_dir, key, full, choice.precision)
     return choice
 
@@ -393,7 +451,8 @@ def prober(backbone: nn.Module, workload: dict[int, float], int8_parts: dict | N
 
     def probe(precisions: list[str], rounds: int) -> Probe:
         t0 = time.perf_counter()
-        speeds, others = others_share(lambda: measure_speeds(backbone, precisions, workload, rounds, int8_parts))
+        speeds, others = machine_load.others_share(
+            lambda: measure_speeds(backbone, precisions, workload, rounds, int8_parts))
         measured = Probe(speeds, others)
         log.info("precision speeds (%d round%s, %.1f s, %s; seconds of backbone compute per second of the "
                  "pipeline's images, %s): %s", rounds, "s" * (rounds > 1), time.perf_counter() - t0, measured.load,
@@ -416,8 +475,29 @@ def pick(setting: str, dtype_setting: str, device: str, backbone: nn.Module, bac
     parts = None
     if openvino:
         gate[OPENVINO_INT8], parts = openvino_int8_gate(caps, backbone, adapters, sizes or {})
+    say_unmeasured(caps, adapters, openvino)
     key = speed_key(caps, backbone_id, backbone, workload, openvino)
     return decide(caps, gate, dtype_setting, cache_dir, key, prober(backbone, workload, parts), openvino)
+
+
+def unmeasured(caps: Capabilities, adapters: dict, openvino: bool = False) -> dict[str, list[str]]:
+    """{variant this CPU maps to: the adapters with no gate entry for it, shipped or measured here}."""
+    out: dict[str, list[str]] = {}
+    for v in variants_here(caps, openvino):
+        names = sorted(n for n, a in adapters.items() if v not in gate_of(a))
+        if names:
+            out[v] = names
+    return out
+
+
+def say_unmeasured(caps: Capabilities, adapters: dict, openvino: bool = False) -> None:
+    """One line where a variant this CPU runs has no gate entry: auto leaves it out (it chooses among the measured
+    ones), and the line names the command that measures it."""
+    missing = unmeasured(caps, adapters, openvino)
+    if missing:
+        log.warning("precision auto: no accuracy gate for %s on this CPU: `%s` measures it here (about a minute); "
+                    "until then auto chooses among the measured precisions",
+                    "; ".join(f"{v} (adapters {', '.join(n)})" for v, n in missing.items()), MEASURE_COMMAND)
 
 
 def openvino_int8_gate(caps: Capabilities, backbone: nn.Module, adapters: dict,

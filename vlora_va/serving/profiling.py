@@ -3,8 +3,10 @@
 `measure_profile` times the real engine on the actual device, a coarse grid that stays within ~15-25 s on 2 CPU cores
 (what it measures: serving/costs.py). The profile is cached (`profile_path`), keyed by the CPU or GPU model, thread
 count, torch, backbone and adapter set, so a restart reuses it, once one batch per size agrees with it
-(`stale_ratio`: a profile taken while other work shared the cores is measured again). `warm_up` runs every plan key
-the daemon will use once before it says it is ready.
+(`stale_ratio`: a profile taken while other work shared the cores is measured again). Only a profile measured on a
+quiet machine is cached (common/machine_load.py): one measured under load serves its run, and the next start
+measures again (`load_or_measure`). `warm_up` runs every plan key the daemon will use once before it says it is
+ready.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vlora_va.common import machine_load
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.requests import Request
 from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
@@ -221,16 +224,31 @@ def describe(p: CostProfile) -> str:
 
 
 def load_or_measure(engine, catalog: Catalog, key: dict, directory: Path, modes: list[str] | None = None,
-                    remeasure: bool = False) -> CostProfile:
+                    remeasure: bool = False, load=None) -> CostProfile:
+    """The cached profile while it holds (`stale_ratio`), else one measured now. A profile measured while other
+    processes took more than the quiet share of the CPUs serves this run (the online correction follows the
+    load) but is not cached: the next start measures again. A cached profile faster than the machine now, checked
+    while it is busy, is kept: it is the quiet measurement, and the load is what the online correction follows. One
+    slower than the machine now is wrong whatever the load, and is measured again. load: how the load is read
+    (default machine_load.others_share)."""
+    load = load or machine_load.others_share
     cached = None if remeasure else load_cached(directory, key)
     if cached is not None:
         log.info("cost profile from %s (%s)", profile_path(directory, key), describe(cached))
-        ratio = stale_ratio(engine, catalog, cached)
+        ratio, share = load(lambda: stale_ratio(engine, catalog, cached))
         if ratio is None:
+            return cached
+        if ratio < 1 and not machine_load.quiet(share):  # faster than now only because others take the cores now
+            log.info("the cached cost profile is %.2fx this machine's speed now, but the machine is busy (%s): "
+                     "keeping it (the online correction follows the load)", ratio, machine_load.describe(share))
             return cached
         log.warning("the cached cost profile is %.2fx this machine's speed now (it was measured %s, under other "
                     "load or on another day): measuring again", ratio, cached.created)
-    profile = measure_profile(engine, catalog, key, modes)
+    profile, share = load(lambda: measure_profile(engine, catalog, key, modes))
+    if not machine_load.quiet(share):
+        log.warning("cost profile measured on a busy machine (%s): it serves this run and is not cached; the next "
+                    "start measures again", machine_load.describe(share))
+        return profile
     try:
         path = save(directory, profile)
         log.info("cost profile cached in %s", path)

@@ -33,11 +33,11 @@ def _shapes(targets):
 
 
 def make_adapter(path, task, names, targets=("attention.q_proj", "attention.v_proj"), rank=4, seed=0, nonzero=True,
-                 image_size=TINY_IMAGE):
+                 image_size=TINY_IMAGE, clip_len=2):
     """An adapter for the tiny backbone; nonzero=True gives B random weights so the LoRA changes outputs."""
     init_untrained(path, task=task, names=list(names), base_model="tiny", hidden=32,
                    target_modules=[t.rsplit(".", 1)[-1] for t in targets], module_shapes=_shapes(targets),
-                   rank=rank, alpha=rank, image_size=image_size, clip_len=2, seed=seed)
+                   rank=rank, alpha=rank, image_size=image_size, clip_len=clip_len, seed=seed)
     if nonzero:
         a = load_adapter_dir("x", path, 32)
         g = torch.Generator().manual_seed(seed + 1)

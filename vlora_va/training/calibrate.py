@@ -12,10 +12,15 @@ Idempotent: a part already calibrated for the same key is kept (`--force`: calib
 
 Then, on a CPU with native bf16, which float hint runs these int8 models faster here (`measure_float_hint`): the
 daemon reads that choice, so it is measured once, on the machine, and never flips between starts.
+
+Last, the accuracy gate of each variant this CPU maps to that no adapter entry covers (`measure_gates`): a gate entry
+is per variant (precision_auto.variants_here), the shipped ones were measured on the developers' CPUs, and a missing
+one keeps that variant off `precision: auto`.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import statistics
@@ -25,6 +30,7 @@ import numpy as np
 import torch
 
 from vlora_va.contracts.config import PipelineConfig
+from vlora_va.engine import precision_auto
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.backends import openvino_int8
 from vlora_va.engine.backends.openvino import hint_key, int8_dir, openvino_problem
@@ -33,6 +39,7 @@ from vlora_va.engine.precision import Capabilities
 from vlora_va.ingest.chunker import letterbox
 from vlora_va.serving.capacity import offered_images
 from vlora_va.serving.startup import load_adapters
+from vlora_va.training import precision_gate
 from vlora_va.training.frames import read_frames
 
 log = logging.getLogger(__name__)
@@ -58,8 +65,11 @@ def _evenly(total: int, n: int) -> list[int]:
     return sorted(set(np.linspace(0, total - 1, min(total, n)).astype(int).tolist()))
 
 
-def calibrate(config: PipelineConfig, start: float = 0.0, end: float = 50.0, force: bool = False) -> list[dict]:
-    """Calibrate every part the pipeline's int8 openvino engine runs; returns one record per part."""
+def calibrate(config: PipelineConfig, start: float = 0.0, end: float = 50.0, force: bool = False,
+              gates: bool = True) -> list[dict]:
+    """Calibrate every part the pipeline's int8 openvino engine runs, then (gates) measure the accuracy gate of
+    each variant this CPU runs that no adapter entry covers yet (`measure_gates`); returns one record per part
+    and per gate."""
     problem = openvino_problem()
     if problem:
         raise CalibrationError(problem)
@@ -71,12 +81,34 @@ def calibrate(config: PipelineConfig, start: float = 0.0, end: float = 50.0, for
     adapters, failed = load_adapters(config, backbone.config.hidden_size)
     if failed:
         raise CalibrationError("adapters not loaded: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
+    pristine = copy.deepcopy(backbone), copy.deepcopy(adapters)  # (an engine rewrites what it is given)
     engine = Engine(backbone, adapters, d.image_size, d.max_slots, d.max_rank, "cpu", 0, d.max_batch_images,
                     torch.float32, precision="int8", backend="openvino")
     frames = {n: camera_frames(config, n, start, end, openvino_int8.SUBSET) for n in engine.adapters}
     per_size, _ = offered_images(config, dict(engine.sizes))  # one second's images: the batches the daemon runs
     batches = {size: max(1, min(d.max_batch_images, round(n))) for size, n in per_size.items()}
-    return calibrate_engine(engine, frames, f"{start:g}-{end:g} s", force, batches)
+    records = calibrate_engine(engine, frames, f"{start:g}-{end:g} s", force, batches)
+    del engine
+    if gates:
+        records += measure_gates(config, *pristine, force)
+    return records
+
+
+def measure_gates(config: PipelineConfig, backbone, adapters: dict, force: bool = False) -> list[dict]:
+    """The accuracy gate of every variant `precision: auto` may pick on this CPU (precision_auto.variants_here)
+    that an adapter has no entry for, measured here against the shipped reference (training/precision_gate.py)
+    and recorded in this machine's cache; entries that exist are kept (force: measured again)."""
+    d = config.daemon
+    variants = precision_auto.variants_here(Capabilities.detect("cpu"), openvino=d.backend in ("auto", "openvino"))
+    t0 = time.perf_counter()
+    records = precision_gate.measure_missing(backbone, adapters, d.image_size, variants,
+                                             {"max_slots": d.max_slots, "max_rank": d.max_rank,
+                                              "max_batch_images": d.max_batch_images}, force)
+    measured = [r for r in records if not r["kept"]]
+    if measured:
+        log.info("calibrate: %d accuracy gate%s measured in %.0f s", len(measured), "s" * (len(measured) > 1),
+                 time.perf_counter() - t0)
+    return records
 
 
 def calibrate_engine(engine: Engine, frames: dict[str, list[np.ndarray]], where: str, force: bool = False,
@@ -148,7 +180,14 @@ def measure_float_hint(engine: Engine, frames: dict[str, list[np.ndarray]], forc
 
 
 def describe(record: dict) -> str:
-    """One line for a record of `calibrate_engine` (the CLI's output)."""
+    """One line for a record of `calibrate_engine` or `measure_gates` (the CLI's output)."""
+    if "variant" in record:
+        what = f"accuracy gate {record['adapter']} {record['variant']}"
+        if "error" in record:
+            return f"{what}: not measured ({record['error']}): auto leaves {record['variant']} off for it"
+        verdict = "passes" if record["passes"] else "FAILS (auto leaves it off)"
+        how = "kept" if record["kept"] else f"measured here in {record['seconds']:.0f} s"
+        return f"{what}: {verdict} ({how}; {record.get('source', '')}; {record['summary']})"
     if "hint" in record:
         times = ", ".join(f"{h} {1e3 * t:.0f} ms" for h, t in record.get("times_s", {}).items())
         return (f"{record['part']}: {record['hint']} ({'kept' if record['kept'] else 'measured: ' + times}; "
