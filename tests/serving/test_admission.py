@@ -4,11 +4,13 @@ option doing what it says, and full service again when the load drops."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from tests.serving.scheduling.conftest import request
-from vlora_va.serving.admission import BACKLOG_SHARE, TARGET_UTILISATION, OverloadControl
+from tests.serving.scheduling.conftest import catalog, profile, request
+from vlora_va.serving.admission import BACKLOG_SHARE, TARGET_UTILISATION, Admission, OverloadControl
+from vlora_va.serving.costs import CostModel
 
 T0 = 5000.0
 
@@ -144,3 +146,51 @@ def test_full_service_resumes_when_the_load_drops():
 def test_unknown_degrade_option_is_refused():
     with pytest.raises(ValueError, match="shed, stride or frames"):
         OverloadControl("drop")
+
+
+
+def admission(costs) -> tuple:
+    """Admission with a hand-written cost profile (tests/serving/scheduling/conftest.py: 50 ms per image at
+    224 px), and a catalog taking the test requests' 4x4 frames."""
+    return Admission(costs, "shed"), replace(catalog(), image_size=4)
+
+
+def test_a_request_is_never_shed_for_lower_priority_work_queued_ahead_of_it():
+    """A degraded tier's request is admitted while the live work of its priority and above queued ahead of it fits
+    in BACKLOG_SHARE of its budget: lower-priority work queued does not count (the scheduler lets it give way), so
+    a tracked task's chunk is not shed because clips fill the queue, while a clip behind them is."""
+    adm, cat = admission(CostModel(profile()))
+    for i in range(50):  # the tracked task alone offers 1.5 s of compute per second: its tier is degraded
+        now = T0 + i * 0.1
+        adm.admit([request("a", now, images=3, priority=1, stream=f"t{i % 5}", seq=i)], cat, {}, set(), now)
+    assert adm.overload.fractions[1] < 0.7
+    now = T0 + 5.0
+    clips = [request("b", now, deadline_s=5.0, stream="clips", seq=i) for i in range(40)]  # 2 s queued
+    tracked = request("a", now, priority=1, stream="new-camera", seq=0)  # a new stream's chunk: no credit yet
+    out = adm.admit([tracked], cat, {}, set(), now, queued=clips)
+    assert out.queue == [tracked]
+    clip = request("b", now, stream="new-clips", seq=0)
+    out = adm.admit([clip], cat, {}, set(), now, queued=clips)
+    assert out.queue == [] and out.refused[0][3] == "overload" and adm.overload.fractions[0] < 1.0
+
+
+def test_the_window_is_costed_at_the_latest_correction():
+    """A profile measured 3x too slow makes the offered load read 3x: the tier is degraded. Once the first batches
+    show the truth, the whole window is costed at the new correction: what arrives next is admitted, not shed for
+    the seconds of load the wrong estimate put in the window."""
+    slow = profile(switch_s=0.0)
+    slow.base = {size: [(n, 3 * t) for n, t in points] for size, points in slow.base.items()}
+    costs = CostModel(slow)
+    adm, cat = admission(costs)
+    for i in range(30):  # 16 images a second, truly 0.8 s of compute per second: read as 2.4
+        now = T0 + i / 16
+        adm.admit([request("a", now, stream=f"s{i % 4}", seq=i)], cat, {}, set(), now)
+    assert adm.overload.fractions[0] < 0.7
+    for _ in range(3):  # the first batches run three times faster than the profile says
+        costs.observe(0.63, 0.21)
+    assert costs.correction == pytest.approx(1 / 3)
+    later = []
+    for i in range(30, 60):
+        now = T0 + i / 16
+        later += adm.admit([request("a", now, stream=f"s{i % 4}", seq=i)], cat, {}, set(), now).refused
+    assert later == [] and adm.overload.fractions[0] == 1.0

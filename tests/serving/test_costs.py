@@ -3,7 +3,6 @@ and correcting itself from observed batches."""
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
@@ -43,7 +42,7 @@ def test_profile_measures_every_size_mode_and_the_switch(engine):
     assert engine.weights_slot is None  # measuring leaves the weights pristine
 
 
-def test_the_profile_is_cached_by_machine_and_set_up(engine, tmp_path):
+def test_the_profile_is_cached_by_machine_and_set_up(engine, tmp_path, quiet_machine):
     catalog = engine.catalog()
     key = key_for(engine)
     first = P.load_or_measure(engine, catalog, key, tmp_path, ["premerged", "unmerged", "mixture"])
@@ -57,7 +56,7 @@ def test_the_profile_is_cached_by_machine_and_set_up(engine, tmp_path):
     assert P.load_cached(tmp_path, key) is None
 
 
-def test_a_cached_profile_far_from_this_machine_now_is_measured_again(engine, tmp_path, caplog):
+def test_a_cached_profile_far_from_this_machine_now_is_measured_again(engine, tmp_path, caplog, quiet_machine):
     """A profile cached while other work shared the cores predicts every batch too slow: kept, the daemon would
     shed work it can serve until the online correction caught up."""
     catalog = engine.catalog()
@@ -153,18 +152,59 @@ def test_observed_batches_correct_the_prediction_and_set_the_margin():
     assert 1.3 < m.margin <= 2.0
 
 
-def test_the_correction_fades_back_when_no_batch_runs(monkeypatch):
-    """A slow spell can make every request look hopeless, so nothing runs and nothing is observed: the
-    correction must fade back to the profile by itself, or the daemon would shed everything forever."""
-    clock = [1000.0]
-    monkeypatch.setattr(C.time, "monotonic", lambda: clock[0])
+@pytest.mark.parametrize("truth", [1 / 3, 3.0])
+def test_the_correction_reaches_the_truth_within_a_few_batches_both_ways(truth):
+    """A profile 3x too slow (measured while other processes were busy) is corrected by the first batch: no noise
+    makes a batch run faster than the machine can. One 3x too fast takes SHIFT_BATCHES batches (one slow batch may
+    be a hiccup), and the margin is not left at its cap by the batches that showed it."""
     m = C.CostModel(hand_profile())
+    needed = 1 if truth < 1 else C.SHIFT_BATCHES
+    for _ in range(needed):
+        m.observe(0.2, 0.2 * truth)
+    assert m.correction == pytest.approx(truth)
+    assert m.plan_s({224: (4, 1)}, LoRAMode(MERGED, 0), False) == pytest.approx(0.21 * truth)
+    assert m.margin == pytest.approx(C.MARGIN_RANGE[0])
+    for _ in range(20):  # and it stays there
+        m.observe(0.2, 0.2 * truth)
+    assert m.correction == pytest.approx(truth) and m.margin == pytest.approx(C.MARGIN_RANGE[0])
+
+
+def test_one_slow_batch_only_nudges_the_correction():
+    m = C.CostModel(hand_profile())
+    m.observe(0.2, 0.6)  # a hiccup: another process took the cores for one batch
+    assert 1.0 < m.correction < 1.35
+    for _ in range(10):
+        m.observe(0.2, 0.2)
+    assert m.correction == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_slow_spell_that_ended_is_forgotten_at_the_first_batch_that_runs():
+    """While no batch runs the correction holds what was measured: fading back to the profile would bring back a
+    profile measured on a busy machine, the very figure the correction is there to fix. What must not happen is
+    that nothing runs: once no batch has confirmed the correction for FASTEST_STALE_S, `fastest` (the bound the
+    scheduler sheds below without trying) falls to the lowest the range allows, so a request the machine may still
+    serve runs as a probe, and the first batch that runs faster than predicted resets the correction."""
+    clock = [1000.0]
+    m = C.CostModel(hand_profile(), clock=lambda: clock[0])
+    assert m.fastest == C.CORRECTION_RANGE[0]  # nothing measured yet: the profile may be several times too slow
     for _ in range(40):
-        m.observe(0.2, 0.8)  # 4x slower than profiled
-    assert m.correction == pytest.approx(4.0, rel=0.01)
-    clock[0] += C.CORRECTION_FADE_S
-    assert m.correction == pytest.approx(1 + 3 / math.e, rel=0.01)
-    clock[0] += 10 * C.CORRECTION_FADE_S
-    assert m.correction == pytest.approx(1.0, abs=1e-3)
+        m.observe(0.2, 0.8)  # 4x slower than profiled: a competing load
+    assert m.correction == pytest.approx(4.0) and m.fastest == pytest.approx(4.0)
+    clock[0] += C.FASTEST_STALE_S + 60.0  # nothing runs for a minute
+    assert m.correction == pytest.approx(4.0) and m.fastest == C.CORRECTION_RANGE[0]
     m.observe(0.2, 0.2)  # the machine is back to its profile
-    assert m.correction == pytest.approx(1.0, abs=1e-3)
+    assert m.correction == pytest.approx(1.0) and m.fastest == pytest.approx(1.0)
+
+
+def test_the_fastest_plausible_speed_is_the_fastest_recent_batch():
+    """What the scheduler sheds without trying: a request that would miss even at the speed of the fastest of the
+    recent batches. Batches 10% either side of the truth: the fastest is the 10% faster one, not the average."""
+    clock = [0.0]
+    m = C.CostModel(hand_profile(), clock=lambda: clock[0])
+    for i in range(C.FASTEST_BATCHES):
+        clock[0] += 0.1
+        m.observe(0.2, 0.2 * 2.0 * (0.9 if i == 3 else 1.1 if i % 2 else 1.0))
+    assert m.fastest == pytest.approx(1.8) and m.correction > 1.9
+    for _ in range(C.FASTEST_BATCHES):  # the fast one is no longer recent
+        m.observe(0.2, 0.4)
+    assert m.fastest == pytest.approx(2.0)

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ def config(tmp_path, backbone, adapters, **daemon):
 
 
 def cfg_text(tmp_path, backbone, adapters, **daemon):
+    Path(tmp_path).mkdir(parents=True, exist_ok=True)  # the ipc endpoint's folder (nothing else may make it first)
     opts = "".join(f"\n  {k}: {v}" for k, v in daemon.items())
     text = f"""
 daemon:

@@ -19,11 +19,19 @@ as hopeless there: this only keeps the admitted load near what the machine can d
 
 A degraded tier still admits a request while the work queued ahead of it, with its own, fits in BACKLOG_SHARE of
 its remaining deadline budget (`backlog_s`, from the daemon's queue): the engine will serve it in time, so shedding
-it would only leave the engine idle later. The load average says *that* the machine is overloaded; the queue says
+it would only leave the engine idle later. Ahead of it is the live work of its own priority and above only: the
+scheduler lets the lower tiers give way whenever a higher one would miss its deadline (scheduling/base.py), so they
+do not delay it, and a request is never shed for lower-priority work queued (a tier never faces a stricter test
+than the tiers below it). The load average says *that* the machine is overloaded; the queue says
 whether it is *now*. Without this, a burst (a quiet camera sending its frames again, a walk-through) lifted the
 5-s average past the target and shed a chunk the machine had time for (bench/capacity.py: 1 busy + 2 quiet cameras
 at 1.4 of 2 cores, 1 chunk of 45 shed in every window). Best-effort requests (files
 read as fast as possible) are never shed: the transport's backpressure paces their source.
+
+The window's load is kept in profile seconds and costed at the cost model's latest correction: a correction learnt
+a moment ago (a profile found 3x too slow after the first batches, a competing load that ended) applies to the whole
+window at once, not only to what arrives after it, or work that arrived under the wrong estimate would keep a tier
+degraded for a whole window and shed requests the machine has time for.
 
 Background work that shares the engine's cores (an adapter loaded at run time compiling its backend models,
 AdapterSlots.busy_share) takes its share off the capacity while it runs: the target is target x (1 - share), and
@@ -66,8 +74,10 @@ class OverloadControl:
         if degrade not in ("shed", "stride", "frames"):
             raise ValueError(f"degrade must be shed, stride or frames, got {degrade!r}")
         self.degrade, self.window_s, self.target = degrade, window_s, target
-        self._arrivals: collections.deque[tuple[float, int, float]] = collections.deque()  # (time, tier, seconds)
-        self._load: dict[int, float] = {}
+        # (time, tier, profile seconds): what each arrival costs before the online correction
+        self._arrivals: collections.deque[tuple[float, int, float]] = collections.deque()
+        self._load: dict[int, float] = {}  # profile seconds per tier over the window
+        self._correction = 1.0  # the cost model's latest correction: what a profile second costs now
         self._first: float | None = None
         self._credit: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
         self.fractions: dict[int, float] = {}
@@ -76,7 +86,7 @@ class OverloadControl:
     def load(self, now: float) -> float:
         """Offered compute, in seconds of engine time per second, over the window."""
         self._expire(now)
-        return sum(self._load.values()) / self._span(now)
+        return sum(self._load.values()) * self._correction / self._span(now)
 
     def _span(self, now: float) -> float:
         return max(MIN_SPAN_S, min(self.window_s, now - (self._first if self._first is not None else now)))
@@ -92,22 +102,24 @@ class OverloadControl:
         left = self.target * (1.0 - busy)
         fractions = {}
         for tier in sorted(self._load, reverse=True):
-            load = max(0.0, self._load[tier]) / span
+            load = max(0.0, self._load[tier]) * self._correction / span
             fractions[tier] = 1.0 if load <= left else max(0.0, left / load)
             left = max(0.0, left - load * fractions[tier])
         self.fractions = fractions
 
     def admit(self, request: Request, cost_s: float, now: float, min_frames: int,
-              backlog_s: float | None = None, busy: float = 0.0) -> Verdict:
-        """Record the request's predicted cost and decide what happens to it. backlog_s: the predicted engine time
-        of the work queued now (None: not known, the load alone decides); busy: the share of the cores background
-        work takes now (0: none)."""
+              backlog_s: float | None = None, busy: float = 0.0, correction: float = 1.0) -> Verdict:
+        """Record the request's predicted cost and decide what happens to it. cost_s: its predicted engine time,
+        made with the cost model's `correction` (the current one); backlog_s: the predicted engine time of the live
+        work of its priority and above queued now (None: not known, the load alone decides); busy: the share of the
+        cores background work takes now (0: none)."""
         busy = min(max(busy, 0.0), 0.9)  # some capacity always stays: the compile ends
         if self._first is None:  # the first request stands for the chunk of media before it (~1 s), or a
             self._first = now - MIN_SPAN_S  # second chunk a moment later would read as twice the load
         tier = request.priority
-        self._arrivals.append((now, tier, cost_s))
-        self._load[tier] = self._load.get(tier, 0.0) + cost_s
+        self._correction = correction
+        self._arrivals.append((now, tier, cost_s / correction))
+        self._load[tier] = self._load.get(tier, 0.0) + cost_s / correction
         self._expire(now)
         self._update(now, busy)
         fraction = self.fractions.get(tier, 1.0)
@@ -181,9 +193,10 @@ class Admission:
         background work takes now (AdapterSlots.busy_share)."""
         out = Admitted()
         mode = catalog.resting_mode()
-        # the live work queued (best-effort work goes after it, so it delays nothing admitted here)
-        backlog = None if queued is None else sum(self._cost(r, catalog, mode) for r in queued
-                                                  if r.adapter in catalog.adapters and not r.best_effort)
+        # the live work queued, (priority, predicted seconds): best-effort work goes after it, so it delays nothing
+        # admitted here; for each request only its own priority and above count (the module docstring)
+        ahead = None if queued is None else [(r.priority, self._cost(r, catalog, mode)) for r in queued
+                                              if r.adapter in catalog.adapters and not r.best_effort]
         for req in requests:
             if req.adapter in waiting:
                 out.held.append(req)  # within its deadline (runtime adapters shed it when that passes)
@@ -197,13 +210,14 @@ class Admission:
                 continue
             info = catalog.adapters[req.adapter]
             cost = self._cost(req, catalog, mode)
-            verdict = self.overload.admit(req, cost, now, info.min_frames, backlog, busy)
+            backlog = None if ahead is None else sum(c for p, c in ahead if p >= req.priority)
+            verdict = self.overload.admit(req, cost, now, info.min_frames, backlog, busy, self.costs.correction)
             if verdict.request is None:
                 out.refused.append((req, "shed", verdict.reason, "overload"))
                 continue
             out.queue.append(verdict.request)  # possibly thinned: its row says so (degraded)
-            if backlog is not None:
-                backlog += self._cost(verdict.request, catalog, mode)
+            if ahead is not None:
+                ahead.append((req.priority, self._cost(verdict.request, catalog, mode)))
         return out
 
     def _cost(self, req: Request, catalog: Catalog, mode) -> float:

@@ -6,24 +6,49 @@ The profile (`CostProfile`, measured at start-up by serving/profiling.py, cached
     factor[mode][k]   the backbone forward in each LoRA mode with k adapters in the batch, over the merged one
     switch_s          one all-layer weight switch (merge or unmerge)
 `CostModel` predicts a plan's time from it and corrects itself from the batch times it observes: decode and other
-processes on the same cores slow forwards down (up to ~1.8x seen on 2 cores), so a start-up figure alone would be
-wrong. Nothing here is hard-coded (dLoRA's mistake).
+processes on the same cores slow forwards down (up to ~1.8x seen on 2 cores), and a profile measured while other
+processes were busy is several times too slow, so a start-up figure alone would be wrong. Nothing here is
+hard-coded (dLoRA's mistake).
+
+The online correction (observed / profiled batch time) follows the batches in both directions within a few of them:
+    a batch that ran SHIFT_RATIO faster than predicted   the correction drops to it at once: timing noise only ever
+                                                         slows a batch down (a hiccup, another process), so a fast
+                                                         batch shows what this machine can do now (a profile taken
+                                                         on a busy machine, a slow spell that ended)
+    SHIFT_BATCHES batches in a row SHIFT_RATIO slower    the correction rises to their median: the machine got slower
+                                                         (a competing load, a profile taken on a faster moment); one
+                                                         slow batch alone may be a hiccup and only nudges it
+    anything else                                        a smoothed average (in log space: 3x and 1/3x alike)
+It holds its value while no batch runs. It used to fade back to the profile (CORRECTION_FADE_S), so that a daemon
+shedding everything after a slow spell would try again; but the profile may be the wrong figure (measured on a busy
+machine: the reason it is corrected), and fading back to it brought the wrong estimate back and shed everything
+again. That a wrong correction is never left standing because nothing runs is now the scheduler's part: a request
+that only the estimate says would be late is not shed while the engine has nothing else to do and no batch measured
+the machine lately, it runs as a probe, and its time corrects the model (scheduling/base.py). `fastest` is the
+lowest correction plausible now: the fastest of the last few batches while they are recent (without them, the
+lowest CORRECTION_RANGE allows); a request that would miss its deadline even at that speed is shed without trying.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from vlora_va.engine.modes import MERGED, PREMERGED, UNMERGED, LoRAMode
 
-CORRECTION_ALPHA = 0.25  # weight of the newest batch in the online correction
-# Without new batches the correction fades back to the profile: a daemon that sheds everything (because a
-# slow spell made every prediction hopeless) would otherwise never observe the machine recover.
-CORRECTION_FADE_S = 15.0
+CORRECTION_ALPHA = 0.25  # weight of the newest batch in the online correction (smoothed in log space)
 CORRECTION_RANGE = (0.25, 4.0)  # a profile taken on a busy machine can be several times too slow
+SHIFT_RATIO = 1.5  # a batch this much faster or slower than predicted is no timing noise (see the module docstring)
+SHIFT_BATCHES = 3  # slower batches in a row that make a shift (fewer may be a hiccup)
+# How fast the machine can be now: the fastest of the last FASTEST_BATCHES batches (observed / profiled), while the
+# newest is at most FASTEST_STALE_S old; after that it may have got faster unseen (a slow spell that ended), and only
+# CORRECTION_RANGE bounds it.
+FASTEST_BATCHES = 8
+FASTEST_STALE_S = 2.0
 MARGIN_BATCHES = 40  # the safety margin is read off this many recent batches
 MARGIN_QUANTILE = 0.95
 MARGIN_RANGE = (1.1, 2.0)
@@ -77,17 +102,33 @@ class CostModel:
     observed: int = 0
     margin: float = MARGIN_RANGE[0]  # how much longer than predicted a batch may run (95th percentile)
     batch_cap: int | None = None  # the largest batch the daemon runs (Daemon._batch_cap); None: no cap
+    clock: Callable[[], float] | None = field(default=None, repr=False)  # seconds; None: time.monotonic
 
     def __post_init__(self):
+        self.clock = self.clock or time.monotonic
         self._errors: collections.deque[float] = collections.deque(maxlen=MARGIN_BATCHES)
-        self._correction, self._observed_at = 1.0, time.monotonic()
+        self._correction, self._observed_at = 1.0, None
+        self._recent: collections.deque[float] = collections.deque(maxlen=FASTEST_BATCHES)  # observed / profiled
+        self._slower: list[float] = []  # the ratios of the batches in a row that ran SHIFT_RATIO slower
+        self._slower_than = 1.0  # ...than this correction (the one before the first of them)
 
     @property
     def correction(self) -> float:
-        """Observed / predicted batch time, smoothed: how much slower this machine runs right now. It fades
-        back towards 1 (the profile) with time since the last batch (CORRECTION_FADE_S)."""
-        fade = math.exp(-(time.monotonic() - self._observed_at) / CORRECTION_FADE_S)
-        return 1.0 + (self._correction - 1.0) * fade
+        """Observed / profiled batch time: how much slower than its profile this machine runs right now."""
+        return self._correction
+
+    @property
+    def measured_lately(self) -> bool:
+        """A batch ran within FASTEST_STALE_S: the correction says how fast the machine is now."""
+        return self._observed_at is not None and self.clock() - self._observed_at <= FASTEST_STALE_S
+
+    @property
+    def fastest(self) -> float:
+        """The lowest correction plausible now: the fastest of the recent batches (FASTEST_BATCHES) while measured
+        lately, else the lowest CORRECTION_RANGE allows (the machine may be that much faster than its profile)."""
+        if not self.measured_lately:
+            return CORRECTION_RANGE[0]
+        return min(min(self._recent), self._correction)
 
     def factor(self, mode: LoRAMode, adapters: int) -> float:
         f = self.profile.factors.get(mode_name(mode))
@@ -159,15 +200,41 @@ class CostModel:
         return max(per, 1e-6) * self.factor(mode, adapters) * self.correction
 
     def observe(self, predicted_uncorrected_s: float, actual_s: float) -> None:
-        """Fold one batch's real time into the correction, and its prediction error into the margin: on a
-        busy 2-core machine a batch can take twice its prediction, and a deadline must survive that."""
+        """Fold one batch's real time into the correction (the rules in the module docstring), and its prediction
+        error into the margin: on a busy 2-core machine a batch can take twice its prediction, and a deadline must
+        survive that."""
         if predicted_uncorrected_s <= 0 or actual_s <= 0:
             return
-        current = self.correction
-        self._errors.append(actual_s / (predicted_uncorrected_s * current))
+        current = self._correction
         ratio = min(max(actual_s / predicted_uncorrected_s, CORRECTION_RANGE[0]), CORRECTION_RANGE[1])
-        self._correction, self._observed_at = current + CORRECTION_ALPHA * (ratio - current), time.monotonic()
+        self._errors.append(actual_s / (predicted_uncorrected_s * current))
+        self._recent.append(ratio)
+        if ratio * SHIFT_RATIO < current:  # faster than any noise explains: the machine is at least this fast
+            self._correction, self._slower = ratio, []
+        else:
+            self._correction = math.exp(math.log(current) + CORRECTION_ALPHA * (math.log(ratio) - math.log(current)))
+            self._count_slower(ratio, current)
+        self._observed_at = self.clock()
         self.observed += 1
         errors = sorted(self._errors)
         high = errors[min(len(errors) - 1, int(MARGIN_QUANTILE * len(errors)))]
         self.margin = min(max(high, MARGIN_RANGE[0]), MARGIN_RANGE[1])
+
+    def _count_slower(self, ratio: float, current: float) -> None:
+        """A run of SHIFT_BATCHES batches each SHIFT_RATIO slower than the correction before the run: the machine
+        got slower, the correction becomes their median. Their errors were the model's, not noise: they are
+        counted against the new correction, or the margin would stay at its cap for MARGIN_BATCHES batches and
+        shed work the machine has time for."""
+        if ratio <= (self._slower_than if self._slower else current) * SHIFT_RATIO:
+            self._slower = []
+            return
+        if not self._slower:
+            self._slower_than = current
+        self._slower.append(ratio)
+        if len(self._slower) < SHIFT_BATCHES:
+            return
+        self._correction = statistics.median(self._slower)
+        for _ in self._slower:
+            self._errors.pop()
+        self._errors.extend(r / self._correction for r in self._slower)
+        self._slower = []

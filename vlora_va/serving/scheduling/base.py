@@ -1,14 +1,36 @@
-"""What every scheduling policy shares: the queue, deadline-aware batch filling, credits, shedding.
+"""What every scheduling policy shares: the queue, deadline-aware batch filling, credits, shedding, priorities.
 
 A policy (policies.py) only answers "which LoRA modes may serve the next batch, and which of their batches
 is best". Everything else is here and the same for all policies, so the baselines run through the same
 daemon as the V-LoRA policy and differ only in that choice:
-- a request that can no longer meet its deadline under the cost model is shed before compute (predictions
-  are stretched by the cost model's margin: the 95th percentile of how late recent batches ran);
-- a batch never includes a request it would make late, and never runs longer than a share of the shortest
-  deadline budget waiting (so whatever arrives meanwhile can still be served in time);
+- a batch never includes a request it would make late (predictions are stretched by the cost model's margin: the
+  95th percentile of how late recent batches ran), and never runs longer than a share of the shortest deadline
+  budget waiting (so whatever arrives meanwhile can still be served in time);
 - a request's credit is its waiting time + its predicted execution time in a mode + the weight switch that
   mode needs; a request whose credit passes the starvation threshold goes first.
+
+Deadlines and priorities (Request.priority: higher is more important; best-effort requests are never shed). Each
+live request is, at planning time:
+    late       it cannot meet its deadline even started now alone at the fastest plausible speed (the cost model's
+               `fastest` correction, no margin; a deadline already passed is the plain case) -> shed
+    doubtful   only the estimate (alone, cheapest mode, margin) says it would miss: the estimate may be wrong
+    fits       the rest
+- No request is shed on the estimate alone while lower-priority work is queued: a doubtful request above the lowest
+  priority queued runs next, alone, ahead of that work (it is its only chance, and its measured time corrects the
+  estimate); the lower tiers give way.
+- A doubtful request of the lowest priority queued is shed while live work that fits can run instead (the reason
+  names the higher priority that goes first, where one is queued), or while batches measured the machine lately
+  (costs.measured_lately: the estimate is current, and only the margin's noise stands between it and its
+  deadline). Otherwise nothing live fits and the estimate is old news: the engine would be idle, and the most urgent
+  doubtful request runs alone, as a probe, instead of being shed, so that a too-high estimate (a profile measured
+  on a busy machine, a slow spell that ended) is measured and corrected (costs.py: a batch faster than predicted
+  corrects it at once), and the other doubtful requests, still queued, are served once it is. Without it nothing
+  would run, nothing would be measured, and the estimate would never recover.
+- A request is pressed when it could not wait for one more batch (now + its need + the batch time limit x margin
+  passes its deadline). While a request above the lowest priority queued is pressed, the policy chooses the next
+  batch among the requests of that priority and above only: lower tiers never push a higher one past its deadline.
+Priority decides only under pressure: otherwise the policy's own order (earliest deadline, credits) holds, which
+serves every tier in time when the machine can.
 """
 
 from __future__ import annotations
@@ -64,6 +86,7 @@ class Scheduler:
         self.catalog, self.costs, self.settings = catalog, costs, settings
         self.queue: list[Request] = []
         self.weights_slot = weights_slot  # what the engine's base weights hold after the last plan
+        self._alone: dict[int, tuple[float, float]] | None = None  # next_plan's alone estimates, by request
 
     # ------------------------------------------------------------------ the queue
     def add(self, request: Request) -> None:
@@ -99,21 +122,38 @@ class Scheduler:
         return now - min(r.received for r in self.queue) >= self.settings.max_wait_s
 
     def next_plan(self, now: float) -> tuple[BatchPlan | None, list[Shed]]:
-        """Shed what can no longer make it, then the policy's best batch (None: nothing left to run)."""
+        """Shed what can no longer make it, then the next batch (None: nothing left to run): a doubtful request
+        that must run first, alone, else the policy's best batch among the tiers that may be served now."""
+        self._alone = {}  # within one round the costs and the weights do not change
+        try:
+            return self._next_plan(now)
+        finally:
+            self._alone = None
+
+    def _next_plan(self, now: float) -> tuple[BatchPlan | None, list[Shed]]:
         shed = self.shed_hopeless(now)
         if not self.queue:
             return None, shed
-        options = [o for o in self.options(now) if o.requests]
-        if not options:  # every request is feasible alone (not hopeless) yet no batch fits: run the most urgent
-            r = edf(self.queue)[0]
-            options = [self.option(self.fallback_mode(r), [r])]
+        notes = {}
+        first = self.first_in_line(now)
+        if first is not None:
+            options = [self.option(self.fallback_mode(first), [first])]
+            notes["first"] = "precedence" if first.priority > self.lowest_priority() else "probe"
+        else:
+            tier = self.pressed_tier(now)
+            options = [o for o in self.options_within(tier, now) if o.requests]
+            if tier is not None:
+                notes["tier"] = tier
+            if not options:  # every request fits alone (none doubtful) yet no batch fits: run the most urgent
+                r = edf([r for r in self.queue if tier is None or r.priority >= tier])[0]
+                options = [self.option(self.fallback_mode(r), [r])]
         best = self.pick(options)
         taken = {id(r) for r in best.requests}
         self.queue = [r for r in self.queue if id(r) not in taken]
         self.weights_slot = best.mode.weights_slot
         plan = make_plan(best.requests, best.mode, self.catalog, est_s=best.est_s, raw_s=best.raw_s,
                          switch_s=best.switch_s)
-        plan.notes = {"policy": self.name, "options": len(options), "follow_s": round(best.follow_s, 4)}
+        plan.notes = {"policy": self.name, "options": len(options), "follow_s": round(best.follow_s, 4), **notes}
         return plan, shed
 
     def drop_all(self, reason: str) -> list[Shed]:
@@ -249,22 +289,104 @@ class Scheduler:
             costs.append(self.option(m, rest, after=after).est_s)
         return min(costs) if costs else float("inf")
 
+    # ------------------------------------------------------------------ deadlines and priorities (the docstring)
+    def alone_s(self, request: Request) -> tuple[float, float]:
+        """(predicted, profiled) seconds of `request` alone now in the cheapest mode this policy has: corrected
+        and without the margin, and before the correction."""
+        known = self._alone.get(id(request)) if self._alone is not None else None
+        if known is None:
+            best = min((self.option(m, [request]) for m in self.modes_for(request)), key=lambda o: o.est_s)
+            known = (best.est_s, best.raw_s)
+            if self._alone is not None:
+                self._alone[id(request)] = known
+        return known
+
+    def need(self, request: Request) -> float:
+        """Predicted seconds to serve `request` alone now, with the cost model's margin."""
+        return self.alone_s(request)[0] * self.costs.margin
+
+    def late(self, request: Request, now: float) -> bool:
+        """Cannot meet its deadline even started now, alone, at the fastest speed plausible (no margin)."""
+        return not request.best_effort and now + self.alone_s(request)[1] * self.costs.fastest > request.deadline
+
+    def doubtful(self, request: Request, now: float) -> bool:
+        """Only the estimate says it would miss its deadline (started now, alone, with the margin)."""
+        return not request.best_effort and now + self.need(request) > request.deadline
+
+    def pressed(self, request: Request, now: float, limit: float) -> bool:
+        """It could not wait for one more batch of at most `limit` predicted seconds."""
+        return not request.best_effort and now + self.need(request) + limit * self.costs.margin > request.deadline
+
+    def lowest_priority(self) -> int:
+        return min(r.priority for r in self.queue)
+
     def shed_hopeless(self, now: float) -> list[Shed]:
-        """Requests that cannot meet their deadline even alone, in the cheapest mode this policy has."""
-        shed, keep = [], []
-        for r in self.queue:
-            if r.best_effort:
-                keep.append(r)
-                continue
-            need = min(self.option(m, [r]).est_s for m in self.modes_for(r)) * self.costs.margin
-            if now + need > r.deadline:
-                left = (r.deadline - now) * 1000
-                shed.append(Shed(r, f"cannot meet its deadline: needs ~{need * 1000:.0f} ms, "
-                                    f"{max(0.0, left):.0f} ms left", "deadline"))
-            else:
-                keep.append(r)
-        self.queue = keep
+        """Shed the late requests; and the doubtful ones of the lowest priority queued while live work that fits
+        can run instead or the estimate is current (the module docstring). Every other doubtful request stays:
+        first_in_line serves it."""
+        shed = [Shed(r, self.hopeless_reason(r, now), "deadline") for r in self.queue if self.late(r, now)]
+        gone = {id(x.request) for x in shed}
+        self.queue = [r for r in self.queue if id(r) not in gone]
+        if not self.queue:
+            return shed
+        lowest = self.lowest_priority()
+        doubtful = [r for r in self.queue if self.doubtful(r, now)]
+        fits = [r for r in self.queue if not r.best_effort and not self.doubtful(r, now)]
+        if not doubtful or not (fits or self.costs.measured_lately):
+            return shed
+        above = max(r.priority for r in self.queue if not r.best_effort)
+        give_way = [r for r in doubtful if r.priority == lowest]
+        shed += [Shed(r, self.hopeless_reason(r, now, above), "deadline") for r in give_way]
+        gone = {id(r) for r in give_way}
+        self.queue = [r for r in self.queue if id(r) not in gone]
         return shed
+
+    def hopeless_reason(self, request: Request, now: float, above: int | None = None) -> str:
+        need, left = self.need(request) * 1000, max(0.0, request.deadline - now) * 1000
+        reason = f"cannot meet its deadline: needs ~{need:.0f} ms, {left:.0f} ms left"
+        if above is not None and above > request.priority:
+            reason += f"; priority {above} work goes first"
+        return reason
+
+    def first_in_line(self, now: float) -> Request | None:
+        """The doubtful request that runs next, alone, or None: one of the highest doubtful priority above the
+        lowest queued (unless a still higher priority is pressed: it goes first), or, when no live request fits,
+        a probe. Of those, the earliest deadline: if the estimate was wrong, the others are served once its time
+        has corrected it, and they have longer to wait for that."""
+        doubtful = [r for r in self.queue if self.doubtful(r, now)]
+        if not doubtful:
+            return None
+        lowest = self.lowest_priority()
+        ahead = [r for r in doubtful if r.priority > lowest]
+        if not ahead:
+            # All of the lowest priority: shed_hopeless kept them because nothing live fits and the estimate is old
+            # news. The engine would be idle: probe the estimate instead.
+            ahead = doubtful
+        top = max(r.priority for r in ahead)
+        tier = self.pressed_tier(now)
+        if tier is not None and tier > top:
+            return None
+        return edf([r for r in ahead if r.priority == top])[0]
+
+    def pressed_tier(self, now: float) -> int | None:
+        """The highest priority with a pressed request, where lower priorities are queued (they wait for the next
+        batch); None: no restriction."""
+        limit = self.batch_limit_s()
+        pressed = [r.priority for r in self.queue if self.pressed(r, now, limit)]
+        tier = max(pressed, default=None)
+        return tier if tier is not None and tier > self.lowest_priority() else None
+
+    def options_within(self, tier: int | None, now: float) -> list[Option]:
+        """The policy's options among the requests of priority `tier` and above (None: all). Policies read
+        self.queue, so the lower tiers are set aside while they choose."""
+        if tier is None:
+            return self.options(now)
+        everything = self.queue
+        self.queue = [r for r in everything if r.priority >= tier]
+        try:
+            return self.options(now)
+        finally:
+            self.queue = everything
 
 
 def shared_prefix(requests: list[Request], mode: LoRAMode, catalog: Catalog) -> tuple[int, int]:

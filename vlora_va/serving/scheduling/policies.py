@@ -1,6 +1,7 @@
 """The scheduling policies, selected by `daemon.policy` (registered by name in contracts.plugins.POLICIES). Each says
 which modes may serve the next batch, and which LoRA mode costs the start-up profile must measure for it
-(`measured_modes`); the shared rules (base.py) fill, cost and shed the same way for all of them.
+(`measured_modes`); the shared rules (base.py) fill, cost, shed and keep the priorities the same way for all of them
+(a policy chooses among the requests of the tiers that may be served now: `options` reads self.queue).
 
     vlora         the V-LoRA policy (below), with every mode, premerged included, chosen by measured cost
     edf           earliest deadline first in one fixed mode: premerged where resident, else unmerged (ATMM)
