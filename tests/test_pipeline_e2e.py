@@ -378,24 +378,58 @@ def results_in_metrics(port: int) -> tuple[dict[tuple[str, str, str], int], floa
 LOAD_LIMIT = 0.5  # "well below capacity": at most half of what the admission estimate says this machine can do
 
 
+def detection_loads(cfg: dict) -> list[tuple[str, dict]]:
+    """The default pipeline's detection work, heaviest first: both cameras (the tracked one at 2 frames a chunk),
+    the tracked camera alone, then at 1 frame a chunk. Which is below half this machine's capacity depends on the
+    CPU (0.4 s/s on an AVX-512 EPYC with OpenVINO, 0.88 s/s on a Xeon without bf16 running torch int8)."""
+    def detect_only(streams: list[dict], frames: int | None = None) -> dict:
+        out = []
+        for s in streams:
+            tasks = [dict(t, frames_per_chunk=min(t["frames_per_chunk"], frames) if frames else t["frames_per_chunk"])
+                     for t in s["tasks"] if t["adapter"] == "detect"]
+            out.append(dict(s, tasks=tasks))
+        return {**cfg, "streams": out}
+
+    tracked = [s for s in cfg["streams"] if s["id"] == "pedestrians"]
+    return [("both cameras", detect_only(cfg["streams"])), ("the tracked camera", detect_only(tracked)),
+            ("the tracked camera at 1 frame a chunk", detect_only(tracked, 1))]
+
+
+def estimated_need(path: Path) -> float:
+    """Seconds of compute per second the daemon's own start-up estimate (`vlora-va validate --profile`) gives the
+    pipeline file on this machine (its profile cached for the run that follows)."""
+    out = subprocess.run([*CLI, "validate", "--profile", str(path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    found = re.search(r"needs (\d+\.\d+) s of compute per second here", out.stdout)
+    assert out.returncode == 0 and found, out.stdout[-2000:] + out.stderr[-2000:]
+    return float(found.group(1))
+
+
 def test_below_half_its_capacity_every_row_is_served_on_time(tmp_path):
     """The default pipeline's detection tasks (tracked on the surveillance stream, plain on the bikes), paced like
-    live cameras: about 0.4 s of compute per second on the 2-core reference machine (the activity task would
-    take it to 0.7), at most half of what the admission estimate (said at start-up) gives this machine. Nothing
-    is shed or dropped, and every row is read from the sink within its deadline, measured by this test from the
-    frame's capture."""
+    live cameras, sized to this machine: the heaviest of `detection_loads` that the daemon's estimate puts at most
+    at half its capacity (both cameras, 0.4 s of compute per second, on the 2-core reference EPYC). Nothing is shed
+    or dropped, and every row is read from the sink within its deadline, measured by this test from the frame's
+    capture."""
     path = pipeline(tmp_path, max_chunks=25, realtime=True)
     cfg = yaml.safe_load(path.read_text())
     cfg["ingest"]["drop_policy"] = "drop_oldest"
-    for s in cfg["streams"]:
-        s["tasks"] = [t for t in s["tasks"] if t["adapter"] == "detect"]
-    path.write_text(yaml.safe_dump(cfg))
+    for name, trial in detection_loads(cfg):
+        path.write_text(yaml.safe_dump(trial))
+        estimate = estimated_need(path)
+        print(f"\n{name}: needs {estimate:.2f} s/s here")
+        if estimate <= LOAD_LIMIT:
+            cfg = trial
+            break
+    else:
+        pytest.skip(f"even {name} needs {estimate:.2f} s/s here: no detection load of the default pipeline is below "
+                    "half this machine's capacity")
     live = follow(path)
-    need = re.search(r"capacity: 2 stream\(s\), \d+ images/s: needs (\d+\.\d+) s of compute per second here",
+    need = re.search(r"capacity: \d+ stream\(s\), \d+ images/s: needs (\d+\.\d+) s of compute per second here",
                      live.log)
     assert need, live.log[-3000:]
-    assert float(need.group(1)) <= LOAD_LIMIT, f"the estimate says this load needs {need.group(1)} s/s here: not a " \
-                                               f"load below half this machine's capacity (the test's premise)"
+    assert float(need.group(1)) <= LOAD_LIMIT * 1.2, f"the daemon's estimate says this load needs {need.group(1)} s/s, " \
+                                                     f"the same start-up estimate said {estimate:.2f} before it started"
     rows = live.rows
     print(f"\nneeds {need.group(1)} s/s; {len(rows)} rows; capture to sink read: "
           f"{summary([end_to_end_s(r) for r in rows])}")
