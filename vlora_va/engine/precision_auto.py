@@ -130,13 +130,14 @@ def read_machine_gates(adapter) -> dict:
     directory = machine_gate_dir()
     if not directory.is_dir():
         return out
+    mine = machine_gate_key(adapter, "")  # (the weights and libraries: one digest and version look-up)
     for path in directory.glob("gate-*.json"):
         try:
             data = json.loads(path.read_text())
             key, entry = data["key"], data["entry"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if isinstance(entry, dict) and key == machine_gate_key(adapter, key.get("variant", "")):
+        if isinstance(entry, dict) and isinstance(key, dict) and key == {**mine, "variant": key.get("variant")}:
             out[key["variant"]] = entry
     return out
 
