@@ -43,7 +43,7 @@ from vlora_va.training import paired  # noqa: E402
 from vlora_va.training import precision_gate as G  # noqa: E402
 from vlora_va.training.calibrate import calibrate_engine  # noqa: E402
 from vlora_va.training.data import activity_clips, detection_labels, merge_labels  # noqa: E402
-from vlora_va.training.evaluate import HUMAN_SET, human_clip_frames, load_human_set, sources_of  # noqa: E402
+from vlora_va.training.evaluate import HUMAN_SET, load_human_set, sources_of  # noqa: E402
 from vlora_va.training.frames import read_frames  # noqa: E402
 from vlora_va.training.spec import Range, Spec  # noqa: E402
 
@@ -104,12 +104,8 @@ def detect_data(adapter, hs) -> dict:
 def clip_data(adapter, hs, clip_len: int) -> dict:
     spec = spec_for(adapter, clip_len)
     clips = [c for src in sources_of(adapter) for c in activity_clips(src, [HELD_OUT], spec, progress=False)]
-    data = {"clips": [c.frames for c in clips], "labels": [c.label for c in clips],
-            "persons": [c.persons for c in clips], "starts": [c.start for c in clips]}
-    if adapter.head.persons:
-        hclips, picked = human_clip_frames(hs, HELD_OUT, clip_len)
-        data["human_clips"], data["human_persons"] = picked, [c["persons"] for c in hclips]
-    return data
+    return G.clip_data([c.frames for c in clips], [c.label for c in clips], [c.persons for c in clips],
+                       [c.start for c in clips], hs, adapter.head.persons, clip_len)
 
 
 def main() -> int:

@@ -41,7 +41,7 @@ from vlora_va.engine.modes import PREMERGED, LoRAMode
 from vlora_va.ingest.chunker import letterbox
 from vlora_va.training import paired
 from vlora_va.training.evaluate import HUMAN_SET, human_clip_frames, human_frames, load_human_set
-from vlora_va.training.frames import Frame, iter_frames, read_frames
+from vlora_va.training.frames import Frame, iter_frames
 from vlora_va.training.metrics import human_detection_report
 from vlora_va.training.spec import Range
 
@@ -195,34 +195,31 @@ def load_reference(path: Path = REFERENCE) -> dict:
 
 
 def _held_out_frames(keys: set[str]) -> dict[str, Frame]:
-    """The frames of HELD_OUT named by `keys`, decoded once."""
-    return {f.key: f for f in iter_frames(HELD_OUT.video, HELD_OUT.start, HELD_OUT.end + 1.0) if f.key in keys}
+    """The frames of HELD_OUT named by `keys`, decoded once (GateError where one is not in the video)."""
+    frames = {f.key: f for f in iter_frames(HELD_OUT.video, HELD_OUT.start, HELD_OUT.end + 1.0) if f.key in keys}
+    missing = keys - set(frames)
+    if missing:
+        raise GateError(f"{len(missing)} reference frames are not in {HELD_OUT.video.name} (e.g. {sorted(missing)[0]})")
+    return frames
 
 
 def detect_data(teacher: dict[str, list[dict]], teacher_keys: list[str], hs) -> dict:
-    """A detection adapter's held-out data: the HELD_OUT frames with `teacher` labels, and the human-checked frames
-    of both cameras with their boxes."""
-    frames = read_frames(HELD_OUT.video, HELD_OUT.start, HELD_OUT.end, HELD_OUT.step)
-    missing = set(teacher_keys) - {f.key for f in frames}
-    if missing:
-        raise GateError(f"{len(missing)} reference frames are not in {HELD_OUT.video.name} (e.g. {sorted(missing)[0]})")
+    """A detection adapter's held-out data: the HELD_OUT frames named by `teacher_keys` with `teacher` labels, and
+    the human-checked frames of both cameras with their boxes."""
+    frames = _held_out_frames(set(teacher_keys))
     hframes = human_frames(hs, HELD_OUT) + human_frames(hs, Range(BIKES, 0.0, None, 0.5))
-    by_key = {f.key: f for f in frames + hframes}
+    by_key = {**{k: frames[k] for k in teacher_keys}, **{f.key: f for f in hframes}}
     return {"frames": list(by_key.values()), "teacher": teacher, "teacher_keys": list(teacher_keys),
             "human": {f.key: hs.boxes[f.key] for f in hframes}, "human_keys": [f.key for f in hframes]}
 
 
-def clip_data(clips: list[dict], hs, adapter) -> dict:
-    """An activity adapter's held-out data: REFERENCE's clips (their frames decoded again) and, for a per-person
-    head, the human-checked clips."""
-    frames = _held_out_frames({k for c in clips for k in c["frames"]})
-    missing = {k for c in clips for k in c["frames"]} - set(frames)
-    if missing:
-        raise GateError(f"{len(missing)} reference frames are not in {HELD_OUT.video.name} (e.g. {sorted(missing)[0]})")
-    data = {"clips": [[frames[k] for k in c["frames"]] for c in clips], "labels": [c["label"] for c in clips],
-            "persons": [c["persons"] for c in clips], "starts": [c["start"] for c in clips]}
-    if adapter.head.persons:
-        hclips, picked = human_clip_frames(hs, HELD_OUT, adapter.clip_len)
+def clip_data(clips: list[list[Frame]], labels: list, persons: list, starts: list, hs, human: bool,
+              clip_len: int) -> dict:
+    """An activity adapter's held-out data: its clips (the frames it sees) with their labels and persons and, for a
+    per-person head (human), the human-checked clips at `clip_len` frames."""
+    data = {"clips": clips, "labels": labels, "persons": persons, "starts": starts}
+    if human:
+        hclips, picked = human_clip_frames(hs, HELD_OUT, clip_len)
         data["human_clips"], data["human_persons"] = picked, [c["persons"] for c in hclips]
     return data
 
@@ -239,7 +236,10 @@ def reference_data(adapter, reference: dict, hs) -> dict:
     clips = ref["clips"]
     if any(len(c["frames"]) != adapter.clip_len for c in clips):
         raise GateError(f"adapter {adapter.name}: the reference clips are not {adapter.clip_len} frames long")
-    return clip_data(clips, hs, adapter)
+    frames = _held_out_frames({k for c in clips for k in c["frames"]})
+    return clip_data([[frames[k] for k in c["frames"]] for c in clips], [c["label"] for c in clips],
+                     [c["persons"] for c in clips], [c["start"] for c in clips], hs, adapter.head.persons,
+                     adapter.clip_len)
 
 
 # ---------------------------------------------------------------- on a user's machine: the variants no one measured
