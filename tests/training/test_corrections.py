@@ -155,12 +155,9 @@ def test_the_shipped_fixes_cover_every_train_and_val_frame_of_their_spec_and_no_
     assert len(changed) > 50 and sum(len(f.add) for f in changed) > 50  # README: the counts
 
 
-def test_every_shipped_remove_is_a_box_the_teacher_gives():
+def test_every_shipped_remove_is_a_box_the_teacher_gives(teachers):
     from vlora_va.training.data import detection_labels, frames_of
-    from vlora_va.training.teachers import DEFAULT_TEACHER_DIR
 
-    if not (DEFAULT_TEACHER_DIR / "centernet.onnx").is_file():
-        pytest.skip("CenterNet teacher (development asset) not present")
     spec = load_spec(ROOT / "adapters" / "specs" / "detect-hand-fixed.yaml")
     (source,) = [s for s in spec.sources if s.options.get("corrections")]
     fixes = load_corrections(SHIPPED)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from vlora_va.engine.adapters import load_adapter_dir
-from vlora_va.training.teachers import DEFAULT_TEACHER_DIR
+from tests.training.conftest import require_teachers
 
 ROOT = Path(__file__).resolve().parents[2]
 # Accuracy minimums for the eval tests below (well under the shipped adapters' figures on the same frames, well
@@ -37,8 +37,7 @@ def eval_cli():
         resolve("dinov2-small")
     except ModelError:
         pytest.skip("default backbone not fetched")
-    if not (DEFAULT_TEACHER_DIR / "centernet.onnx").is_file():
-        pytest.skip("CenterNet teacher (development asset) not present")
+    require_teachers()
     from vlora_va.training.cli import main_eval
 
     return main_eval
@@ -88,9 +87,7 @@ def test_eval_cli_scores_the_action_adapter_per_clip_and_per_person(tmp_path, ca
     assert human["top1"] >= MIN_HUMAN_PERSON_TOP1, human
 
 
-def test_eval_cli_scores_the_teacher_on_the_human_set(tmp_path):
-    if not (DEFAULT_TEACHER_DIR / "centernet.onnx").is_file():
-        pytest.skip("CenterNet teacher (development asset) not present")
+def test_eval_cli_scores_the_teacher_on_the_human_set(tmp_path, teachers):
     from vlora_va.training.cli import main_eval
 
     out = tmp_path / "t.json"

@@ -139,11 +139,9 @@ def test_merge_tiled_prefers_the_tiles_split_and_drops_cut_boxes():
                    ((600, 400, 640, 500), "person")]
 
 
-def test_tiles_must_be_a_positive_integer():
-    from vlora_va.training.teachers import DEFAULT_TEACHER_DIR, CenterNetTeacher
+def test_tiles_must_be_a_positive_integer(teachers):
+    from vlora_va.training.teachers import CenterNetTeacher
 
-    if not (DEFAULT_TEACHER_DIR / "centernet.onnx").is_file():
-        pytest.skip("CenterNet teacher (development asset) not present")
     with pytest.raises(ValueError, match="tiles: expected an integer >= 1, got 0"):
         CenterNetTeacher(tiles=0)
     assert CenterNetTeacher(tiles=2).cache_name.endswith("-tiles2")

@@ -1,4 +1,4 @@
-"""Scale augmentation for detection training: zoomed-in views of the training frames.
+"""Augmentation for detection training: zoomed-in views of the training frames, and other cameras' views.
 
 Near-camera people are rare in the training footage (9% of the teacher's person boxes in 0–50 s, against 23%
 of the human-checked held-out set) and two people walking together stand a few pixels apart. A crop of part
@@ -36,6 +36,39 @@ def zoom_views(frames: list[Frame], per_frame: int, scale: tuple[float, float] =
             crop = np.ascontiguousarray(f.rgb[y0:y0 + ch, x0:x0 + cw])
             views.append(Frame(f.video, f.t, crop, view=f"crop{x0},{y0},{cw}x{ch}"))
     return views
+
+
+def camera_views(frames: list[Frame], labels: dict[str, dict[str, list[dict]]], per_frame: int,
+                 seed: int = 0) -> tuple[list[Frame], dict[str, dict[str, list[dict]]]]:
+    """`per_frame` views of each frame through a random other camera (views.random_view), and every source's
+    labels carried through the view's geometry: the teacher labelled the clean frame, where it sees best; asked
+    on a dark, noisy view it would miss people, and the student would learn to miss them too. A box with less
+    than views.MIN_VISIBLE of it left inside the view becomes don't-care (a cut-off person is neither a miss nor
+    a false alarm). Deterministic per (frame, seed, i). Returns (view frames, {source: {view key: labels}})."""
+    from vlora_va.training.views import random_view
+
+    out_frames: list[Frame] = []
+    out_labels: dict[str, dict[str, list[dict]]] = {name: {} for name in labels}
+    for f in frames:
+        for i in range(per_frame):
+            rng = np.random.default_rng([zlib.crc32(f.key.encode()), seed, i])
+            view = random_view(rng)
+            rgb, _, _ = view.apply(f.rgb, None, seed=int(rng.integers(1 << 31)))
+            vf = Frame(f.video, f.t, rgb, view=f"cam{seed}-{i}")
+            out_frames.append(vf)
+            for name, per_key in labels.items():
+                out_labels[name][vf.key] = _carried(per_key.get(f.key, []), view, f.size)
+    return out_frames, out_labels
+
+
+def _carried(labels: list[dict], view, size: tuple[int, int]) -> list[dict]:
+    from vlora_va.training.views import MIN_VISIBLE
+
+    if not labels:
+        return []
+    boxes, visible = view.map_boxes([lab["box"] for lab in labels], size)
+    return [{**lab, "box": [round(float(v), 1) for v in b], "ignore": bool(lab.get("ignore")) or v < MIN_VISIBLE}
+            for lab, b, v in zip(labels, boxes.tolist(), visible.tolist()) if v > 0]
 
 
 def crop_window(view: str) -> tuple[int, int, int, int] | None:

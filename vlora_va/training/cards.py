@@ -49,12 +49,17 @@ def _report_path(spec: Spec) -> str:
     return _shown(spec.output.parent / f"REPORT-{spec.name}.md")
 
 
+TEACHER_WORDS = {"centernet": "CenterNet COCO-80 teacher",
+                 "nanodet": "NanoDet COCO-80 teacher",
+                 "fused": "CenterNet and NanoDet COCO-80 teachers, box-fused (`training/label_fusion.py`),"}
+
+
 def _source_line(s) -> str:
-    if s.kind == "centernet":
+    if s.kind in TEACHER_WORDS:
         tiles = int(s.options.get("tiles", 1))
         on = (f" on the whole frame and on {tiles}×{tiles} overlapping tiles (merged: `teachers.merge_tiled`)"
               if tiles > 1 else "")
-        return (f"- **{s.name}**: CenterNet COCO-80 ONNX teacher{on} filtered to {s.classes}; boxes scoring ≥ {s.score_threshold} "
+        return (f"- **{s.name}**: {TEACHER_WORDS[s.kind]}{on} filtered to {s.classes}; boxes scoring ≥ {s.score_threshold} "
                 f"are labels, {s.ignore_below}–{s.score_threshold} are don't-care"
                 f"{f', as are boxes under {s.min_height:g} px tall' if s.min_height else ''}.{_corrections_words(s)}")
     if s.kind == "activity":
@@ -253,7 +258,7 @@ Full comparison (head-only, per-source, fused, classical teacher): `{_report_pat
 {row['steps']} steps, {row['train_seconds']:.0f} s on {platform.machine()} CPU ({_threads(spec)}, shared machine, frozen layers < {spec.split} cached once;
 feature caching and teacher labelling not included){'' if row['complete'] else ' — stopped by the time budget'}.
 
-Reproduce: `{_reproduce(spec)}` (needs the `train` extra and the CenterNet teacher in `../shared/assets/teachers`).
+Reproduce: `{_reproduce(spec)}` (needs the `train` extra and the teachers from `vlora-va teachers fetch`).
 Evaluate: `vlora-va eval {_shown(adapter)} --on sample_videos/pedestrians.mp4:55-79.5 sample_videos/bikes.mp4`
 """
 

@@ -21,7 +21,8 @@ _RANGE = re.compile(r"^(?P<video>.+?)(?::(?P<start>[\d.]+)?-(?P<end>[\d.]+)?)?(?
 TEACHER_FIGURES = {"detection": "F1@0.5, AP50, P and R per class against the teacher's labels",
                    "action": "top-1 and confusion against the teacher's tracking-rule labels"}
 TEACHERS_HINT = ("(the teacher files are read from --teachers-dir, else $VLORA_VA_TEACHERS, "
-                 "else ../shared/assets/teachers)")
+                 "else ~/.cache/vlora-va/teachers, where `vlora-va teachers fetch` puts them)")
+TEACHER_NAMES = ("centernet", "nanodet", "fused")
 
 
 def parse_range(text: str, default_step: float | None) -> Range:
@@ -103,13 +104,15 @@ def main_train(argv: list[str] | None = None) -> int:
 def main_eval(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vlora-va eval", description="Score an adapter against teacher labels on video, "
                                  "and against the human-checked set where it has frames or clips in the ranges.")
-    ap.add_argument("adapter", help="adapter directory, or teacher:centernet (the CenterNet teacher itself, scored "
-                                    "on the human-checked set only)")
+    ap.add_argument("adapter", help="adapter directory, or teacher:centernet, teacher:nanodet or teacher:fused (a "
+                                    "teacher itself, scored on the human-checked set only)")
     ap.add_argument("--on", nargs="+", required=True, metavar="VIDEO[:START-END][@STEP]",
                     help="held-out footage, e.g. sample_videos/pedestrians.mp4:55-79.5")
     ap.add_argument("--step", type=float, default=0.5, help="seconds between evaluated frames / clips (default 0.5)")
     ap.add_argument("--backbone", default="dinov2-small")
-    ap.add_argument("--teachers-dir", type=Path, help="folder with centernet.onnx (default ../shared/assets/teachers)")
+    ap.add_argument("--teachers-dir", type=Path, help="folder with the teacher files (default: where `vlora-va "
+                                                      "teachers fetch` puts them)")
+    ap.add_argument("--tiles", type=int, default=1, help="teachers: also run on N x N overlapping tiles (default 1)")
     ap.add_argument("--human", type=Path, metavar="FILE",
                     help="human-checked set (COCO JSON + activity clips; default adapters/eval/human-v1.json)")
     ap.add_argument("--no-human", action="store_true", help="teacher-relative figures only")
@@ -130,12 +133,15 @@ def main_eval(argv: list[str] | None = None) -> int:
     if args.json and not args.json.parent.is_dir():  # found now, not after the whole evaluation
         ap.error(f"--json {args.json}: no such directory {args.json.parent}")
     if args.adapter.startswith("teacher:"):
-        if args.adapter != "teacher:centernet":
-            ap.error(f"{args.adapter}: the only teacher that can be scored is teacher:centernet")
+        name = args.adapter.partition(":")[2]
+        if name not in TEACHER_NAMES:
+            ap.error(f"{args.adapter}: the teachers that can be scored are "
+                     f"{', '.join('teacher:' + n for n in TEACHER_NAMES)}")
         if human is None:
-            ap.error("teacher:centernet is scored on the human-checked set only (drop --no-human or give --human)")
+            ap.error(f"{args.adapter} is scored on the human-checked set only (drop --no-human or give --human)")
         try:
-            report = evaluate_teacher_on_human(load_human_set(human), ranges, args.teachers_dir)
+            report = evaluate_teacher_on_human(load_human_set(human), ranges, args.teachers_dir, tiles=args.tiles,
+                                               teacher_name=name)
         except FileNotFoundError as e:  # the teacher file itself
             print(f"vlora-va eval: {e} {TEACHERS_HINT}", file=sys.stderr)
             return 1

@@ -13,11 +13,11 @@ from vlora_va.training.corrections import apply_fix, load_corrections
 from vlora_va.training.frames import Frame, iter_frames, read_frames
 from vlora_va.training.spec import Range, Source, Spec
 from vlora_va.training.teachers import (
-    CenterNetTeacher,
     HaarTeacher,
     HogPeopleTeacher,
     Teacher,
     default_cache_dir,
+    detector_teacher,
     load_clip_manifest,
     load_coco_json,
 )
@@ -30,12 +30,13 @@ def label_cache_dir(spec: Spec) -> Path:
 def make_teacher(source: Source, spec: Spec) -> Teacher:
     """The detector behind a source, filtering at `ignore_below` (weaker boxes are dropped entirely)."""
     o = source.options
-    if source.kind in ("centernet", "activity"):
-        path = o.get("path") or (spec.teachers_dir / "centernet.onnx" if spec.teachers_dir else None)
+    if source.kind in ("centernet", "nanodet", "fused", "activity"):
         classes = source.classes or None
         if source.kind == "activity":
             classes = ["person", "bicycle", "motorcycle"]
-        return CenterNetTeacher(path, classes=classes, score_threshold=source.ignore_below, tiles=int(o.get("tiles", 1)))
+        name = "centernet" if source.kind == "activity" else source.kind
+        return detector_teacher(name, spec.teachers_dir, classes, source.ignore_below, int(o.get("tiles", 1)),
+                                o.get("weights"), o.get("path"))
     if source.kind == "hog":
         return HogPeopleTeacher(upscale=float(o.get("upscale", 1.5)), score_threshold=source.ignore_below)
     if source.kind == "haar":

@@ -308,15 +308,15 @@ def human_persons_report(preds: list[list[dict]], refs: list[list[dict]], head) 
 
 def evaluate_teacher_on_human(hs: HumanSet, ranges: list[Range], teachers_dir: Path | None = None,
                               cache_dir: Path | None = None, threshold: float = TEACHER_LABEL_THRESHOLD,
-                              tiles: int = 1, persons: bool = True) -> dict:
+                              tiles: int = 1, persons: bool = True, teacher_name: str = "centernet",
+                              weights: dict | None = None) -> dict:
     """The CenterNet teacher against the human boxes, read at the score above which its boxes are labels (its AP50
     ranks every box it gives, score >= 0.1); and, where the set has activity clips, the activity labels the
     teacher's tracking rule (actions.py, the `activity` source of the action specs) gives each person, matched
     to the human persons like an adapter's ("human_persons"): how right the action adapters' training labels are."""
-    from vlora_va.training.teachers import CenterNetTeacher
+    from vlora_va.training.teachers import detector_teacher
 
-    path = Path(teachers_dir) / "centernet.onnx" if teachers_dir else None
-    teacher = CenterNetTeacher(path, classes=HUMAN_CLASSES, score_threshold=0.1, tiles=tiles)
+    teacher = detector_teacher(teacher_name, teachers_dir, HUMAN_CLASSES, 0.1, tiles, weights)
     spec = Spec(name="eval", task="detection", output=Path("."), cache_dir=cache_dir, teachers_dir=teachers_dir)
     reports = {}
     for r in ranges:
@@ -335,7 +335,7 @@ def evaluate_teacher_on_human(hs: HumanSet, ranges: list[Range], teachers_dir: P
             rep["human_persons"] = _teacher_rule_persons(clips, r, spec)
         rep["seconds"] = round(time.monotonic() - t0, 1)
         reports[range_name(r)] = rep
-    return {"adapter": f"teacher:centernet ({teacher.path.name})", "task": "detection", "reports": reports,
+    return {"adapter": f"teacher:{teacher_name} ({teacher.cache_name})", "task": "detection", "reports": reports,
             "human_set": hs.describe()}
 
 

@@ -20,7 +20,7 @@ from vlora_va.engine.heads import DECODE_ONLY
 from vlora_va.engine.vit import num_blocks
 from vlora_va.training import train as T
 from vlora_va.training.actions import MIRRORED, REVERSED
-from vlora_va.training.augment import zoom_views
+from vlora_va.training.augment import camera_views, zoom_views
 from vlora_va.training.data import (
     activity_clips,
     detection_labels,
@@ -71,10 +71,31 @@ def detection_split(spec: Spec, ranges, name: str, progress: bool = True) -> Spl
     """The frames of `ranges` and every source's labels for them; the "train" split also gets the spec's
     zoomed-in crops (augment.zoom_views), labelled by the teachers like any frame."""
     frames = frames_of(ranges)
+    if name == "train":  # never train within 1 s of a human-checked frame: those frames measure the adapter
+        frames = away_from_human(frames)
+    clean = list(frames)
     if name == "train" and spec.opts.zoom_in:
         frames += zoom_views(frames, spec.opts.zoom_in, tuple(spec.opts.zoom_scale), spec.opts.seed)
     labels = {s.name: detection_labels(s, frames, spec, progress) for s in spec.sources}
+    if name == "train" and spec.opts.camera_views:
+        views, carried = camera_views(clean, labels, spec.opts.camera_views, spec.opts.seed)
+        frames += views
+        for s in spec.sources:
+            labels[s.name].update(carried[s.name])
     return Split(frames, labels, side=spec.image_size)
+
+
+def away_from_human(frames: list[Frame]) -> list[Frame]:
+    """The frames more than 1 s from every human-checked frame of their video (adapters/eval/human-v1.json)."""
+    from vlora_va.training.evaluate import HUMAN_SET, load_human_set
+    from vlora_va.training.frame_picking import away_from
+
+    if not HUMAN_SET.is_file():
+        return frames
+    times: dict[str, list[float]] = {}
+    for video, t in load_human_set(HUMAN_SET).times.values():
+        times.setdefault(video, []).append(t)
+    return [f for f in frames if away_from([f], times.get(f.video, []))]
 
 
 def cache_features(spec: Spec, split: Split, layer: int, flip: bool, progress: bool = True) -> None:

@@ -263,7 +263,13 @@ def write_cards(spec: Spec, report: dict) -> None:
 def _teacher_rows(spec: Spec, human) -> list[dict]:
     """The CenterNet teacher on the human-checked set (its boxes for detection; for actions, the activities its
     tracking rule gives, which are the training labels): what the student's teacher gets right."""
-    if human is None or spec.teachers_dir is None or not (spec.teachers_dir / "centernet.onnx").is_file():
+    from vlora_va.training.teacher_models import TeacherMissing, find_model
+
+    try:
+        find_model("centernet", spec.teachers_dir)
+    except TeacherMissing:
+        return []
+    if human is None:
         return []
     from vlora_va.training.evaluate import evaluate_teacher_on_human
 
@@ -272,7 +278,7 @@ def _teacher_rows(spec: Spec, human) -> list[dict]:
         reports = evaluate_teacher_on_human(human, ranges, spec.teachers_dir, spec.cache_dir)["reports"]
         found = {w: r["human_persons"] for w, r in reports.items() if r.get("human_persons")}
         return [{"model": "label rule on CenterNet tracks (the training labels)", "human_persons": found}] if found else []
-    tiles = max((int(s.options.get("tiles", 1)) for s in spec.sources if s.kind == "centernet"), default=1)
+    tiles = max((int(s.options.get("tiles", 1)) for s in spec.sources if s.kind in ("centernet", "fused")), default=1)
     rows = []
     for n in sorted({1, tiles}):  # the plain teacher, and the tiled one where the spec's labels come from it
         reports = evaluate_teacher_on_human(human, spec.test, spec.teachers_dir, spec.cache_dir, tiles=n,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-SOURCE_KINDS = ("centernet", "hog", "haar", "coco", "activity", "manifest")
+SOURCE_KINDS = ("centernet", "nanodet", "fused", "hog", "haar", "coco", "activity", "manifest")
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2")
 
 
@@ -78,6 +78,9 @@ class TrainSpec:
     # detection: zoomed-in crops per training frame (augment.zoom_views), each `zoom_scale` x the frame's sides
     zoom_in: int = 0
     zoom_scale: list[float] = field(default_factory=lambda: [0.4, 0.7])
+    # detection: views of each training frame through random other cameras (augment.camera_views: framing, mirror,
+    # perspective, light, noise, blur, compression), with the frame's labels carried through the geometry
+    camera_views: int = 0
     # action: also train on the clips with a walking_toward / walking_away person played backwards (their
     # labels reverse: toward <-> away, left <-> right), the rare classes of the footage
     reverse: bool = False
@@ -231,6 +234,10 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"train_options.zoom_scale: expected [low, high] with 0 < low <= high <= 1, got {lo_hi!r}")
     if spec.opts.reverse and spec.task != "action":
         raise SpecError("train_options.reverse: only action specs train on time-reversed clips")
+    if not isinstance(spec.opts.camera_views, int) or spec.opts.camera_views < 0:
+        raise SpecError(f"train_options.camera_views: expected an integer >= 0, got {spec.opts.camera_views!r}")
+    if spec.opts.camera_views and spec.task != "detection":
+        raise SpecError("train_options.camera_views: only detection specs train on other cameras' views")
     if spec.opts.zoom_in and spec.task != "detection":
         raise SpecError("train_options.zoom_in: only detection specs train on zoomed-in crops")
     _check_freeze(spec)

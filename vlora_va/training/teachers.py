@@ -4,9 +4,11 @@ A label is the same dict the detection head decodes to: {"box": [x1, y1, x2, y2]
 "class": name, "score": p}. Every detector teacher caches its raw output per frame on disk
 (`LabelCache`), so a run that is stopped, or a second run with another class filter, never re-labels.
 
-- `CenterNetTeacher`: the COCO-80 CenterNet ONNX (run with onnxruntime). Its raw output (all classes,
-  score >= 0.1) is cached once; `classes=[...]` and `score_threshold` are applied on read, so one
-  detector acts as several single-class "small models" at the cost of one run.
+- `CenterNetTeacher`, `NanoDetTeacher`: COCO-80 detectors from `vlora-va teachers fetch` (OpenVINO IR; ONNX
+  also reads). Their raw output (all classes, score >= 0.1) is cached once; `classes=[...]` and
+  `score_threshold` are applied on read, so one detector acts as several single-class "small models" at the
+  cost of one run.
+- `FusedTeacher`: several detector teachers' boxes fused into one label set (fusion_boxes.py).
 - `HogPeopleTeacher`: OpenCV's HOG + linear SVM people detector.
 - `HaarTeacher`: any OpenCV Haar cascade (frontal face, full body, ...), one class.
 - `load_coco_json` / `load_clip_manifest`: labelled boxes and clip labels from files.
@@ -15,7 +17,6 @@ A label is the same dict the detection head decodes to: {"box": [x1, y1, x2, y2]
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -26,6 +27,16 @@ import numpy as np
 
 from vlora_va.contracts.geometry import pair_iou
 from vlora_va.training.frames import Frame
+from vlora_va.training.label_fusion import fuse_boxes
+from vlora_va.training.teacher_models import (
+    NANODET_SIZE,
+    ModelRunner,
+    TeacherMissing,
+    decode_nanodet,
+    find_model,
+    model_digest,
+    nanodet_input,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +51,6 @@ COCO80 = [
     "cell phone", "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase",
     "scissors", "teddy bear", "hair drier", "toothbrush",
 ]
-DEFAULT_TEACHER_DIR = Path(os.environ.get("VLORA_VA_TEACHERS", Path(__file__).resolve().parents[2].parent / "shared" / "assets" / "teachers"))
 
 
 def default_cache_dir() -> Path:
@@ -177,49 +187,36 @@ class Teacher:
                 and (self.classes is None or lab["class"] in self.classes)]
 
 
-class CenterNetTeacher(Teacher):
+class DetectorTeacher(Teacher):
+    """A COCO detector network as a teacher: its raw output (all classes, score >= 0.1) is cached once per frame;
+    the class filter and threshold apply on read. Subclasses implement `_detect` (boxes in the pixels of the
+    image they get) and set `name`.
+
+    tiles = n > 1: also run on n x n overlapping tiles of the frame (each 2/(n+1) of its sides, so every object up
+    to a third of the frame wide lies wholly inside one) and merge (`merge_tiled`): the network's input is a fixed
+    square whatever the frame, so on a tile people are (n+1)/2 times larger, and two people walking together, one
+    box on the whole frame, are two in the tile."""
+
+    name = "detector"
+
     def __init__(self, path: str | Path | None = None, classes: list[str] | None = None,
-                 score_threshold: float = 0.3, nms_iou: float = 0.5, threads: int = 1, tiles: int = 1):
-        """tiles = n > 1: also run on n x n overlapping tiles of the frame (each 2/(n+1) of its sides, so every
-        object up to a third of the frame wide lies wholly inside one) and merge (`merge_tiled`): the teacher's
-        input is 512 x 512 whatever the frame, so on a tile people are (n+1)/2 times larger, and two people walking
-        together, one box on the whole frame, are two in the tile."""
-        self.path = Path(path) if path else DEFAULT_TEACHER_DIR / "centernet.onnx"
+                 score_threshold: float = 0.3, nms_iou: float = 0.5, threads: int = 1, tiles: int = 1,
+                 folder: str | Path | None = None):
+        self.path = Path(path) if path else find_model(self.name, folder)
         if not self.path.is_file():
-            raise FileNotFoundError(f"CenterNet teacher not found at {self.path} (set teachers.dir in the spec)")
+            raise TeacherMissing(f"{self.name} teacher not found at {self.path} (run `vlora-va teachers fetch`, "
+                                 "or set teachers_dir in the spec)")
         unknown = set(classes or []) - set(COCO80)
         if unknown:
             raise ValueError(f"unknown COCO classes {sorted(unknown)}")
         if not isinstance(tiles, int) or tiles < 1:
             raise ValueError(f"tiles: expected an integer >= 1, got {tiles!r}")
-        self.classes, self.score_threshold, self.nms_iou, self.threads = classes, score_threshold, nms_iou, threads
-        self.tiles = tiles
-        digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:12]
-        self.cache_name = f"centernet-{digest}" + (f"-tiles{tiles}" if tiles > 1 else "")
-        self._session = None
-
-    def _run(self, rgb: np.ndarray) -> np.ndarray:
-        if self._session is None:
-            import onnxruntime as ort
-
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = self.threads
-            self._session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
-        x = cv2.resize(rgb, (512, 512), interpolation=cv2.INTER_LINEAR).astype(np.float32)[None]
-        inp = self._session.get_inputs()[0].name
-        return self._session.run(["tower_0/detections:0"], {inp: x})[0][0]  # [100, 6]
+        self.classes, self.score_threshold, self.nms_iou, self.tiles = classes, score_threshold, nms_iou, tiles
+        self.cache_name = f"{self.name}-{model_digest(self.path)}" + (f"-tiles{tiles}" if tiles > 1 else "")
+        self.model = ModelRunner(self.path, threads)
 
     def _detect(self, rgb: np.ndarray) -> list[dict]:
-        """Every box scoring >= 0.1, in the pixels of `rgb`."""
-        h, w = rgb.shape[:2]
-        labels = []
-        for x1, y1, x2, y2, score, c in self._run(rgb).tolist():
-            if score < 0.1 or not 0 <= int(c) < len(COCO80):
-                continue
-            box = [x1 * w / 512, y1 * h / 512, x2 * w / 512, y2 * h / 512]
-            box = [round(min(max(v, 0.0), lim), 1) for v, lim in zip(box, (w, h, w, h))]
-            labels.append({"box": box, "class": COCO80[int(c)], "score": round(float(score), 4)})
-        return labels
+        raise NotImplementedError
 
     def _raw(self, rgb: np.ndarray) -> list[dict]:
         whole = self._detect(rgb)
@@ -232,6 +229,79 @@ class CenterNetTeacher(Teacher):
             tiled.append(((x0, y0, x1, y1), [{**lab, "box": [round(v + (x0, y0)[i % 2], 1) for i, v in enumerate(lab["box"])]}
                                              for lab in found]))
         return merge_tiled(whole, tiled, (w, h), self.nms_iou)
+
+
+def _label(box: list[float], scale: tuple[float, float], size: tuple[int, int], cls: int, score: float) -> dict:
+    """A network box (its input's pixels) as a label in the frame's pixels, clipped to the frame."""
+    (sx, sy), (w, h) = scale, size
+    box = [box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy]
+    box = [round(min(max(v, 0.0), lim), 1) for v, lim in zip(box, (w, h, w, h))]
+    return {"box": box, "class": COCO80[cls], "score": round(score, 4)}
+
+
+class CenterNetTeacher(DetectorTeacher):
+    """COCO-80 CenterNet (MobileNetV3), 512 x 512 RGB 0-255 in, [100, 6] out: x1, y1, x2, y2, score, class."""
+
+    name = "centernet"
+
+    def _detect(self, rgb: np.ndarray) -> list[dict]:
+        h, w = rgb.shape[:2]
+        x = cv2.resize(rgb, (512, 512), interpolation=cv2.INTER_LINEAR).astype(np.float32)[None]
+        labels = []
+        for x1, y1, x2, y2, score, c in self.model.run(x)[0][0].tolist():
+            if score >= 0.1 and 0 <= int(c) < len(COCO80):
+                labels.append(_label([x1, y1, x2, y2], (w / 512, h / 512), (w, h), int(c), float(score)))
+        return labels
+
+
+class NanoDetTeacher(DetectorTeacher):
+    """COCO-80 NanoDet (ShuffleNetV2, GFL head), 416 x 416; decoded by teacher_models.decode_nanodet, then
+    class-wise NMS (its dense outputs hold several boxes per object)."""
+
+    name = "nanodet"
+
+    def _detect(self, rgb: np.ndarray) -> list[dict]:
+        h, w = rgb.shape[:2]
+        found = decode_nanodet(self.model.run(nanodet_input(rgb)), 0.1)
+        s = NANODET_SIZE
+        return nms([_label(b, (w / s, h / s), (w, h), c, p) for b, c, p in found], self.nms_iou)
+
+
+class FusedTeacher(Teacher):
+    """Detector teachers' boxes fused per frame (label_fusion.fuse_boxes). Each member labels through its own
+    cache at score >= 0.1; the fusion is recomputed on read (milliseconds), so new weights never relabel."""
+
+    def __init__(self, members: list[DetectorTeacher], classes: list[str] | None = None, score_threshold: float = 0.3,
+                 weights: dict[str, dict[str, float]] | None = None, iou: float = 0.55):
+        if len(members) < 2:
+            raise ValueError(f"a fused teacher needs at least two members, got {len(members)}")
+        self.members, self.classes, self.score_threshold = members, classes, score_threshold
+        self.weights, self.iou = weights or {}, iou
+        for m in members:
+            m.classes, m.score_threshold = classes, 0.1
+        self.cache_name = "fused-" + "+".join(m.cache_name for m in members)
+
+    def label(self, frames: list[Frame], cache_dir: Path | None = None, progress: bool = True) -> dict[str, list[dict]]:
+        per = {m.name: m.label(frames, cache_dir, progress) for m in self.members}
+        return {f.key: self.filter(fuse_boxes({name: labs[f.key] for name, labs in per.items()}, self.weights,
+                                              self.iou)) for f in frames}
+
+
+DETECTORS = {"centernet": CenterNetTeacher, "nanodet": NanoDetTeacher}
+FUSED_DEFAULT = ("centernet", "nanodet")
+
+
+def detector_teacher(name: str, folder: str | Path | None = None, classes: list[str] | None = None,
+                     score_threshold: float = 0.3, tiles: int = 1, weights: dict | None = None,
+                     path: str | Path | None = None) -> Teacher:
+    """A detector teacher by name: "centernet", "nanodet", or "fused" (both, box-fused with `weights`).
+    `path` names a user's own file for a single detector (IR or ONNX of the same network)."""
+    if name == "fused":
+        members = [DETECTORS[m](None, classes, 0.1, tiles=tiles, folder=folder) for m in FUSED_DEFAULT]
+        return FusedTeacher(members, classes, score_threshold, weights)
+    if name not in DETECTORS:
+        raise ValueError(f"teacher {name!r}: expected one of {', '.join([*DETECTORS, 'fused'])}")
+    return DETECTORS[name](path, classes, score_threshold, tiles=tiles, folder=folder)
 
 
 class HogPeopleTeacher(Teacher):

@@ -1,0 +1,103 @@
+"""`vlora-va adapters fit`: the frame sampler (diversity, no leakage near human-checked frames) and the whole
+command end to end on the tiny backbone with the real fused teachers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlora_va.training.frame_picking import LEAK_MARGIN_S, away_from, pick_diverse
+from vlora_va.training.frames import Frame
+
+ROOT = Path(__file__).resolve().parents[2]
+VIDEO = ROOT / "sample_videos" / "pedestrians.mp4"
+
+
+def synthetic(n_still: int, n_moving: int) -> list[Frame]:
+    """n_still identical grey frames, then n_moving frames with a white square moving across."""
+    frames = []
+    for i in range(n_still + n_moving):
+        rgb = np.full((72, 128, 3), 90, np.uint8)
+        if i >= n_still:
+            x = 4 * (i - n_still) % 110
+            rgb[20:50, x:x + 16] = 255
+        frames.append(Frame("syn", round(i * 0.25, 3), rgb))
+    return frames
+
+
+def test_pick_diverse_spends_its_picks_where_the_picture_changes():
+    frames = synthetic(40, 40)  # 10 s still, then 10 s of motion
+    picked = pick_diverse(frames, 12, min_gap_s=0.5)
+    assert 10 <= len(picked) <= 12 and picked[0] is frames[0]
+    moving = [f for f in picked if f.t >= 10.0]
+    assert len(moving) >= 9, [f.t for f in picked]  # a fixed stride would put half in the still part
+    assert all(b.t - a.t >= 0.5 - 1e-6 for a, b in zip(picked, picked[1:]))
+    assert [f.t for f in pick_diverse(frames, 12)] == [f.t for f in picked]  # deterministic
+    with pytest.raises(ValueError, match="n: expected at least 1"):
+        pick_diverse(frames, 0)
+
+
+def test_no_frame_within_a_second_of_a_human_checked_frame():
+    frames = [Frame("v", round(t, 3), np.zeros((2, 2, 3), np.uint8)) for t in np.arange(0, 20, 0.25)]
+    marks = [5.0, 12.5]
+    kept = away_from(frames, marks)
+    assert all(min(abs(f.t - m) for m in marks) > LEAK_MARGIN_S for f in kept)
+    assert len(frames) - len(kept) == 2 * 9  # 4.0 to 6.0 and 11.5 to 13.5: exactly 1 s away is dropped too
+    assert away_from(frames, []) == frames
+
+
+def test_fit_cut_keeps_training_away_from_the_shipped_human_frames():
+    """pedestrians.mp4 40-70 s: the project's human-checked frames start at 55 s, inside the training part."""
+    from vlora_va.training.fit import FitOptions, cut, shipped_human_times
+
+    marks = shipped_human_times("pedestrians")
+    assert len(marks) == 49 and min(marks) == pytest.approx(55.0)
+    parts = cut(FitOptions(str(VIDEO), Path("unused"), start=40, end=70, frames=40, sample_fps=2))
+    trained = parts.train + parts.val
+    assert trained and parts.dropped_near_human > 0
+    assert all(min(abs(f.t - m) for m in marks) > LEAK_MARGIN_S for f in trained)
+    assert not parts.val  # 61-64 s: every candidate is within 1 s of a human-checked frame (fit keeps the
+    # general adapter's threshold then, and says so)
+    assert max(f.t for f in parts.train) < min(f.t for f in parts.held_out)  # the held-out part is the last one
+    assert min(f.t for f in parts.held_out) >= 40 + 0.8 * (parts.duration) - 0.5
+
+
+@pytest.mark.slow
+def test_fit_end_to_end_on_the_tiny_backbone(tmp_path, tiny_backbone_dir, tiny_adapters, teachers):
+    from vlora_va.cli import main
+    from vlora_va.engine.adapters import load_adapter_dir, read_lora
+
+    out = tmp_path / "cam1-detect"
+    rc = main(["adapters", "fit", str(VIDEO), "--out", str(out), "--start", "20", "--end", "32", "--frames", "8",
+               "--epochs", "1", "--tiles", "1", "--threads", "1", "--backbone", str(tiny_backbone_dir),
+               "--from", str(tiny_adapters["detect"])])
+    assert rc == 0
+    report = json.loads((out / "FIT.json").read_text())
+    assert report["frames"]["train"] <= 8 and report["steps"] >= 1
+    assert set(report["held_out"]) == {"general", "fitted"}
+    for entry in report["held_out"].values():
+        assert set(entry["teachers"]) == {"person", "car"} and entry["teachers"]["person"]["refs"] > 0
+    assert all(20 <= t < 20 + 0.7 * 12 + 0.5 for t in report["parts"]["train"])
+    assert report["cpu_seconds"] > 0 and report["cpu"]
+    # a servable adapter: loads like any other, its LoRA moved away from the one it started from
+    adapter = load_adapter_dir("cam1", out, 32)
+    assert adapter.task == "detection" and adapter.head_config["classes"] == ["person", "car"]
+    _, _, _, before = read_lora(Path(tiny_adapters["detect"]))
+    _, _, _, after = read_lora(out)
+    assert any(not np.allclose(before[k][1].numpy(), after[k][1].numpy()) for k in before)
+    assert "Per-camera detection adapter" in (out / "README.md").read_text()
+
+
+def test_fit_refuses_bad_input_before_any_work(tmp_path, capsys):
+    from vlora_va.cli import main
+
+    assert main(["adapters", "fit", str(tmp_path / "nope.mp4"), "--out", str(tmp_path / "o")]) == 2
+    assert "no such video file" in capsys.readouterr().err
+    assert main(["adapters", "fit", "rtsp://127.0.0.1:9/x", "--out", str(tmp_path / "o")]) == 2
+    assert "--minutes" in capsys.readouterr().err
+    assert main(["adapters", "fit", str(VIDEO), "--out", str(tmp_path / "o"), "--from", str(tmp_path)]) == 2
+    assert "not an adapter directory" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
