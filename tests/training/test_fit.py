@@ -51,7 +51,8 @@ def test_no_frame_within_a_second_of_a_human_checked_frame():
 
 def test_fit_cut_keeps_training_away_from_the_shipped_human_frames():
     """pedestrians.mp4 40-70 s: the project's human-checked frames start at 55 s, inside the training part."""
-    from vlora_va.training.fit import FitOptions, cut, shipped_human_times
+    from vlora_va.training.fit import FitOptions, cut
+    from vlora_va.training.frame_picking import shipped_human_times
 
     marks = shipped_human_times("pedestrians")
     assert len(marks) == 49 and min(marks) == pytest.approx(55.0)
@@ -67,14 +68,22 @@ def test_fit_cut_keeps_training_away_from_the_shipped_human_frames():
 
 @pytest.mark.slow
 def test_fit_end_to_end_on_the_tiny_backbone(tmp_path, tiny_backbone_dir, tiny_adapters, teachers):
+    """Fit, then --serve into a running daemon (real control socket): the camera's task runs on the new weights."""
+    from tests.serving.test_daemon import RunningDaemon, chunk_parts, config
     from vlora_va.cli import main
-    from vlora_va.engine.adapters import load_adapter_dir, read_lora
+    from vlora_va.engine.adapters import content_sha256, load_adapter_dir, read_lora
+    from vlora_va.serving.control import control_endpoint
 
+    d = RunningDaemon(config(tmp_path / "d", tiny_backbone_dir, {"detect": tiny_adapters["detect"]}, max_slots=4))
     out = tmp_path / "cam1-detect"
     rc = main(["adapters", "fit", str(VIDEO), "--out", str(out), "--start", "20", "--end", "32", "--frames", "8",
                "--epochs", "1", "--tiles", "1", "--threads", "1", "--backbone", str(tiny_backbone_dir),
-               "--from", str(tiny_adapters["detect"])])
+               "--from", str(tiny_adapters["detect"]), "--serve", "cam1-detect",
+               "--control", control_endpoint("", d.cfg.daemon.endpoint)])
     assert rc == 0
+    d.send(chunk_parts("cam1", 0, [("t", "cam1-detect")]))
+    (row,) = d.finish()
+    assert row["status"] == "ok" and row["provenance"]["adapter_sha256"] == content_sha256(out)[:16]
     report = json.loads((out / "FIT.json").read_text())
     assert report["frames"]["train"] <= 8 and report["steps"] >= 1
     assert set(report["held_out"]) == {"general", "fitted"}
@@ -101,3 +110,21 @@ def test_fit_refuses_bad_input_before_any_work(tmp_path, capsys):
     assert main(["adapters", "fit", str(VIDEO), "--out", str(tmp_path / "o"), "--from", str(tmp_path)]) == 2
     assert "not an adapter directory" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_every_spec_training_split_keeps_away_from_human_frames():
+    """The spec trainer's guard (pipeline.detection_split): bikes 4-10 s asked for, its human frames at 5-8 s
+    and their 1-s surroundings never come back, the order of what remains is kept."""
+    from vlora_va.training.frame_picking import shipped_human_times
+    from vlora_va.training.pipeline import away_from_human
+
+    frames = [Frame(v, round(t, 3), np.zeros((2, 2, 3), np.uint8)) for v in ("bikes", "other", "bikes")
+              for t in np.arange(4, 10, 0.5)]
+    kept = away_from_human(frames)
+    marks = shipped_human_times("bikes")
+    assert sorted(marks) == [1.0, 5.0, 6.0, 7.0, 8.0]
+    assert all(min(abs(f.t - m) for m in marks) > LEAK_MARGIN_S for f in kept if f.video == "bikes")
+    assert [f.t for f in kept if f.video == "other"] == [f.t for f in frames if f.video == "other"]
+    assert [f.t for f in kept if f.video == "bikes"] == [9.5, 9.5]
+    where = [next(i for i, g in enumerate(frames) if g is f) for f in kept]
+    assert where == sorted(where)  # the order is the run's identity: kept

@@ -25,7 +25,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlora_va.training.frame_picking import LEAK_MARGIN_S, away_from, candidates, pick_diverse
+from vlora_va.training.frame_picking import (
+    LEAK_MARGIN_S,
+    away_from,
+    candidates,
+    pick_diverse,
+    shipped_human_times,
+)
 from vlora_va.training.frames import Frame
 
 TRAIN_END, VAL_END = 0.7, 0.8  # fractions of the footage's time: train | validation | held out
@@ -90,16 +96,6 @@ def human_boxes(path: Path | None, video: str) -> dict[str, list[dict]]:
     return {k: v for k, v in load_coco_json(path).items() if k.startswith(f"{video}@")}
 
 
-def shipped_human_times(video: str) -> list[float]:
-    """The project's own human-checked frames of this video (adapters/eval/human-v1.json), if it is one of ours."""
-    from vlora_va.training.evaluate import HUMAN_SET, load_human_set
-
-    if not HUMAN_SET.is_file():
-        return []
-    hs = load_human_set(HUMAN_SET)
-    return [t for v, t in hs.times.values() if v == video]
-
-
 def cut(opts: FitOptions) -> FitParts:
     frames = candidates(opts.source, opts.start, opts.end, opts.sample_fps, opts.minutes)
     if len(frames) < 10:
@@ -114,8 +110,9 @@ def cut(opts: FitOptions) -> FitParts:
     val = away_from([f for f in frames if train_end <= f.t < val_end], marks)
     step = max(1, round(opts.eval_step * opts.sample_fps))
     held = [f for f in frames if f.t >= val_end][::step]
-    return FitParts(video, span, pick_diverse(train_ok, opts.frames), val[::max(1, -(-len(val) // VAL_FRAMES))], held, marks,
-                    len(frames), len(train_all) - len(train_ok))
+    val = val[::max(1, -(-len(val) // VAL_FRAMES))]  # evenly spread, at most VAL_FRAMES
+    return FitParts(video, span, pick_diverse(train_ok, opts.frames), val, held, marks, len(frames),
+                    len(train_all) - len(train_ok))
 
 
 def _spec(opts: FitOptions, general):

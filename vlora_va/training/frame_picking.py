@@ -66,6 +66,15 @@ def away_from(frames: list[Frame], times: list[float], margin_s: float = LEAK_MA
     return out
 
 
+def shipped_human_times(video: str) -> list[float]:
+    """The project's own human-checked frame times of this video (adapters/eval/human-v1.json; [] for others)."""
+    from vlora_va.training.evaluate import HUMAN_SET, load_human_set
+
+    if not HUMAN_SET.is_file():
+        return []
+    return [t for v, t in load_human_set(HUMAN_SET).times.values() if v == video]
+
+
 def is_live(source: str) -> bool:
     return "://" in source and not source.startswith("file://")
 

@@ -87,15 +87,10 @@ def detection_split(spec: Spec, ranges, name: str, progress: bool = True) -> Spl
 
 def away_from_human(frames: list[Frame]) -> list[Frame]:
     """The frames more than 1 s from every human-checked frame of their video (adapters/eval/human-v1.json)."""
-    from vlora_va.training.evaluate import HUMAN_SET, load_human_set
-    from vlora_va.training.frame_picking import away_from
+    from vlora_va.training.frame_picking import away_from, shipped_human_times
 
-    if not HUMAN_SET.is_file():
-        return frames
-    times: dict[str, list[float]] = {}
-    for video, t in load_human_set(HUMAN_SET).times.values():
-        times.setdefault(video, []).append(t)
-    return [f for f in frames if away_from([f], times.get(f.video, []))]
+    times = {video: shipped_human_times(video) for video in {f.video for f in frames}}
+    return [f for f in frames if away_from([f], times[f.video])]  # the frames' order is the run's identity
 
 
 def cache_features(spec: Spec, split: Split, layer: int, flip: bool, progress: bool = True) -> None:
