@@ -28,16 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vlora_va.testing.host import rss_mb  # noqa: E402
+
 ADAPTERS = ("detect", "actions", "actions-persons")
 IMAGE_SIZE = 336  # pipelines.yaml daemon.image_size
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def measure(precision: str) -> dict:

@@ -59,7 +59,6 @@ import platform
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,6 +80,7 @@ from vlora_va.engine.modes import MERGED, MIXTURE, PREMERGED, UNMERGED, LoRAMode
 from vlora_va.engine.precision import Capabilities, device_name  # noqa: E402
 from vlora_va.ingest.chunker import letterbox  # noqa: E402
 from vlora_va.serving.scheduling import make_plan  # noqa: E402
+from vlora_va.testing.host import cpu_name, rss_mb  # noqa: E402
 
 CAMERAS = 8
 NOISE = 0.05  # each copy: tensor += NOISE * std(tensor) * N(0, 1), seeded per camera
@@ -99,23 +99,6 @@ MIN_ROUNDS = 3  # rounds of every variant, whatever the time budget says
 
 def pipeline_daemon() -> dict:
     return yaml.safe_load((ROOT / "pipelines.yaml").read_text())["daemon"]
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu_model() -> str:
-    """lscpu's Model name (what the brief of every bench names), else /proc/cpuinfo's."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration, subprocess.SubprocessError):
-        return device_name(torch.device("cpu"))
 
 
 # ---------------------------------------------------------------- the adapters and the requests
@@ -559,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     not_measured = []
     work = Path(tempfile.mkdtemp(prefix="per-camera-adapters-"))
     old_cache = os.environ.get("VLORA_VA_OPENVINO_CACHE")
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu_model": cpu_model(), "cpu": device_name(torch.device("cpu")),
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu_model": cpu_name(), "cpu": device_name(torch.device("cpu")),
             "cores": os.cpu_count(), "threads": a.threads, "torch": torch.__version__,
             "command": " ".join(["python", "bench/per_camera_adapters.py", *(sys.argv[1:] if argv is None else argv)]),
             "platform": platform.platform(), "load_at_start": os.getloadavg()[0], "image_size": image_size,

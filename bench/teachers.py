@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from vlora_va.training.evaluate import HUMAN_SET, evaluate_teacher_on_human, load_human_set  # noqa: E402
 from vlora_va.training.spec import Range  # noqa: E402
+from vlora_va.testing.host import cpu_name  # noqa: E402
 from vlora_va.training.teacher_fetch import fetch  # noqa: E402
 
 TEACHERS = ("centernet", "nanodet", "fused")
@@ -45,7 +46,7 @@ def measure(tiles: list[int]) -> dict:
                                  "precision": c["precision"], "recall": c["recall"], "f1": c["f1"],
                                  "ap50": c["ap50"]})
             print(f"{name} tiles {n}: {time.monotonic() - t0:.0f} s", flush=True)
-    return {"rows": rows, "threshold": 0.4, "human_set": hs.describe(), "cpu": _cpu(),
+    return {"rows": rows, "threshold": 0.4, "human_set": hs.describe(), "cpu": cpu_name(),
             "date": time.strftime("%Y-%m-%d"), "machine": platform.machine()}
 
 
@@ -73,12 +74,6 @@ def table(result: dict) -> str:
         lines.append(f"| {v['tiles']} | {v['range']} | {v['class']} | {v['fused']:.3f} | {v['best_single']:.3f} | "
                      f"{'yes' if v['fusion_improves'] else 'no'} |")
     return "\n".join(lines) + "\n"
-
-
-def _cpu() -> str:
-    from vlora_va.training.fit import cpu_name
-
-    return cpu_name()
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlora_va.training.label_fusion import fuse_boxes, weights_from_scores
+from vlora_va.training.label_fusion import fuse_boxes
 
 
 def lab(box, score, cls="person"):
@@ -43,7 +43,6 @@ def test_a_zero_weight_teacher_is_left_out():
     assert [(g["score"], g["teachers"]) for g in got] == [(0.6, ["a"])]
 
 
-def test_bad_iou_and_weights_from_reports():
+def test_bad_iou():
     with pytest.raises(ValueError, match="iou"):
         fuse_boxes({}, iou=0)
-    assert weights_from_scores({"a": {"person": {"f1": 0.9}, "car": {"precision": 1}}}) == {"a": {"person": 0.9}}

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import platform
+from vlora_va.common.host import cpu_name
+
+__all__ = ["cpu_name", "rss_mb"]
 
 
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def rss_mb() -> float:
+    """This process's resident memory in MB (/proc/self/status VmRSS; 0 where there is none)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0

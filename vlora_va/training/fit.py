@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vlora_va.common.host import cpu_name
 from vlora_va.training.frame_picking import (
     LEAK_MARGIN_S,
     away_from,
@@ -75,6 +76,7 @@ class FitParts:
     train: list[Frame]
     val: list[Frame]
     held_out: list[Frame]
+    human: dict[str, list[dict]] = field(default_factory=dict)  # --human boxes of this video, by frame key
     human_times: list[float] = field(default_factory=list)
     candidates: int = 0
     dropped_near_human: int = 0
@@ -104,14 +106,15 @@ def cut(opts: FitOptions) -> FitParts:
     t0, t1 = frames[0].t, frames[-1].t
     span = t1 - t0
     train_end, val_end = t0 + TRAIN_END * span, t0 + VAL_END * span
-    marks = sorted({float(k.split("@")[1]) for k in human_boxes(opts.human, video)} | set(shipped_human_times(video)))
+    human = human_boxes(opts.human, video)
+    marks = sorted({float(k.split("@")[1]) for k in human} | set(shipped_human_times(video)))
     train_all = [f for f in frames if f.t < train_end]
     train_ok = away_from(train_all, marks)
     val = away_from([f for f in frames if train_end <= f.t < val_end], marks)
     step = max(1, round(opts.eval_step * opts.sample_fps))
     held = [f for f in frames if f.t >= val_end][::step]
     val = val[::max(1, -(-len(val) // VAL_FRAMES))]  # evenly spread, at most VAL_FRAMES
-    return FitParts(video, span, pick_diverse(train_ok, opts.frames), val, held, marks, len(frames),
+    return FitParts(video, span, pick_diverse(train_ok, opts.frames), val, held, human, marks, len(frames),
                     len(train_all) - len(train_ok))
 
 
@@ -144,10 +147,12 @@ def fit(opts: FitOptions) -> dict:
     import torch
 
     from vlora_va.engine.adapters import load_adapter_dir
+    from vlora_va.engine.backbones import load_backbone
     from vlora_va.training import pipeline as P
     from vlora_va.training import train as T
     from vlora_va.training.augment import camera_views
     from vlora_va.training.data import detection_labels
+    from vlora_va.training.teachers import FUSED_DEFAULT
 
     say = opts.say
     t_start, cpu_start = time.monotonic(), time.process_time()
@@ -165,9 +170,8 @@ def fit(opts: FitOptions) -> dict:
         f"{parts.candidates} candidates ({parts.dropped_near_human} dropped within {LEAK_MARGIN_S:.0f} s of a "
         f"human-checked frame), {len(parts.val)} validation, {len(parts.held_out)} held out")
 
-    probe = T.build_model(opts.backbone, _spec_lora_only())
-    hidden = probe.config.hidden_size
-    general = load_adapter_dir("general", opts.start_from, hidden)
+    backbone = load_backbone(opts.backbone)  # loaded once: its size here, the start model below
+    general = load_adapter_dir("general", opts.start_from, backbone.config.hidden_size)
     if general.task != "detection":
         raise ValueError(f"--from {opts.start_from}: a {general.task} adapter; fit starts from a detection adapter")
     spec = _spec(opts, general)
@@ -192,7 +196,7 @@ def fit(opts: FitOptions) -> dict:
     stage("backbone features", t)
 
     t = time.monotonic()
-    start_model = T.build_model(opts.backbone, lora, opts.seed)  # the general adapter's LoRA
+    start_model = T.build_model(backbone, lora, opts.seed)  # the general adapter's LoRA
     general_head = general.head
     result = P.train_detection(spec, splits["train"], [source], lora, deadline=float("inf"),
                                warm=(start_model, general_head), tag=f"fit-{parts.video}")
@@ -205,7 +209,7 @@ def fit(opts: FitOptions) -> dict:
         threshold, result.head.nms_iou = general_head.score_threshold, general_head.nms_iou
         say(f"fit: {len(parts.val)} validation frames (fewer than {MIN_VAL_FRAMES}): the score threshold "
             f"{threshold} and NMS {general_head.nms_iou} of {opts.start_from.name} are kept")
-    figures = _held_out_figures(spec, opts, parts, splits["held_out"], source, lora,
+    figures = _held_out_figures(spec, parts, splits["held_out"], source, lora,
                                 {"general": (start_model, general_head, general_head.score_threshold),
                                  "fitted": (result.model, result.head, threshold)})
     stage("evaluation", t)
@@ -219,7 +223,7 @@ def fit(opts: FitOptions) -> dict:
                    "train_with_views": len(splits["train"].frames), "val": len(parts.val),
                    "held_out": len(parts.held_out), "dropped_near_human": parts.dropped_near_human,
                    "human_times_avoided": len(parts.human_times)},
-        "teachers": "fused: centernet + nanodet" + (f", whole frame + {opts.tiles}x{opts.tiles} tiles" if opts.tiles > 1 else ""),
+        "teachers": "fused: " + " + ".join(FUSED_DEFAULT) + (f", whole frame + {opts.tiles}x{opts.tiles} tiles" if opts.tiles > 1 else ""),
         "started_from": str(opts.start_from), "epochs": opts.epochs, "steps": result.steps,
         "threshold": threshold, "nms_iou": result.head.nms_iou, "held_out": figures,
         "seconds": round(time.monotonic() - t_start, 1), "cpu_seconds": round(time.process_time() - cpu_start, 1),
@@ -234,18 +238,12 @@ def fit(opts: FitOptions) -> dict:
     return report
 
 
-def _spec_lora_only():
-    from vlora_va.training.spec import LoraSpec
-
-    return LoraSpec(layers=[])
-
-
-def _held_out_figures(spec, opts: FitOptions, parts: FitParts, split, source, lora, models: dict) -> dict:
+def _held_out_figures(spec, parts: FitParts, split, source, lora, models: dict) -> dict:
     """{model: {"teachers": per-class report, "human": per-class report or absent}} on the held-out frames."""
     from vlora_va.training import pipeline as P
     from vlora_va.training.metrics import human_detection_report
 
-    refs = human_boxes(opts.human, parts.video)
+    refs = parts.human
     out = {}
     for name, (model, head, threshold) in models.items():
         report, _, preds = P.evaluate_detection(spec, model, head, split, [source], lora, threshold)
@@ -258,16 +256,6 @@ def _held_out_figures(spec, opts: FitOptions, parts: FitParts, split, source, lo
             entry["human_frames"] = len(keys)
         out[name] = entry
     return out
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _row(name: str, entry: dict, cls: str) -> str:

@@ -12,6 +12,7 @@ frame.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -68,11 +69,20 @@ def away_from(frames: list[Frame], times: list[float], margin_s: float = LEAK_MA
 
 def shipped_human_times(video: str) -> list[float]:
     """The project's own human-checked frame times of this video (adapters/eval/human-v1.json; [] for others)."""
+    return list(_shipped_times().get(video, []))
+
+
+@functools.cache
+def _shipped_times() -> dict[str, list[float]]:
+    """{video: times} of the shipped set, read once per process (it is frozen: evaluate.HUMAN_SET_SHA256)."""
     from vlora_va.training.evaluate import HUMAN_SET, load_human_set
 
     if not HUMAN_SET.is_file():
-        return []
-    return [t for v, t in load_human_set(HUMAN_SET).times.values() if v == video]
+        return {}
+    out: dict[str, list[float]] = {}
+    for video, t in load_human_set(HUMAN_SET).times.values():
+        out.setdefault(video, []).append(t)
+    return out
 
 
 def is_live(source: str) -> bool:

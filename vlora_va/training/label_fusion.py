@@ -12,9 +12,9 @@ what only one sees with less:
     score = sum over its boxes of weight x score / sum over ALL teachers of their weight for that class.
 
 A teacher that did not see the object adds 0 to the score: with two equally weighted teachers, a person both
-see at 0.8 scores 0.8, one only one sees at 0.8 scores 0.4. The weights are where accuracy enters: a teacher's
-weight for a class is its measured F1 for that class (`weights_from_scores`), so a teacher that is poor on a
-class moves that class's boxes and scores little.
+see at 0.8 scores 0.8, one only one sees at 0.8 scores 0.4. The weights are where accuracy enters (a source's
+`weights:` option, e.g. each teacher's F1 per class on labelled footage of the camera): a teacher that is poor on
+a class then moves that class's boxes and scores little. The default is equal weights.
 """
 
 from __future__ import annotations
@@ -59,8 +59,3 @@ def _weighted_box(members: dict[str, dict], cls: str, weight) -> list[float]:
     ws = [weight(t, cls) * lab["score"] for t, lab in members.items()]
     total = sum(ws)
     return [sum(w * lab["box"][i] for w, lab in zip(ws, members.values())) / total for i in range(4)]
-
-
-def weights_from_scores(scores: dict[str, dict[str, dict]], metric: str = "f1") -> dict[str, dict[str, float]]:
-    """{teacher: {class: weight}} from per-teacher evaluation reports {teacher: {class: {"f1": ..}}}."""
-    return {t: {cls: float(r[metric]) for cls, r in per_class.items() if metric in r} for t, per_class in scores.items()}

@@ -198,6 +198,7 @@ class DetectorTeacher(Teacher):
     box on the whole frame, are two in the tile."""
 
     name = "detector"
+    cache_tag = ""  # names a post-processing that changes the cached raw output (its cache is another one)
 
     def __init__(self, path: str | Path | None = None, classes: list[str] | None = None,
                  score_threshold: float = 0.3, nms_iou: float = 0.5, threads: int = 1, tiles: int = 1,
@@ -212,7 +213,8 @@ class DetectorTeacher(Teacher):
         if not isinstance(tiles, int) or tiles < 1:
             raise ValueError(f"tiles: expected an integer >= 1, got {tiles!r}")
         self.classes, self.score_threshold, self.nms_iou, self.tiles = classes, score_threshold, nms_iou, tiles
-        self.cache_name = f"{self.name}-{model_digest(self.path)}" + (f"-tiles{tiles}" if tiles > 1 else "")
+        self.cache_name = (f"{self.name}{self.cache_tag}-{model_digest(self.path)}"
+                           + (f"-tiles{tiles}" if tiles > 1 else ""))
         self.model = ModelRunner(self.path, threads)
 
     def _detect(self, rgb: np.ndarray) -> list[dict]:
@@ -261,10 +263,7 @@ class NanoDetTeacher(DetectorTeacher):
 
     name = "nanodet"
     KEEP = 200
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.cache_name = self.cache_name.replace("nanodet-", f"nanodet-top{self.KEEP}-", 1)  # another output
+    cache_tag = f"-top{KEEP}"
 
     def _detect(self, rgb: np.ndarray) -> list[dict]:
         h, w = rgb.shape[:2]

@@ -199,13 +199,6 @@ def convert(model_json_path: str | Path) -> tuple[bytes, dict]:
     return graph.SerializeToString(), {"split": split, "constants": len(consts), "weights": len(weights)}
 
 
-def signature(model_json_path: str | Path) -> dict:
-    """{"inputs": [names], "outputs": [names]} as the TF.js signature lists them (tensor names without ':0')."""
-    sig = json.loads(Path(model_json_path).read_text()).get("signature", {})
-    names = lambda side: [v.get("name", k).split(":")[0] for k, v in sig.get(side, {}).items()]  # noqa: E731
-    return {"inputs": names("inputs"), "outputs": names("outputs")}
-
-
 def unstable_topk(model) -> int:
     """Replace every stable TopK of an OpenVINO model by the same TopK, unstable; returns how many."""
     import openvino.opset11 as ops
