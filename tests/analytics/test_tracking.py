@@ -1,4 +1,5 @@
-"""Tracks across chunks (vlora_va/analytics/tracking.py) with the real `trackers` ByteTrack, SORT and OC-SORT."""
+"""Tracks across chunks (vlora_va/analytics/tracking.py) with the real `trackers` ByteTrack, SORT and OC-SORT, and our
+appearance tracker without embeddings (test_appearance_tracker.py has it with them)."""
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ def ids_of(result: DetectionResult) -> list[list[str | None]]:
     return [[d.track_id for d in f.detections] for f in result.frames]
 
 
-@pytest.mark.parametrize("kind", ["bytetrack", "sort", "ocsort"])
+@pytest.mark.parametrize("kind", ["appearance", "bytetrack", "sort", "ocsort"])
 def test_one_walker_keeps_one_id_across_chunks(kind):
     """At 20 px/s the boxes of two tracked frames 0.5 s apart overlap by IoU 0.5: enough for every kind (SORT and
     OC-SORT ask for IoU 0.3 before their motion model knows the speed; ByteTrack 0.1)."""

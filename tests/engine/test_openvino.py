@@ -591,3 +591,22 @@ def test_a_daemon_with_backend_auto_builds_the_backend_it_chose(tiny_backbone_di
     cfg["daemon"]["backend"] = "fastest"
     with pytest.raises(ConfigError, match="daemon.backend"):
         parse_config(yaml.safe_dump(cfg), "p.yaml")
+
+
+def test_appearance_embeddings_equal_the_torch_engines(tiny_backbone_dir, tiny_adapters, tmp_path):
+    """The openvino backend's LoRA-free lower part ends where the torch engine taps its tokens (block 1 here): the
+    embeddings of a request that asks are the torch engine's, and one that does not ask gets none."""
+    from tests.engine.test_appearance import embed_request
+
+    adapters = {"up1": upper_only_adapter(tmp_path / "up1", tiny_adapters["detect"], 3)}
+    adapters["up1"].head.score_threshold = 0.0
+    t, o = engines(tiny_backbone_dir, adapters)
+    shared = frames(2, 7)
+    got, want = (e.execute(make_plan([embed_request("up1", [f.copy() for f in shared], True),
+                                      embed_request("up1", [f.copy() for f in shared], False, seq=1)],
+                                     e.default_mode(), e.catalog())) for e in (o, t))
+    assert sum(len(f.detections) for f in want[0].frames) > 0
+    for g, w in zip(got[0].frames, want[0].frames):
+        for a, b in zip(g.detections, w.detections):
+            np.testing.assert_allclose(a.embedding.astype(np.float32), b.embedding.astype(np.float32), atol=5e-3)
+    assert all(d.embedding is None for f in got[1].frames for d in f.detections)

@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 from vlora_va.analytics.liveness import Liveness
@@ -28,7 +29,7 @@ from vlora_va.common.logs import Throttle
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.contracts.events import EventRecord
 from vlora_va.contracts.requests import Request
-from vlora_va.contracts.results import ResultRecord
+from vlora_va.contracts.results import DetectionResult, ResultRecord
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,11 @@ class Analytics:
         self._log = Throttle(log, "tracking failures")
         self._media_ts: dict[str, float] = {}  # each stream's latest media time (stream events are placed there)
         self.snapshots = SnapshotStore(config.snapshots) if any(s.snapshots for s in config.streams) else None
+
+    def wants_embeddings(self, stream: str, task: str) -> bool:
+        """Whether this task's detections should carry appearance embeddings: a tracked task's, with the
+        appearance tracker (the others' would be computed for nothing)."""
+        return self.config.tracking.tracker == "appearance" and (stream, task) in self.tasks
 
     def _event_id(self) -> str:
         return f"{self.run_id}-{next(self._event_n)}"
@@ -105,6 +111,8 @@ class Analytics:
             self.failures += 1
             self._log.error(time.monotonic(), "stream %s task %s chunk %d: tracking failed (%s: %s); the row goes "
                             "out without track ids", rec.stream, rec.task, rec.chunk, type(e).__name__, e)
+            if isinstance(rec.result, DetectionResult) and not self.config.tracking.embeddings_in_rows:
+                rec = replace(rec, result=rec.result.without_embeddings())  # untracked, but never with embeddings
             return [(rec, cause, req)]
         return [(rec, cause, req)] + [(e, None, None) for e in events]
 
@@ -162,6 +170,14 @@ class Analytics:
         out: dict[str, int] = {}
         for (sid, _), task in self.tasks.items():
             out[sid] = out.get(sid, 0) + task.tracker.active
+        return out
+
+    def unique_objects(self, now: float) -> dict[str, dict[str, int]]:
+        """{stream: {class: distinct tracks seen over tracking.unique_window_s}} (the vlora_unique_objects gauge)."""
+        out: dict[str, dict[str, int]] = {}
+        for (sid, _), task in self.tasks.items():
+            for cls, n in task.unique.counts(now).items():
+                out.setdefault(sid, {})[cls] = out.get(sid, {}).get(cls, 0) + n
         return out
 
     def held(self) -> int:

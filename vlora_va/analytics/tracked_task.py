@@ -2,7 +2,8 @@
 zones saw.
 
     served row ─► StreamTracker (track ids, ended tracks) ─► per frame: SceneRules (lines, zones) ─► hits
-    ─► EventRecords (id, counts, snapshot)
+    ─► EventRecords (id, counts, snapshot; `reentered` on a track that left and came back)
+               └► UniqueObjects (distinct tracks per class over tracking.unique_window_s)
     shed / error row ─► nothing to track: the tracker predicts across the gap at the next served frame
 """
 
@@ -15,6 +16,7 @@ from typing import Callable
 from vlora_va.analytics.base import Hit, TrackPoint
 from vlora_va.analytics.rules import SceneRules
 from vlora_va.analytics.tracking import StreamTracker, TrackedFrame, TrackIds
+from vlora_va.analytics.unique import UniqueObjects
 from vlora_va.contracts.config import StreamConfig, TaskConfig
 from vlora_va.contracts.events import EventRecord
 from vlora_va.contracts.results import DetectionResult, ResultRecord
@@ -31,6 +33,7 @@ class TrackedTask:
         fps = stream.fps * task.frames_per_chunk / stream.frames_per_chunk  # the tracked frames' rate
         self.tracker = StreamTracker(tracking, fps, track_ids)
         self.rules = SceneRules(stream.lines, stream.zones)
+        self.unique = UniqueObjects(tracking.unique_window_s)
         self.event_id = event_id
         self.since = time.time()  # the rules' counts start now
 
@@ -40,7 +43,11 @@ class TrackedTask:
             return rec, []
         result, frames = self.tracker.track(rec.result)
         events = []
+        now = time.time()
         for frame in frames:
+            for d in frame.detections:
+                if d.track_id is not None:
+                    self.unique.saw(d.track_id, d.cls, now)
             events += [self._event(rec, h, snapshot) for h in self._hits(frame)]
         return replace(rec, result=result), events
 
@@ -65,7 +72,7 @@ class TrackedTask:
             direction=hit.direction, track_id=hit.track_id, cls=hit.cls, box=hit.box, counts=hit.counts,
             counts_since=self.since,
             snapshot=snapshot(event_id, hit.ts, hit.box) if snapshot is not None else None,
-            extra=dict(hit.extra))
+            extra={**hit.extra, **({"reentered": True} if hit.track_id in self.tracker.reentered else {})})
 
     @staticmethod
     def _captured_at(rec: ResultRecord | None, ts: float) -> float:

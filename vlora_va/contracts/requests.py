@@ -36,6 +36,7 @@ class Request:
     outage_before_s: float = 0.0  # media seconds of this stream its source missed just before this chunk
     jpegs: dict[float, bytes] = field(default_factory=dict, repr=False)  # media time -> the frame's JPEG (snapshots)
     reuse_chunk: int = -1  # >= 0: no frames; its row is this earlier chunk's result (frame filtering)
+    embed: bool = False  # its detections carry appearance embeddings (a tracked task; set by the daemon)
     frame_keys: tuple = field(init=False, repr=False)  # frame_key of each frame (made from the frames)
 
     def __post_init__(self):

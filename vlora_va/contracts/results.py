@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Union
 
+import numpy as np
+
 # 3: every row has "type" ("result" | "event", contracts/events.py); detections of tracked tasks have "track_id"
 RESULT_VERSION = 3
 STATUSES = ("ok", "shed", "error")
@@ -37,11 +39,16 @@ class Detection:
     cls: str
     score: float
     track_id: str | None = None  # tracked tasks: the confirmed track this box belongs to (vlora_va/analytics/)
+    # tracked tasks: the box's appearance embedding (engine/heads/appearance.py; float16 unit vector). The tracker
+    # drops it from the row it hands on unless `tracking.embeddings_in_rows` says to keep it.
+    embedding: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         out = {"box": [round(v, 1) for v in self.box], "class": self.cls, "score": round(self.score, 4)}
         if self.track_id is not None:
             out["track_id"] = self.track_id
+        if self.embedding is not None:
+            out["embedding"] = [round(float(v), 4) for v in self.embedding]
         return out
 
 
@@ -57,6 +64,11 @@ class FrameDetections:
 @dataclass(frozen=True)
 class DetectionResult:
     frames: tuple[FrameDetections, ...]
+
+    def without_embeddings(self) -> "DetectionResult":
+        """The same detections without their appearance embeddings (what leaves the daemon by default)."""
+        return DetectionResult(tuple(FrameDetections(f.ts, tuple(
+            Detection(d.box, d.cls, d.score, d.track_id) for d in f.detections)) for f in self.frames))
 
     def to_json(self) -> dict:
         return {"frames": [f.to_json() for f in self.frames]}

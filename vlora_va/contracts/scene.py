@@ -23,7 +23,9 @@ from typing import Any
 from vlora_va.contracts.wire import NAME
 
 Point = tuple[float, float]
-TRACKERS = ("bytetrack", "sort", "ocsort")
+# appearance: ours (analytics/appearance_tracker.py), ByteTrack's association plus each box's appearance and
+# re-entry; the others are Roboflow `trackers` on box geometry alone
+TRACKERS = ("appearance", "bytetrack", "sort", "ocsort")
 MATCHES = ("diou", "giou", "iou")  # how a track's predicted box and a detection are compared (tracking.py)
 
 
@@ -49,7 +51,7 @@ class ZoneConfig:
 class TrackingConfig:
     """How tracked tasks (`track: true`) link boxes across chunks (vlora_va/analytics/tracking.py)."""
 
-    tracker: str = "bytetrack"  # one of TRACKERS (Roboflow's `trackers` package)
+    tracker: str = "appearance"  # one of TRACKERS
     # diou: overlap minus the centres' distance, so boxes that do not overlap still match by nearness: at a few
     # frames per second a walker's boxes 0.5 s apart often do not overlap (bench/tracking.py measures all three)
     match: str = "diou"
@@ -58,6 +60,11 @@ class TrackingConfig:
     min_score: float = 0.3  # detections below this score are not tracked
     activation_score: float = 0.5  # a new track starts only from a box this sure (weaker ones can only continue one)
     class_nms_iou: float = 0.7  # boxes of different classes overlapping this much are one object: the surer one stays
+    # appearance tracker: a track lost for up to this long can be revived by appearance and keep its id (0: never)
+    reid_window_s: float = 30.0
+    appearance_weight: float = 4.0  # how much appearance counts against box geometry when matching (0: not at all)
+    embeddings_in_rows: bool = False  # write each tracked box's embedding into its row (privacy: off by default)
+    unique_window_s: float = 3600.0  # unique_objects counts the distinct tracks of the last this many seconds
 
 
 @dataclass(frozen=True)
@@ -199,7 +206,7 @@ def parse_zones(c, raw: Any, path: str) -> tuple[ZoneConfig, ...]:
 def parse_tracking(c, raw: Any) -> TrackingConfig:
     d = c.mapping(raw if raw is not None else {}, "tracking",
                   {"tracker", "match", "lost_after_s", "min_hits", "min_score", "activation_score",
-                   "class_nms_iou"})
+                   "class_nms_iou", "reid_window_s", "appearance_weight", "embeddings_in_rows", "unique_window_s"})
     if d is None:
         return TrackingConfig()
     t = TrackingConfig()
@@ -210,7 +217,11 @@ def parse_tracking(c, raw: Any) -> TrackingConfig:
         min_hits=c.get(d, "min_hits", "tracking", int, t.min_hits, minimum=1),
         min_score=c.get(d, "min_score", "tracking", float, t.min_score, minimum=0),
         activation_score=c.get(d, "activation_score", "tracking", float, t.activation_score, minimum=0),
-        class_nms_iou=c.get(d, "class_nms_iou", "tracking", float, t.class_nms_iou, minimum=0))
+        class_nms_iou=c.get(d, "class_nms_iou", "tracking", float, t.class_nms_iou, minimum=0),
+        reid_window_s=c.get(d, "reid_window_s", "tracking", float, t.reid_window_s, minimum=0),
+        appearance_weight=c.get(d, "appearance_weight", "tracking", float, t.appearance_weight, minimum=0),
+        embeddings_in_rows=c.get(d, "embeddings_in_rows", "tracking", bool, t.embeddings_in_rows),
+        unique_window_s=c.get(d, "unique_window_s", "tracking", float, t.unique_window_s, minimum=1))
 
 
 def parse_snapshots(c, raw: Any, base_dir) -> SnapshotConfig:

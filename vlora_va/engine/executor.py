@@ -25,6 +25,7 @@ from vlora_va.engine.adapters import Adapter, AdapterError, adapter_digest, fit_
 from vlora_va.engine.backbones import patch_size, tensor_digest
 from vlora_va.engine.backends import BackboneBackend
 from vlora_va.engine.heads import Clip, Features
+from vlora_va.engine.heads.appearance import EMBED_LAYER
 from vlora_va.engine.lora import (
     LoRALinear,
     clear_slot,
@@ -201,6 +202,12 @@ class Engine:
             return f"head_config image_size {size!r} is not a positive multiple of the patch size {self.patch}"
         return None
 
+    def embed_layer(self, adapter: str) -> int:
+        """The block whose input tokens an adapter's appearance embeddings pool: EMBED_LAYER, or earlier where the
+        adapter's LoRA starts earlier (the tokens must be the plain backbone's, the same whatever adapter runs)."""
+        touched = [b for m in self.adapters[adapter].lora if (b := block_of(m)) is not None]
+        return max(1, min([EMBED_LAYER, num_blocks(self.backbone), *touched]))
+
     def catalog(self) -> Catalog:
         infos = {}
         blocks = num_blocks(self.backbone)
@@ -273,9 +280,12 @@ class Engine:
             frames.extend(r.frames)
             keys.extend(r.frame_keys)
             slots.extend([self.slots[r.adapter]] * r.num_images)
-        # the model input rides along only for heads that read it (one copy per frame otherwise wasted)
-        keep_pixels = any(self.adapters[batch[i].adapter].head.detail for i in group.members)
-        feats = self.backend.features(frames, slots, plan.mode, group.size, group.prefix, keep_pixels, keys)
+        # the model input rides along only for heads that read it (one copy per frame otherwise wasted), and the
+        # tokens of a middle layer only for requests that want appearance embeddings
+        embed = [i for i in group.members if batch[i].embed]
+        keep_pixels = bool(embed) or any(self.adapters[batch[i].adapter].head.detail for i in group.members)
+        mid_layer = min((self.embed_layer(batch[i].adapter) for i in embed), default=0)
+        feats = self.backend.features(frames, slots, plan.mode, group.size, group.prefix, keep_pixels, keys, mid_layer)
         by_adapter: dict[str, list[int]] = {}
         for i in group.members:
             by_adapter.setdefault(batch[i].adapter, []).append(i)
@@ -283,7 +293,7 @@ class Engine:
             mine = torch.tensor([j for i in idxs for j in rows[i]], device=self.device)
             # Each request's letterbox at the size the adapter runs at: heads place results in original pixels.
             clips = [Clip(batch[i].num_images, batch[i].letterbox.resized(group.size / batch[i].frames[0].shape[0]),
-                          batch[i].orig_size, tuple(batch[i].frame_ts)) for i in idxs]
+                          batch[i].orig_size, tuple(batch[i].frame_ts), batch[i].embed) for i in idxs]
             head = self.adapters[name].head
             forward = self.backend.head_forward(self.slots[name], head, group.size)  # None: the torch module
             # passed only when there is one: a plug-in head written to serve(feats, clips) keeps working

@@ -152,6 +152,8 @@ class Daemon:
             self.rows.analytics.frames(item.stream, first.ready, max(first.frame_ts, default=0.0))
         # Filtered frames (a task that reuses an earlier chunk's result) cost no compute: straight to their rows.
         fresh = [r for r in item.requests if r.reuse_chunk < 0]
+        for r in fresh:
+            r.embed = self.rows.analytics.wants_embeddings(r.stream, r.task)
         self.rows.expect([(r.stream, r.task, r.seq) for r in item.requests], [(r.stream, r.task, r.seq) for r in fresh])
         if len(fresh) < len(item.requests):
             self.rows.reused([r for r in item.requests if r.reuse_chunk >= 0])

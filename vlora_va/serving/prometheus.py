@@ -100,9 +100,13 @@ class DaemonMetrics:
                                 ["stream", "zone", "class"], registry=r)
         self._tracks = Gauge("vlora_tracks_active", "Confirmed tracks a stream's tracked tasks follow now", ["stream"],
                              registry=r)
+        self._unique = Gauge("vlora_unique_objects", "Distinct confirmed tracks a stream saw over the last "
+                             "tracking.unique_window_s, by class (a re-identified returning object counts once)",
+                             ["stream", "class"], registry=r)
         # (stream id, line) -> (counts_since, {(direction, class): total counted}): what the crossings series holds
         self._line_totals: dict[tuple[str, str], tuple] = {}
         self._zone_classes: dict[tuple[str, str], set[str]] = {}  # classes with an occupancy series, per zone
+        self._unique_classes: dict[str, set[str]] = {}  # classes with a unique-objects series, per stream
 
     # ------------------------------------------------------------------ events
     def chunk(self, stream: str, requests: int, dropped_before: int) -> None:
@@ -225,6 +229,16 @@ class DaemonMetrics:
     def tracks_active(self, stream: str, n: int) -> None:
         """How many confirmed tracks a stream's tracked tasks follow now."""
         self._tracks.labels(self.stream_label(stream)).set(n)
+
+    def unique_objects(self, stream: str, counts: dict[str, int]) -> None:
+        """Distinct tracks per class a stream saw over the unique window."""
+        label = self.stream_label(stream)
+        classes = self._unique_classes.setdefault(label, set())
+        for cls in classes - set(counts):  # every track of the class was forgotten: 0, not its last value
+            self._unique.labels(label, cls).set(0)
+        for cls, n in counts.items():
+            self._unique.labels(label, cls).set(n)
+            classes.add(cls)
 
     def batch(self, mode: str, images: int, seconds: float, switched: bool) -> None:
         t = self.totals

@@ -147,6 +147,8 @@ class Rows:
             self._write([(e, None, None) for e in events])
         for stream, n in self.analytics.tracks_active().items():
             self.metrics.tracks_active(stream, n)
+        for stream, counts in self.analytics.unique_objects(time.time()).items():
+            self.metrics.unique_objects(stream, counts)
 
     def release(self, stream: str) -> None:
         """The stream moved to another daemon (cluster mode): its held rows and its tracks' last events now."""

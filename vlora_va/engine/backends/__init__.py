@@ -45,12 +45,14 @@ class BackboneBackend(ABC):
 
     @abstractmethod
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,
-                 keep_pixels: bool = False, keys: list | None = None) -> Features:
+                 keep_pixels: bool = False, keys: list | None = None, mid_layer: int = 0) -> Features:
         """Backbone features of the uint8 [H, W, 3] frames at size px, frame i through adapter slot slots[i]
         (-1: none), the LoRA computed as `mode` says (the base weights already hold what it needs). Blocks
         [0, prefix) run once per distinct frame (they are LoRA-free for every slot involved); keys: each frame's
         identity (contracts.requests.frame_key; None: from the frames' buffers). keep_pixels: the features also
-        carry each frame's model input."""
+        carry each frame's model input. mid_layer > 0: they also carry `mid`, the patch grid entering that block (or,
+        where the backend cannot stop there, entering the block its LoRA-free part ends at; `mid_layer` says which):
+        the appearance embeddings' tokens, asked for only for blocks no row's LoRA touches yet."""
 
     def prepare(self, slot: int, size: int, head=None):
         """Start building, on a thread of the backend's own, what serving `slot` at `size` px needs (an adapter

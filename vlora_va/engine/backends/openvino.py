@@ -50,7 +50,7 @@ from vlora_va.engine.backbones import patch_size
 from vlora_va.engine.backends import BackboneBackend, openvino_int8
 from vlora_va.engine.backends.torch_eager import lower, model_input, upper
 from vlora_va.engine.heads.detection import DetectionHead
-from vlora_va.engine.heads.features import Features
+from vlora_va.engine.heads.features import Features, token_grid
 from vlora_va.engine.lora import LoRAContext, LoRALinear
 from vlora_va.engine.modes import LoRAMode
 from vlora_va.engine.precision import Capabilities, device_name
@@ -383,7 +383,7 @@ class OpenVINOBackbone(BackboneBackend):
 
     @torch.inference_mode()
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,
-                 keep_pixels: bool = False, keys: list | None = None) -> Features:
+                 keep_pixels: bool = False, keys: list | None = None, mid_layer: int = 0) -> Features:
         keys = keys if keys is not None else [frame_key(f) for f in frames]
         distinct: dict[tuple, int] = {}
         source = [distinct.setdefault(k, len(distinct)) for k in keys]  # frame i's row among the distinct frames
@@ -402,6 +402,10 @@ class OpenVINOBackbone(BackboneBackend):
         feats = Features.from_hidden(torch.from_numpy(out), size, self.patch, self.prefix_tokens)
         if keep_pixels:
             feats.pixels = pixels[torch.tensor(source)]
+        if mid_layer and split > 0:
+            # the compiled parts stop only at the split: its tokens are the LoRA-free ones nearest the block asked for
+            feats.mid = token_grid(torch.from_numpy(below[source]), size, self.patch, self.prefix_tokens)
+            feats.mid_layer = split
         return feats
 
     def split(self, slots: list[int]) -> int:

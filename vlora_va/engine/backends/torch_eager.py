@@ -23,7 +23,7 @@ from vlora_va.contracts.requests import frame_key
 from vlora_va.engine.backbones import patch_size
 from vlora_va.engine.backends import BackboneBackend
 from vlora_va.engine.cuda_graphs import Graphs
-from vlora_va.engine.heads.features import Features
+from vlora_va.engine.heads.features import Features, token_grid
 from vlora_va.engine.lora import LoRAContext
 from vlora_va.engine.modes import DeviceLayout, LoRAMode
 from vlora_va.engine.plan import bucket
@@ -111,7 +111,7 @@ class TorchBackbone(BackboneBackend):
 
     @torch.inference_mode()
     def features(self, frames: list[np.ndarray], slots: list[int], mode: LoRAMode, size: int, prefix: int = 0,
-                 keep_pixels: bool = False, keys: list | None = None) -> Features:
+                 keep_pixels: bool = False, keys: list | None = None, mid_layer: int = 0) -> Features:
         keys = keys if keys is not None else [frame_key(f) for f in frames]
         # Group frames by slot so each adapter's rows are contiguous for ATMM, then restore the order.
         order = sorted(range(len(frames)), key=lambda i: slots[i])
@@ -121,8 +121,9 @@ class TorchBackbone(BackboneBackend):
         n = len(order)
         row_slots = [slots[i] for i in order]
         pixels = self.pixels(unique, size)
-        key = self.graphs.key(size, n, mode, prefix, forked=len(unique) != n)
-        if key is not None:  # a captured forward (CUDA graph) for this shape and mode
+        # a captured forward (CUDA graph) for this shape and mode; none when a middle layer is wanted too
+        key = None if mid_layer else self.graphs.key(size, n, mode, prefix, forked=len(unique) != n)
+        if key is not None:
             tokens = self.prefix_tokens + (size // self.patch) ** 2
             hidden = self.graphs.get(key, mode, tokens).run(pixels, row_slots, mode)
             return self._features(hidden, order, size, pixels if keep_pixels else None, source)
@@ -138,12 +139,23 @@ class TorchBackbone(BackboneBackend):
                 self.lora_ctx.begin(mode, row_slots, layout)
             return hidden
 
+        tapped: list[torch.Tensor] = []
+        hook = blocks(self.backbone)[mid_layer - 1].register_forward_hook(
+            lambda _m, _i, out: tapped.append(out[0] if isinstance(out, tuple) else out)) if mid_layer else None
         try:
             hidden = forward(self.backbone, pixels, prefix, lora_on)[:n]
         finally:
+            if hook is not None:
+                hook.remove()
             if self.lora_ctx is not None:
                 self.lora_ctx.clear()
-        return self._features(hidden, order, size, pixels if keep_pixels else None, source)
+        feats = self._features(hidden, order, size, pixels if keep_pixels else None, source)
+        if tapped:
+            # inside the shared prefix the rows are the distinct frames; after it, one per request (fork, padding)
+            mid = tapped[0][torch.tensor(source, device=hidden.device)] if mid_layer <= prefix else tapped[0][:n]
+            feats.mid = token_grid(self._in_callers_order(mid, order), size, self.patch, self.prefix_tokens)
+            feats.mid_layer = mid_layer
+        return feats
 
     def _features(self, hidden: torch.Tensor, order: list[int], size: int, pixels: torch.Tensor | None,
                   source: list[int]) -> Features:
@@ -151,11 +163,17 @@ class TorchBackbone(BackboneBackend):
         the k-th frame in `order`; None: the features carry no pixels (no head of the batch reads them)."""
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
-        hidden = hidden[inverse.to(hidden.device)].float()
-        feats = Features.from_hidden(hidden, size, self.patch, self.prefix_tokens)
+        feats = Features.from_hidden(self._in_callers_order(hidden, order), size, self.patch, self.prefix_tokens)
         if pixels is not None:
             feats.pixels = pixels[torch.tensor(source)[inverse].to(pixels.device)]
         return feats
+
+    @staticmethod
+    def _in_callers_order(rows: torch.Tensor, order: list[int]) -> torch.Tensor:
+        """Rows in slot order (the k-th is frame order[k]) back to the callers' frame order, in float32."""
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return rows[inverse.to(rows.device)].float()
 
     def _layout_serves(self, mode: LoRAMode) -> bool:
         return self.fixed_layout and mode.impl == "atmm"

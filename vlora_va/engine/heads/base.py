@@ -24,12 +24,14 @@ HEAD_FORMAT_VERSION = 1
 @dataclass(frozen=True)
 class Clip:
     """One request's frames as a head sees them: how many (consecutive rows of the features), how a model-size
-    frame maps to the original one (at the size the adapter runs at), the original size and the frame times."""
+    frame maps to the original one (at the size the adapter runs at), the original size and the frame times; and
+    whether its result should carry appearance embeddings (a tracked task's; a head that makes none ignores it)."""
 
     frames: int
     letterbox: Letterbox
     orig_size: tuple[int, int]
     frame_ts: tuple[float, ...]
+    embed: bool = False
 
 
 class Head(nn.Module):

@@ -8,6 +8,7 @@ the letterbox. The box operations it decodes with (peaks, IoU, NMS) are here too
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ from torch import nn
 
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections
+from vlora_va.engine.heads.appearance import appearance_embeddings
 from vlora_va.engine.heads.base import Clip, Head
 from vlora_va.engine.heads.features import Features
 
@@ -116,16 +118,32 @@ class DetectionHead(Head):
         return cls(hidden, config["classes"], **dict(config.get("params", {})))
 
     def serve(self, feats: Features, clips: list[Clip], forward=None) -> list[DetectionResult]:
-        """Every frame of every request through the head at once; each request's detections per frame."""
+        """Every frame of every request through the head at once; each request's detections per frame (with
+        appearance embeddings for the clips that want them)."""
         lbs = [c.letterbox for c in clips for _ in range(c.frames)]
         sizes = [c.orig_size for c in clips for _ in range(c.frames)]
         dets = self.decode((forward or self)(feats), lbs, sizes)
         out, k = [], 0
         for c in clips:
-            out.append(DetectionResult(tuple(FrameDetections(ts, tuple(d))
-                                             for ts, d in zip(c.frame_ts, dets[k:k + c.frames]))))
+            frames = dets[k:k + c.frames]
+            if c.embed:
+                frames = [self._embedded(d, feats, k + j, c.letterbox) for j, d in enumerate(frames)]
+            out.append(DetectionResult(tuple(FrameDetections(ts, tuple(d)) for ts, d in zip(c.frame_ts, frames))))
             k += c.frames
         return out
+
+    def _embedded(self, dets: list[Detection], feats: Features, row: int, letterbox: Letterbox) -> list[Detection]:
+        """The frame's detections with their appearance embeddings (engine/heads/appearance.py), pooled from the
+        tokens the features carry for it (the LoRA-free `mid` ones; the last layer's where there are none)."""
+        if not dets:
+            return dets
+        grid = feats.mid[row] if feats.mid is not None else feats.grid[row]
+        pixels = feats.pixels[row] if feats.pixels is not None else None
+        boxes = torch.tensor([d.box for d in dets], dtype=torch.float32)
+        model_boxes = boxes * letterbox.scale + torch.tensor([letterbox.pad_x, letterbox.pad_y] * 2)
+        size = pixels.shape[-1] if pixels is not None else self.image_size  # the model frame's side
+        vectors = appearance_embeddings(grid, pixels, model_boxes, size).cpu().numpy()
+        return [replace(d, embedding=v) for d, v in zip(dets, vectors)]
 
 
 def _first_per_group(group: torch.Tensor, limit: int) -> torch.Tensor:
