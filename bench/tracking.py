@@ -218,7 +218,8 @@ def views_accuracy(adapter_dir: Path, kinds: list[str]) -> list[dict]:
     for vname, view in EVAL_VIEWS.items():
         cache = VIEWS_CACHE / f"{vname}-{adapter.sha256[:12]}.json"
         frames = [Frame(f.video, f.t, view.apply(f.rgb, seed=i)[0], vname) for i, f in enumerate(source)]
-        if cache.exists() and json.loads(cache.read_text()).get("view") == view.describe():
+        described = json.loads(json.dumps(view.describe()))  # as the cache holds it (tuples become lists)
+        if cache.exists() and json.loads(cache.read_text()).get("view") == described:
             dets = json.loads(cache.read_text())
         else:
             model = model or merged_backbone("dinov2-small", adapter)
