@@ -3,7 +3,8 @@ read as fast as possible, fp32 backbone) must give the payloads, tracks and even
 tests/fixtures/default_rows.jsonl.
 
 Recorded before the restructuring (issue 28), and again when the default pipeline gained a tracked task, a line and
-a zone (issue 29), by `VLORA_VA_RECORD=1 pytest tests/test_default_rows.py`. Only what the heads, the tracker and
+a zone (issue 29), and when the default tracker gained appearance and re-entry (issue 45), by
+`VLORA_VA_RECORD=1 pytest tests/test_default_rows.py`. Only what the heads, the tracker and
 the rules computed is compared (boxes, classes, scores, labels, persons, which boxes share a track, events and
 their counts), never latencies, batch sizes, LoRA modes, run ids or wall times, which differ from run to run.
 Track ids are renamed t1, t2, ... in order of first appearance. Batches form differently from run to run, and a
