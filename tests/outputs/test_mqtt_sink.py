@@ -31,7 +31,7 @@ from vlora_va.contracts.events import EventRecord
 from vlora_va.contracts.results import Latency, ResultRecord
 from vlora_va.outputs.availability import DaemonAvailability
 from vlora_va.outputs.sinks import make_sink
-from vlora_va.outputs.sinks.mqtt import MqttSink
+from vlora_va.outputs.sinks.mqtt import DISCONNECT_WAIT_S, MqttSink
 
 ROOT = Path(__file__).resolve().parents[2]
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -205,6 +205,12 @@ def subscribers():
         s.close()
 
 
+# What a busy 2-core machine may add to a timed step under `make test` (another test's daemon, a compile): bounds
+# below are the configured timeout plus this. Measured: 20 runs of each timed test under two spinning processes
+# (docs/benchmarks.md, "Timed tests under load").
+LOAD_SLACK_S = 1.0
+
+
 def wait_for(cond, timeout=10.0):
     deadline = time.monotonic() + timeout
     while not cond() and time.monotonic() < deadline:
@@ -350,7 +356,8 @@ def test_a_broker_that_lost_its_retained_messages_gets_them_again_on_reconnect(b
 def test_broker_down_counts_drops_and_close_ends_within_its_timeout(caplog):
     port = free_port()  # nothing listens there
     caplog.set_level(logging.INFO, logger="vlora_va")
-    s = sink(port, queue_max=10, close_timeout_s=1.0, username="alice", password="s3cret-pw")
+    close_timeout = 1.0
+    s = sink(port, queue_max=10, close_timeout_s=close_timeout, username="alice", password="s3cret-pw")
     with s:
         s.write(events(0, 12) + [result_row(0, "cam1")])
         s.write(events(12, 18))
@@ -359,7 +366,7 @@ def test_broker_down_counts_drops_and_close_ends_within_its_timeout(caplog):
         assert (st["written"], st["dropped"], st["queue"]) == (0, 20, 10)
         assert st["written"] + st["dropped"] + st["queue"] == 30  # the event rows offered; the result row is not
         t0 = time.monotonic()
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < close_timeout + LOAD_SLACK_S
     assert s.stats() == {"written": 0, "dropped": 30, "errors": s.stats()["errors"], "queue": 0}
     assert "Connection refused" in caplog.text
     assert "s3cret-pw" not in caplog.text + s.name and "alice" not in s.name
@@ -369,7 +376,8 @@ def test_a_hung_broker_never_stalls_write_and_close_ends_in_time():
     with socket.socket() as hung:  # the kernel completes the TCP handshake; nothing ever answers the CONNECT
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)
-        s = sink(hung.getsockname()[1], timeout_s=0.3, close_timeout_s=1.0)
+        network_timeout, close_timeout = 0.3, 1.0
+        s = sink(hung.getsockname()[1], timeout_s=network_timeout, close_timeout_s=close_timeout)
         with s:
             times = []
             for i in range(0, 40, 4):
@@ -378,8 +386,9 @@ def test_a_hung_broker_never_stalls_write_and_close_ends_in_time():
                 times.append(time.perf_counter() - t0)
             assert wait_for(lambda: s.stats()["errors"] >= 1)
             t0 = time.monotonic()
-        assert time.monotonic() - t0 < 1.0
-    assert max(times) < 0.05  # a deque append, never a network wait
+        assert time.monotonic() - t0 < close_timeout + LOAD_SLACK_S
+    # a deque append: a write that waited for the network would take the network timeout at least
+    assert max(times) < network_timeout / 2
     assert s.stats() == {"written": 0, "dropped": 40, "errors": s.stats()["errors"], "queue": 0}
 
 
@@ -549,10 +558,10 @@ def test_daemon_availability_with_the_broker_down_never_raises_logs_once_and_exi
     caplog.set_level(logging.INFO, logger="vlora_va")
     t0 = time.monotonic()
     with availability(free_port(), password="s3cret-pw", username="alice") as a:  # nothing listens there
-        assert time.monotonic() - t0 < 0.5  # entering never waits for the broker
+        assert time.monotonic() - t0 < a.timeout_s / 2  # entering never waits for the broker (that takes timeout_s)
         assert wait_for(lambda: a.failures >= 4)
         t0 = time.monotonic()
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < DISCONNECT_WAIT_S + LOAD_SLACK_S  # at worst the DISCONNECT wait, then cut
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "Connection refused" in warnings[0], warnings
     assert "s3cret-pw" not in caplog.text

@@ -9,10 +9,17 @@ import time
 from tests.conftest import BIKES
 from tests.ingest.ingest_helpers import WorkerThread
 from vlora_va.contracts.config import parse_config
+from vlora_va.contracts.wire import HEARTBEAT_S
 from vlora_va.contracts.results import is_result
 from vlora_va.outputs.attach import run_with_outputs
 from vlora_va.serving.daemon import Daemon
+from vlora_va.serving.transport import POLL_MS
 from vlora_va.testing.tiny import TINY_IMAGE
+
+# What a busy 2-core machine may add between a camera's last frame and the offline event (ingest's decoder noticing,
+# a heartbeat, the daemon's loop, under `make test`'s other work). Measured: 20 runs under two spinning processes
+# (docs/benchmarks.md, "Timed tests under load").
+LOAD_SLACK_S = 2.0
 
 
 def config(tmp_path, backbone, adapters, source: str, offline_after_s: float = 1.0):
@@ -96,7 +103,10 @@ def test_a_camera_that_goes_dark_is_offline_and_its_return_online(tmp_path, tiny
         assert wait_for(lambda: [e["event"] for e in events(cfg)] == ["stream_offline"], 30), events(cfg)
         offline = events(cfg)[0]
         assert offline["phase"] == "start" and offline["stream"] == "cam" and offline["id"]
-        assert time.time() - killed < 1.0 + 3.0  # offline_after_s, plus heartbeat and loop delays
+        # offline_after_s after the last frame, noticed at the next heartbeat and the daemon's next loop (it polls
+        # every POLL_MS), plus what a busy machine adds (LOAD_SLACK_S)
+        bound = cfg.streams[0].offline_after_s + HEARTBEAT_S + POLL_MS / 1000 + LOAD_SLACK_S
+        assert time.time() - killed < bound, (time.time() - killed, bound)
         rtsp_server.start()
         assert wait_for(lambda: [e["event"] for e in events(cfg)] == ["stream_offline", "stream_online"], 60), \
             events(cfg)

@@ -31,7 +31,7 @@ reid_window_s. Nothing is written anywhere.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -76,10 +76,9 @@ class _Track:
 
 @dataclass
 class Matches:
-    """One frame's outcome: per input box its track id (-1: none, or tentative), and the ids revived now."""
+    """One frame's outcome: per input box its track id (-1: none, or tentative)."""
 
     ids: list[int]
-    revived: set[int] = field(default_factory=set)
 
 
 class AppearanceTracker:
@@ -107,7 +106,6 @@ class AppearanceTracker:
         n = len(boxes)
         emb = None if embeddings is None else np.asarray(embeddings, dtype=np.float32)
         ids = [-1] * n
-        revived: set[int] = set()
         high = [i for i in range(n) if scores[i] >= self.s.high_score]
         low = [i for i in range(n) if scores[i] < self.s.high_score]
         clean = self._clean(boxes)
@@ -133,7 +131,6 @@ class AppearanceTracker:
                 self.live.append(t)
                 matched.add(id(t))
                 ids[i] = t.id
-                revived.add(t.id)
                 free_high.remove(i)
         # tentative tracks that missed this frame die; confirmed ones wait lost_after_s
         self.live = [t for t in self.live if id(t) in matched or t.id >= 0]
@@ -143,7 +140,7 @@ class AppearanceTracker:
                 self.live.append(_Track(self._tracklet(boxes[i]), ts, emb[i].copy() if emb is not None else None,
                                         id=self._confirm_id() if self.s.min_hits <= 1 else -1, embedding_ts=ts))
                 ids[i] = self.live[-1].id
-        return Matches(ids, revived)
+        return Matches(ids)
 
     def reset(self) -> None:
         """Forget every track and embedding (time went backwards, the stream restarted)."""
