@@ -23,15 +23,12 @@ from vlora_va.contracts.requests import frame_key
 from vlora_va.engine.backbones import patch_size
 from vlora_va.engine.backends import BackboneBackend
 from vlora_va.engine.cuda_graphs import Graphs
-from vlora_va.engine.heads.features import Features, token_grid
+from vlora_va.engine.heads.features import IMAGENET_MEAN, IMAGENET_STD, Features, token_grid
 from vlora_va.engine.lora import LoRAContext
 from vlora_va.engine.modes import DeviceLayout, LoRAMode
 from vlora_va.engine.plan import bucket
 from vlora_va.engine.vit import base_model, blocks
 from vlora_va.kernels.fused import DEFAULT_TILES
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def normalise(images: torch.Tensor) -> torch.Tensor:

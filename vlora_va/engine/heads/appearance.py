@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vlora_va.engine.heads.features import IMAGENET_MEAN, IMAGENET_STD
+
 EMBED_LAYER = 8  # the tokens entering this block (or the adapter's first LoRA block, if earlier) are pooled
 PARTS = 2  # horizontal bands per box (see the module docstring)
 BINS = 4  # colour histogram bins per channel: 64 colours per band
@@ -75,8 +77,6 @@ def colour_histograms(pixels: torch.Tensor, boxes: torch.Tensor, parts: int = PA
 
     A fixed number of samples per band, not every pixel, so all boxes are one gather (a person is 10-30 model
     pixels wide: 8 x 8 samples read most of them)."""
-    from vlora_va.engine.backends.torch_eager import IMAGENET_MEAN, IMAGENET_STD  # here: backends import heads
-
     k, size = len(boxes), pixels.shape[-1]
     boxes = boxes.to(torch.float32).cpu()
     u = (torch.arange(samples, dtype=torch.float32) + 0.5) / samples

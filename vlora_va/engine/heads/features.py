@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+# The normalisation of `pixels` (and of every model input: backends/torch_eager.normalise): ImageNet's mean and std
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 
 @dataclass
 class Features:
