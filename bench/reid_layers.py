@@ -91,9 +91,7 @@ def main() -> int:
                 t = min(truth.gt, key=lambda u: abs(u - f.t))
                 if not truth.gt[t]:
                     continue
-                b = torch.tensor([box for _, box in truth.gt[t]], dtype=torch.float32)
-                lb = lbs[j]
-                mb = b * lb.scale + torch.tensor([lb.pad_x, lb.pad_y] * 2)
+                mb = torch.tensor([lbs[j].box_to_model(box) for _, box in truth.gt[t]], dtype=torch.float32)
                 for layer, grid in grids.items():
                     for parts in (1, 2):
                         name = f"tokens {layer}, {parts} band{'s' if parts > 1 else ''}"

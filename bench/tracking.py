@@ -107,6 +107,7 @@ def embed(frames: list, boxes: dict[str, list], layer: int = EMBED_LAYER, side: 
     from vlora_va.engine.backbones import load_backbone, patch_size
     from vlora_va.engine.backends.torch_eager import lower
     from vlora_va.engine.heads.appearance import appearance_embeddings
+    from vlora_va.engine.heads.features import token_grid
     from vlora_va.training.frames import model_input
 
     model = load_backbone("dinov2-small")
@@ -116,13 +117,11 @@ def embed(frames: list, boxes: dict[str, list], layer: int = EMBED_LAYER, side: 
         for i in range(0, len(frames), 8):
             batch = frames[i:i + 8]
             pixels, lbs = model_input(batch, side)
-            hidden = lower(model, pixels, layer)
-            g = side // patch
-            grid = hidden[:, 1:1 + g * g].transpose(1, 2).reshape(len(batch), -1, g, g)
+            grid = token_grid(lower(model, pixels, layer), side, patch)
             for j, f in enumerate(batch):
-                lb, key = lbs[j], f"{f.t:.1f}"
-                b = torch.tensor([d[:4] for d in boxes[key]], dtype=torch.float32).reshape(-1, 4)
-                model_boxes = b * lb.scale + torch.tensor([lb.pad_x, lb.pad_y, lb.pad_x, lb.pad_y])
+                key = f"{f.t:.1f}"
+                model_boxes = torch.tensor([lbs[j].box_to_model(d[:4]) for d in boxes[key]],
+                                           dtype=torch.float32).reshape(-1, 4)
                 out[key] = appearance_embeddings(grid[j], pixels[j], model_boxes, side).float().numpy()
     return out
 

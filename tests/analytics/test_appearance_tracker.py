@@ -43,9 +43,7 @@ def looks():
     out = {name: [] for name in CROPS}
     for k, f in enumerate(frames):
         for name, boxes in CROPS.items():
-            b = torch.tensor([boxes[round(f.t, 1)]], dtype=torch.float32)
-            lb = lbs[k]
-            mb = b * lb.scale + torch.tensor([lb.pad_x, lb.pad_y] * 2)
+            mb = torch.tensor([lbs[k].box_to_model(boxes[round(f.t, 1)])], dtype=torch.float32)
             out[name].append(appearance_embeddings(grid[k], pixels[k], mb, 336)[0].numpy())
     return out
 

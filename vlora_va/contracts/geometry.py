@@ -20,6 +20,11 @@ class Letterbox:
     def to_original(self, x: float, y: float) -> tuple[float, float]:
         return (x - self.pad_x) / self.scale, (y - self.pad_y) / self.scale
 
+    def box_to_model(self, box) -> list[float]:
+        """An x1, y1, x2, y2 box in original pixels -> model pixels (not clamped)."""
+        return [box[0] * self.scale + self.pad_x, box[1] * self.scale + self.pad_y,
+                box[2] * self.scale + self.pad_x, box[3] * self.scale + self.pad_y]
+
     def box_to_original(self, box: tuple[float, float, float, float], orig_size: tuple[int, int]) -> list[float]:
         """An x1, y1, x2, y2 box in model pixels -> original pixels, clamped to the frame (width, height)."""
         w, h = orig_size

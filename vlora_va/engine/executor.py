@@ -51,6 +51,11 @@ def premerge_unsupported(device: torch.device, dtype: torch.dtype) -> str | None
     return None
 
 
+def lora_blocks(adapter: Adapter) -> list[int]:
+    """The backbone blocks an adapter's LoRA modules sit in (one entry per module inside a block)."""
+    return [b for m in adapter.lora if (b := block_of(m)) is not None]
+
+
 class Engine:
     def __init__(self, backbone: torch.nn.Module, adapters: dict[str, Adapter], image_size: int,
                  max_slots: int = 8, max_rank: int = 64, device: str | torch.device = "cpu",
@@ -205,14 +210,13 @@ class Engine:
     def embed_layer(self, adapter: str) -> int:
         """The block whose input tokens an adapter's appearance embeddings pool: EMBED_LAYER, or earlier where the
         adapter's LoRA starts earlier (the tokens must be the plain backbone's, the same whatever adapter runs)."""
-        touched = [b for m in self.adapters[adapter].lora if (b := block_of(m)) is not None]
-        return max(1, min([EMBED_LAYER, num_blocks(self.backbone), *touched]))
+        return max(1, min([EMBED_LAYER, num_blocks(self.backbone), *lora_blocks(self.adapters[adapter])]))
 
     def catalog(self) -> Catalog:
         infos = {}
         blocks = num_blocks(self.backbone)
         for name, a in self.adapters.items():
-            touched = [b for m in a.lora if (b := block_of(m)) is not None]
+            touched = lora_blocks(a)
             # LoRA outside the blocks (none in our adapters) would change the embeddings: no prefix to share
             first = min(touched) if len(touched) == len(a.lora) and touched else (0 if a.lora else blocks)
             infos[name] = AdapterInfo(name, self.slots[name], self.sizes[name], a.head.task,

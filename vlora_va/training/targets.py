@@ -35,7 +35,7 @@ from vlora_va.training.actions import MIRRORED
 def to_model_boxes(labels: list[dict], lb: Letterbox, side: int, flip: bool) -> list[tuple[list[float], str]]:
     out = []
     for lab in labels:
-        x1, y1, x2, y2 = (v * lb.scale + (lb.pad_x if i % 2 == 0 else lb.pad_y) for i, v in enumerate(lab["box"]))
+        x1, y1, x2, y2 = lb.box_to_model(lab["box"])
         if flip:
             x1, x2 = side - x2, side - x1
         out.append(([x1, y1, x2, y2], lab["class"]))

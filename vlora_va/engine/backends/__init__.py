@@ -51,8 +51,8 @@ class BackboneBackend(ABC):
         [0, prefix) run once per distinct frame (they are LoRA-free for every slot involved); keys: each frame's
         identity (contracts.requests.frame_key; None: from the frames' buffers). keep_pixels: the features also
         carry each frame's model input. mid_layer > 0: they also carry `mid`, the patch grid entering that block (or,
-        where the backend cannot stop there, entering the block its LoRA-free part ends at; `mid_layer` says which):
-        the appearance embeddings' tokens, asked for only for blocks no row's LoRA touches yet."""
+        where the backend cannot stop there, entering the block its LoRA-free part ends at): the appearance
+        embeddings' tokens, asked for only for blocks no row's LoRA touches yet."""
 
     def prepare(self, slot: int, size: int, head=None):
         """Start building, on a thread of the backend's own, what serving `slot` at `size` px needs (an adapter

@@ -405,7 +405,6 @@ class OpenVINOBackbone(BackboneBackend):
         if mid_layer and split > 0:
             # the compiled parts stop only at the split: its tokens are the LoRA-free ones nearest the block asked for
             feats.mid = token_grid(torch.from_numpy(below[source]), size, self.patch, self.prefix_tokens)
-            feats.mid_layer = split
         return feats
 
     def split(self, slots: list[int]) -> int:

@@ -80,6 +80,13 @@ def forward(model: nn.Module, pixels: torch.Tensor, split: int,
     return upper(model, at_split(lower(model, pixels, split)), split)
 
 
+def _inverse(order: list[int]) -> torch.Tensor:
+    """The permutation that undoes `order` (position k holds frame order[k])."""
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    return inverse
+
+
 class TorchBackbone(BackboneBackend):
     def __init__(self, backbone: torch.nn.Module, lora_ctx: LoRAContext | None, device: torch.device,
                  dtype: torch.dtype, max_batch_images: int, fixed_layout: bool = False, precision: str = "fp32"):
@@ -151,26 +158,21 @@ class TorchBackbone(BackboneBackend):
             # inside the shared prefix the rows are the distinct frames; after it, one per request (fork, padding)
             mid = tapped[0][torch.tensor(source, device=hidden.device)] if mid_layer <= prefix else tapped[0][:n]
             feats.mid = token_grid(self._in_callers_order(mid, order), size, self.patch, self.prefix_tokens)
-            feats.mid_layer = mid_layer
         return feats
 
     def _features(self, hidden: torch.Tensor, order: list[int], size: int, pixels: torch.Tensor | None,
                   source: list[int]) -> Features:
         """Back to the callers' frame order, in float32 (what heads read). pixels[source[k]] is the input of
         the k-th frame in `order`; None: the features carry no pixels (no head of the batch reads them)."""
-        inverse = torch.empty(len(order), dtype=torch.long)
-        inverse[torch.tensor(order)] = torch.arange(len(order))
         feats = Features.from_hidden(self._in_callers_order(hidden, order), size, self.patch, self.prefix_tokens)
         if pixels is not None:
-            feats.pixels = pixels[torch.tensor(source)[inverse].to(pixels.device)]
+            feats.pixels = pixels[torch.tensor(source)[_inverse(order)].to(pixels.device)]
         return feats
 
     @staticmethod
     def _in_callers_order(rows: torch.Tensor, order: list[int]) -> torch.Tensor:
         """Rows in slot order (the k-th is frame order[k]) back to the callers' frame order, in float32."""
-        inverse = torch.empty(len(order), dtype=torch.long)
-        inverse[torch.tensor(order)] = torch.arange(len(order))
-        return rows[inverse.to(rows.device)].float()
+        return rows[_inverse(order).to(rows.device)].float()
 
     def _layout_serves(self, mode: LoRAMode) -> bool:
         return self.fixed_layout and mode.impl == "atmm"

@@ -81,14 +81,15 @@ def colour_histograms(pixels: torch.Tensor, boxes: torch.Tensor, parts: int = PA
     boxes = boxes.to(torch.float32).cpu()
     u = (torch.arange(samples, dtype=torch.float32) + 0.5) / samples
     xs = (boxes[:, 0:1] + (boxes[:, 2:3] - boxes[:, 0:1]) * u).floor().clamp(0, size - 1).long()  # [K, samples]
+    image = pixels.detach().float().cpu()
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1, 1)
     out = []
     for part in range(parts):
         ya = boxes[:, 1:2] + (boxes[:, 3:4] - boxes[:, 1:2]) * part / parts
         yb = boxes[:, 1:2] + (boxes[:, 3:4] - boxes[:, 1:2]) * (part + 1) / parts
         ys = (ya + (yb - ya) * u).floor().clamp(0, size - 1).long()
-        picked = pixels.detach().float().cpu()[:, ys[:, :, None], xs[:, None, :]]  # [3, K, samples, samples]
-        mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1, 1)
-        std = torch.tensor(IMAGENET_STD).view(3, 1, 1, 1)
+        picked = image[:, ys[:, :, None], xs[:, None, :]]  # [3, K, samples, samples]
         q = (((picked * std + mean) * 255.0).round().clamp(0, 255).long() * bins) // 256
         index = (q[0] * bins * bins + q[1] * bins + q[2]).reshape(k, -1)
         counts = torch.zeros(k, bins ** 3).scatter_add_(1, index, torch.ones(index.shape))

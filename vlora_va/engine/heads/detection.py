@@ -139,8 +139,7 @@ class DetectionHead(Head):
             return dets
         grid = feats.mid[row] if feats.mid is not None else feats.grid[row]
         pixels = feats.pixels[row] if feats.pixels is not None else None
-        boxes = torch.tensor([d.box for d in dets], dtype=torch.float32)
-        model_boxes = boxes * letterbox.scale + torch.tensor([letterbox.pad_x, letterbox.pad_y] * 2)
+        model_boxes = torch.tensor([letterbox.box_to_model(d.box) for d in dets], dtype=torch.float32)
         size = pixels.shape[-1] if pixels is not None else self.image_size  # the model frame's side
         vectors = appearance_embeddings(grid, pixels, model_boxes, size).cpu().numpy()
         return [replace(d, embedding=v) for d, v in zip(dets, vectors)]

@@ -18,8 +18,7 @@ class Features:
     cls: torch.Tensor  # [B, D]
     grid: torch.Tensor  # [B, D, gh, gw] patch tokens laid out as an image
     pixels: torch.Tensor | None = None  # [B, 3, S, S] the normalised model input (heads with a detail branch)
-    mid: torch.Tensor | None = None  # [B, D, gh, gw] the tokens entering block mid_layer (appearance embeddings)
-    mid_layer: int = 0
+    mid: torch.Tensor | None = None  # [B, D, gh, gw] LoRA-free tokens of a middle block (appearance embeddings)
 
     @classmethod
     def from_hidden(cls, hidden: torch.Tensor, image_size: int, patch: int, prefix_tokens: int = 1) -> "Features":
@@ -28,7 +27,7 @@ class Features:
 
     def select(self, index: torch.Tensor | slice) -> "Features":
         return Features(self.cls[index], self.grid[index], None if self.pixels is None else self.pixels[index],
-                        None if self.mid is None else self.mid[index], self.mid_layer)
+                        None if self.mid is None else self.mid[index])
 
 
 def token_grid(hidden: torch.Tensor, image_size: int, patch: int, prefix_tokens: int = 1) -> torch.Tensor:
