@@ -14,103 +14,51 @@ must not be the code under test):
 
 The field table `FIELDS` restates the wire schema (types and ranges) independently of vlora_va/contracts/wire.py; the
 fuzz test checks that it names exactly the fields of the wire dataclasses, so a new field is fuzzed too.
+
+The parts: the schema (wire_schema.py), the building blocks of a message (message_builder.py), the sending
+side's books (fuzz_sending.py) and the reference answers (reference_rows.py); all are importable from here.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
-import random
 import string
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
-from vlora_va.contracts.results import JsonlFollower, is_result
-from vlora_va.contracts.wire import (
-    MAX_FRAMES,
-    MAX_HEADER_BYTES,
-    MAX_SEQ,
-    MAX_TASKS,
-    PROTOCOL_VERSION,
-    largest_part_bytes,
+from vlora_va.contracts.wire import MAX_FRAMES, MAX_HEADER_BYTES, MAX_SEQ, MAX_TASKS
+from vlora_va.testing.fuzz_sending import RowTail, Sender, send_to_be_cut_off
+from vlora_va.testing.message_builder import (
+    DISCONNECT,
+    ERROR,
+    ERROR_ROWS,
+    KINDS,
+    LIVE_PRIORITY,
+    LIVE_STREAM,
+    MALFORMED,
+    OK,
+    SERVED,
+    Message,
+    MessageBuilder,
+)
+from vlora_va.testing.reference_rows import make_seeing_detector, payload_difference, reference_payloads
+from vlora_va.testing.wire_schema import (
+    FIELDS,
+    MAX_MEDIA_S,
+    MAX_ORIG,
+    MAX_SIDE,
+    MAX_WALL,
+    OPTIONAL,
+    OPTIONAL_VALUES,
+    spec_key,
+    wire_fields,
 )
 
-MALFORMED, ERROR_ROWS, OK, DISCONNECT = "malformed", "error-rows", "ok", "disconnect"
-KINDS = (MALFORMED, ERROR_ROWS, OK, DISCONNECT)
-SERVED = frozenset({"ok", "shed"})  # what a servable request may get back
-ERROR = frozenset({"error"})
-
-LIVE_STREAM = "live"  # the valid stream interleaved with the fuzz; no fuzz stream id starts with it
-LIVE_PRIORITY = 1000  # the top tier: overload control sheds fuzz work (priority < 1000) first
-
-# The wire schema, restated: dotted path ("[]" = any list item) -> (type, lo, hi) or (type, min_len, max_len).
-MAX_WALL, MAX_MEDIA_S, MAX_SIDE, MAX_ORIG = 1e11, 1e9, 2048, 16384
-from vlora_va.serving.transport import CLOCK_MAX_SKEW_S  # noqa: E402
-
-FIELDS: dict[str, tuple] = {
-    "v": ("const",),
-    "stream": ("text",),
-    "seq": ("int", 0, MAX_SEQ),
-    "fps": ("num", 0.01, 1000.0),
-    "frame_ts": ("list", 0, MAX_FRAMES),  # empty only when every task reuses a chunk (a relation, checked apart)
-    "frame_ts[]": ("num", 0.0, MAX_MEDIA_S),
-    "frame_shape": ("list", 3, 3),
-    "frame_shape[]": ("int", 1, MAX_SIDE),
-    "orig_size": ("list", 2, 2),
-    "orig_size[]": ("int", 1, MAX_ORIG),
-    "letterbox": ("obj",),
-    "letterbox.scale": ("num", 1e-4, 1e4),
-    "letterbox.pad_x": ("num", 0.0, MAX_SIDE),
-    "letterbox.pad_y": ("num", 0.0, MAX_SIDE),
-    "tasks": ("list", 1, MAX_TASKS),
-    "tasks[]": ("obj",),
-    "tasks[].name": ("text",),
-    "tasks[].adapter": ("text",),
-    "tasks[].frames": ("list", 0, MAX_FRAMES),  # empty only with reuse_chunk (a relation)
-    "tasks[].frames[]": ("int", 0, MAX_FRAMES - 1),
-    "tasks[].deadline_ms": ("num", 1.0, 3_600_000.0),
-    "tasks[].priority": ("int", -1000, 1000),
-    "tasks[].best_effort": ("bool",),
-    "tasks[].reuse_chunk": ("int", -1, MAX_SEQ),  # frame filtering; absent in generated messages
-    "tasks[].reuse_ts": ("list", 0, MAX_FRAMES),
-    "tasks[].reuse_ts[]": ("num", 0.0, MAX_MEDIA_S),
-    "ready_wall": ("num", 0.0, MAX_WALL),
-    "sent_wall": ("num", 0.0, MAX_WALL),
-    "dropped_before": ("int", 0, MAX_SEQ),
-    "outage_s": ("num", 0.0, MAX_MEDIA_S),
-    "reconnects": ("int", 0, MAX_SEQ),
-    "decoded": ("int", 0, MAX_SEQ),
-    "snapshots": ("list", 0, MAX_FRAMES),  # the JPEG parts that follow the frames: absent in generated messages
-}
-OPTIONAL = {"dropped_before", "outage_s", "reconnects", "decoded", "snapshots", "tasks[].priority",
-            "tasks[].best_effort", "tasks[].reuse_chunk", "tasks[].reuse_ts"}
-# legal values of the optional header fields that ingest leaves out when 0
-OPTIONAL_VALUES = {"outage_s": (0.0, 1.5, MAX_MEDIA_S), "reconnects": (0, 3, MAX_SEQ), "decoded": (0, 30, MAX_SEQ)}
-NAME_CHARS = string.ascii_letters + string.digits + "_.-"
-HUGE = 10**400  # a legal JSON number that no float holds
-
-
-@dataclass
-class Message:
-    parts: list[bytes]
-    kind: str
-    mutation: str  # which generator made it (reports, failure messages)
-    # (stream, seq, task, statuses allowed): the rows it must get, one each (empty unless the wire is valid)
-    rows: list[tuple[str, int, str, frozenset]] = field(default_factory=list)
-
-    @property
-    def size(self) -> int:
-        return sum(len(p) for p in self.parts)
-
-
-def spec_key(path: tuple) -> str:
-    """("tasks", 0, "frames", 1) -> "tasks[].frames[]"."""
-    out = ""
-    for p in path:
-        out += "[]" if isinstance(p, int) else (f".{p}" if out else p)
-    return out
+# What the fuzz test and bench/fuzz.py import from here: the generator, and the parts it is built from
+__all__ = ["DISCONNECT", "ERROR", "ERROR_ROWS", "FIELDS", "KINDS", "LIVE_PRIORITY", "LIVE_STREAM", "MALFORMED", "OK",
+           "SERVED", "Message", "MessageGen", "RowTail", "Sender", "make_seeing_detector", "payload_difference",
+           "reference_payloads", "send_to_be_cut_off", "wire_fields"]
 
 
 def _get(d, path):
@@ -131,7 +79,7 @@ def _del(d, path):
     del d[path[-1]]
 
 
-class MessageGen:
+class MessageGen(MessageBuilder):
     """next(gen) -> a Message. Seeded: the same seed gives the same messages (except the wall-clock fields of
     valid ones, which follow `clock` so that their deadlines can be met)."""
 
@@ -141,18 +89,7 @@ class MessageGen:
         """ok_weight scales how often servable messages come (they cost engine time: a long run lowers it).
         fresh_stream_rate: the share of valid-wire messages on a stream id never seen before (per-stream state
         in the daemon); 0 keeps every message on the `streams` pool ids, legal oddities included."""
-        self.rng = random.Random(seed)
-        self.image_size, self.adapters, self.clock = image_size, tuple(adapters), clock
-        self.maxmsgsize = largest_part_bytes(image_size)
-        self.streams = [f"fz{i}" for i in range(streams - 1)] + ["fz" + "z" * 62]  # the longest legal id too
-        self.fresh_stream_rate = fresh_stream_rate
-        self.max_message_images = max_message_images
-        self._seq = 0
-        frame_bytes = image_size * image_size * 3
-        self._frames = [self.rng.randbytes(frame_bytes) for _ in range(8)]
-        self._last_valid: Message | None = None
-        live_rng = random.Random(seed + 1)
-        self._live_frames = [live_rng.randbytes(frame_bytes) for _ in range(2)]
+        super().__init__(seed, image_size, adapters, clock, streams, fresh_stream_rate, max_message_images)
         # (weight, name, method): malformed first, then error-rows, ok, disconnect
         self.table = [
             (6, "random-bytes", self._random_bytes), (2, "empty-parts", self._empty),
@@ -198,113 +135,6 @@ class MessageGen:
         h["tasks"] = [self._task(name, adapter, [0, 1], priority=LIVE_PRIORITY) for name, adapter in tasks]
         return Message([self._dump(h), *self._live_frames], OK, "live",
                        [(LIVE_STREAM, seq, name, frozenset({"ok"})) for name, _ in tasks])
-
-    # ------------------------------------------------------------------ building blocks
-    def _stream(self) -> str:
-        return self._fresh_id("x") if self.rng.random() < self.fresh_stream_rate else self.rng.choice(self.streams)
-
-    def _fresh_id(self, first: str, length: int = 0) -> str:
-        """A stream id (or task name) never seen before, `first` + random; a pool id when fresh ids are off."""
-        if not self.fresh_stream_rate:
-            return self.rng.choice(self.streams)
-        return first + "".join(self.rng.choices(NAME_CHARS, k=(length or self.rng.randint(2, 64)) - 1))
-
-    def _task(self, name, adapter, frames, deadline_ms=30_000.0, priority=0, best_effort=False) -> dict:
-        return {"name": name, "adapter": adapter, "frames": list(frames), "deadline_ms": deadline_ms,
-                "priority": priority, "best_effort": best_effort}
-
-    def _header(self, stream, seq, n, now, side=None) -> dict:
-        side = side or self.image_size
-        return {"v": PROTOCOL_VERSION, "stream": stream, "seq": seq, "fps": 10.0,
-                "frame_ts": [round(seq * 1.0 + 0.1 * i, 3) for i in range(n)], "frame_shape": [side, side, 3],
-                "orig_size": [640, 480], "letterbox": {"scale": side / 640, "pad_x": 0.0, "pad_y": side / 8},
-                "tasks": [], "ready_wall": now, "sent_wall": now, "dropped_before": 0}
-
-    def _base(self, n=None, ntasks=None) -> tuple[dict, list[bytes]]:
-        """A valid header (fuzz stream, fresh seq, known adapters) and its frames."""
-        rng = self.rng
-        n = n or rng.choice((1, 1, 2, 2, 3, 4))
-        ntasks = ntasks or rng.choice((1, 1, 2, 3))
-        self._seq += 1
-        h = self._header(self._stream(), self._seq, n, self.clock())
-        for i in range(ntasks):
-            k = rng.randint(1, n)
-            h["tasks"].append(self._task(f"t{i}", rng.choice(self.adapters), sorted(rng.sample(range(n), k)),
-                                         priority=rng.randint(-1000, LIVE_PRIORITY - 1),
-                                         best_effort=rng.random() < 0.1))
-        for key, values in OPTIONAL_VALUES.items():
-            if rng.random() < 0.2:
-                h[key] = rng.choice(values)
-        return h, [rng.choice(self._frames) for _ in range(n)]
-
-    def _dump(self, h, **kw) -> bytes:
-        return json.dumps(h, separators=(",", ":"), **kw).encode()
-
-    def _valid(self, h, frames, mutation="valid", statuses=None) -> Message:
-        """A message from a header that follows the schema: its rows, each task served or an error row. A
-        sender clock more than CLOCK_MAX_SKEW_S off the daemon's is refused as malformed (transport.py)."""
-        if abs(h["sent_wall"] - time.time()) > CLOCK_MAX_SKEW_S:
-            return self._bad(h, frames)
-        side = h["frame_shape"]
-        wrong_size = side[0] != self.image_size or side[1] != self.image_size
-        rows = []
-        for t in h["tasks"]:
-            bad = wrong_size or t["adapter"] not in self.adapters
-            rows.append((h["stream"], h["seq"], t["name"], ERROR if bad else (statuses or SERVED)))
-        kind = ERROR_ROWS if any(r[3] is ERROR for r in rows) else OK
-        return Message([self._dump(h), *frames], kind, mutation, rows)
-
-    def _bad(self, h, frames=None) -> Message:
-        return Message([h if isinstance(h, bytes) else self._dump(h), *(frames or [])], MALFORMED, "")
-
-    def _paths(self, h, leaves_only=False) -> list[tuple]:
-        """Every field path of a header: objects, lists and their items."""
-        out = []
-
-        def walk(v, path):
-            if isinstance(v, dict):
-                if path and not leaves_only:
-                    out.append(path)
-                for k, x in v.items():
-                    walk(x, path + (k,))
-            elif isinstance(v, list):
-                if not leaves_only:
-                    out.append(path)
-                for i, x in enumerate(v):
-                    walk(x, path + (i,))
-            else:
-                out.append(path)
-        walk(h, ())
-        return out
-
-    def _wrong(self, spec: tuple) -> object:
-        """A value that breaks `spec` whatever the rest of the header holds."""
-        rng, kind = self.rng, spec[0]
-        wrong_type = {
-            "int": [None, "7", [1], {"a": 1}, True, False, 1.5, 2.0, float("nan")],
-            "num": [None, "7", [1], {"a": 1}, True, False, float("nan"), float("inf"), float("-inf")],
-            "text": [None, 5, 1.5, True, [], {}, ["cam"], "", "a" * 65, "a b", "\u00e9", "a\n", "../x", "a/b",
-                     "\x00", "cam\u200b"],
-            "bool": [None, 0, 1, 1.0, "true", [], {}],
-            "const": [None, 1, 3, 0, -2, "2", 2.0, True, [2], {"v": 2}, HUGE, float("nan")],
-            "list": [None, 5, "x", {}, True, 1.5, {"0": 1}, []],
-            "obj": [None, 5, "x", [], True, {}, [{}]],
-        }[kind]
-        if kind == "int":
-            lo, hi = spec[1], spec[2]
-            return rng.choice(wrong_type + [lo - 1, hi + 1, HUGE, -HUGE, float(lo), str(lo)])
-        if kind == "num":
-            lo, hi = spec[1], spec[2]
-            return rng.choice(wrong_type + [HUGE, -HUGE, 1e308, -1e308, hi * 1.001 + 1, lo - abs(lo) / 2 - 1e-3,
-                                            str(lo)])
-        if kind == "list":
-            lo, hi = spec[1], spec[2]
-            return rng.choice(wrong_type + [[0] * (hi + 1), [0] * (lo - 1) if lo > 1 else None, [[0]]])
-        return rng.choice(wrong_type)
-
-    def _field(self, h, leaves_only=False) -> tuple[tuple, tuple]:
-        path = self.rng.choice(self._paths(h, leaves_only))
-        return path, FIELDS[spec_key(path)]
 
     # ------------------------------------------------------------------ malformed
     def _random_bytes(self):
@@ -619,161 +449,3 @@ class MessageGen:
         parts = [self._dump(h), *frames]
         parts[i] = big
         return Message(parts, DISCONNECT, "")
-
-
-# ---------------------------------------------------------------- the sending side's tools (test and bench)
-class RowTail:
-    """The daemon's JSONL sink read as it grows (it is flushed after every batch); rows of `watch` are indexed
-    by chunk. keep=False keeps only those (a long run's file is read once at the end instead)."""
-
-    def __init__(self, path, watch: str = LIVE_STREAM, keep: bool = True):
-        self.path, self.watch, self.keep = path, watch, keep
-        self.rows: list[dict] = []
-        self.watched: dict[int, list[dict]] = {}
-        self.count = 0
-        self._follower = JsonlFollower(path)
-
-    def poll(self) -> None:
-        for line in self._follower.new_lines():
-            self.count += 1
-            if self.keep or f'"stream":"{self.watch}"' in line or f'"stream": "{self.watch}"' in line:
-                row = json.loads(line)
-                if not is_result(row):
-                    continue  # event rows (a stream going offline) are not what this watches
-                if self.keep:
-                    self.rows.append(row)
-                if row["stream"] == self.watch:
-                    self.watched.setdefault(row["chunk"], []).append(row)
-
-    def wait_for(self, chunk: int, n: int, timeout: float) -> list[dict]:
-        """The watched stream's rows of `chunk` once there are n of them (fewer: timed out)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.poll()
-            got = self.watched.get(chunk, [])
-            if len(got) >= n or time.monotonic() > deadline:
-                return got
-            time.sleep(0.001)
-
-
-class Sender:
-    """Sends generated messages to a daemon and keeps the books: messages per kind, bytes, and for every request
-    the rows it is owed (`expected`, a Counter) and the statuses they may have (`allowed`). A DISCONNECT message
-    goes on a throwaway socket that ZeroMQ must cut off; the others on `push`, which raises zmq.Again when the
-    daemon stopped reading (give it a SNDTIMEO)."""
-
-    def __init__(self, ctx, push, endpoint: str, stall_s: float):
-        import collections
-
-        self.ctx, self.push, self.endpoint, self.stall_s = ctx, push, endpoint, stall_s
-        self.sent: collections.Counter = collections.Counter()
-        self.expected: collections.Counter = collections.Counter()
-        self.allowed: dict[tuple, frozenset] = {}
-        self.bytes = 0
-
-    def send(self, msg: Message) -> None:
-        self.sent[msg.kind] += 1
-        self.bytes += msg.size
-        if msg.kind == DISCONNECT:
-            send_to_be_cut_off(self.ctx, self.endpoint, msg.parts, self.stall_s)
-            return
-        self.push.send_multipart(msg.parts)
-        for stream, seq, task, statuses in msg.rows:
-            self.expected[(stream, seq, task)] += 1
-            self.allowed[(stream, seq, task)] = statuses
-
-
-def send_to_be_cut_off(ctx, endpoint: str, parts: list[bytes], timeout_s: float) -> None:
-    """A message with a part over ZMQ_MAXMSGSIZE, on a fresh PUSH socket: ZeroMQ must drop it and cut that
-    peer off (the daemon never sees it). Raises AssertionError when the peer is not cut off in time."""
-    import zmq
-    from zmq.utils.monitor import recv_monitor_message
-
-    push = ctx.socket(zmq.PUSH)
-    mon = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-    try:
-        push.connect(endpoint)
-        push.send_multipart(parts)
-        assert mon.poll(timeout_s * 1000), "ZeroMQ did not cut off a peer that sent a part over ZMQ_MAXMSGSIZE"
-        assert recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED
-    finally:
-        push.disable_monitor()
-        mon.close(linger=0)
-        push.close(linger=0)
-
-
-def make_seeing_detector(path, seed: int = 3):
-    """A detection adapter for the tiny test backbone (vlora_va/testing/tiny.py) whose untrained head fires:
-    objectness prior ~27% instead of 1% and sharper logits, so its rows carry detections worth comparing."""
-    import torch
-
-    from vlora_va.engine.adapters import load_adapter_dir, save_adapter_dir
-    from vlora_va.testing.tiny import make_adapter
-
-    make_adapter(path, "detection", ["person", "car"], seed=seed)
-    a = load_adapter_dir("seeing", path, 32)
-    with torch.no_grad():
-        a.head.cls_out.bias.fill_(-1.0)
-        a.head.cls_out.weight.mul_(50.0)
-        a.head.box_out.weight.mul_(50.0)
-    save_adapter_dir(path, lora=a.lora, rank=a.rank, alpha=a.rank,
-                     target_modules=sorted({m.rsplit(".", 1)[-1] for m in a.lora}), base_model="tiny", head=a.head,
-                     head_config={k: v for k, v in a.head_config.items() if k not in ("format", "version")})
-    return path
-
-
-def reference_payloads(backbone_dir, adapter_dirs: dict, image_size: int, parts: list[bytes]) -> dict[str, dict]:
-    """Each task of a chunk computed alone by a fresh engine, unmerged: what the daemon's rows must say."""
-    from vlora_va.contracts.wire import decode_chunk
-    from vlora_va.engine.adapters import load_adapter_dir
-    from vlora_va.engine.backbones import load_backbone
-    from vlora_va.engine.executor import Engine
-    from vlora_va.engine.modes import UNMERGED, LoRAMode
-    from vlora_va.serving.scheduling import make_plan
-
-    backbone = load_backbone(str(backbone_dir))
-    hidden = backbone.config.hidden_size
-    engine = Engine(backbone, {n: load_adapter_dir(n, p, hidden) for n, p in adapter_dirs.items()}, image_size)
-    reqs = decode_chunk(parts).requests(time.time())
-    return {r.task: engine.execute(make_plan([r], LoRAMode(UNMERGED), engine.catalog()))[0].to_json()
-            for r in reqs}
-
-
-def payload_difference(got: dict, want: dict, score_tol: float = 2e-4, box_tol: float = 0.2) -> str | None:
-    """None when a result row carries the reference payload (up to the rounding of batched float maths),
-    else what differs. Activity rows: label and scores; detection rows: every frame's detections."""
-    if "scores" in want:
-        if got.get("label") != want["label"]:
-            return f"label {got.get('label')!r} != {want['label']!r}"
-        diff = {k: (got.get("scores", {}).get(k), v) for k, v in want["scores"].items()
-                if got.get("scores", {}).get(k) is None or abs(got["scores"][k] - v) > score_tol}
-        return f"scores differ: {diff}" if diff or set(got["scores"]) != set(want["scores"]) else None
-    gf, wf = got.get("frames", []), want["frames"]
-    if len(gf) != len(wf):
-        return f"{len(gf)} frames != {len(wf)}"
-    for i, (g, w) in enumerate(zip(gf, wf)):
-        gd, wd = g["detections"], w["detections"]
-        if [d["class"] for d in gd] != [d["class"] for d in wd]:
-            return f"frame {i}: classes {[d['class'] for d in gd]} != {[d['class'] for d in wd]}"
-        for a, b in zip(gd, wd):
-            off = any(abs(x - y) > box_tol for x, y in zip(a["box"], b["box"]))
-            if off or abs(a["score"] - b["score"]) > score_tol:
-                return f"frame {i}: detection {a} != {b}"
-    return None
-
-
-def wire_fields() -> set[str]:
-    """The field paths of the wire dataclasses, in FIELDS' notation (for the test that keeps FIELDS complete)."""
-    from vlora_va.contracts.geometry import Letterbox
-    from vlora_va.contracts.wire import ChunkHeader, TaskRequest
-
-    lists = {"frame_ts", "frame_shape", "orig_size", "tasks", "tasks[].frames", "tasks[].reuse_ts"}
-    out = set()
-    for f in dataclasses.fields(ChunkHeader):
-        out.add(f.name)
-    out |= {f"letterbox.{f.name}" for f in dataclasses.fields(Letterbox)}
-    out |= {f"tasks[].{f.name}" for f in dataclasses.fields(TaskRequest)}
-    out |= {f"{p}[]" for p in lists}
-    out.add("tasks[]")
-    return out
-

@@ -27,14 +27,15 @@ f32 in fp32 and bf16 (their accuracy gates were measured with torch heads); in i
 
 OpenVINO reports usage to Intel on import and on every conversion unless the user opted out; `import_openvino`
 makes it use its own no-op stand-in, so nothing here contacts the outside.
+
+OpenVINO on this machine (importing it, the hints, converting and compiling, the caches): openvino_runtime.py; the
+plain backbone `daemon.backend: auto` times and the int8 calibration check: openvino_plain.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import sys
 import threading
 import time
 import warnings
@@ -48,193 +49,38 @@ from torch import nn
 from vlora_va.contracts.requests import frame_key
 from vlora_va.engine.backbones import patch_size
 from vlora_va.engine.backends import BackboneBackend, openvino_int8
-from vlora_va.engine.backends.torch_eager import lower, model_input, upper
+from vlora_va.engine.backends.openvino_plain import PlainOpenVINO, int8_calibration
+from vlora_va.engine.backends.openvino_runtime import (
+    HINTS,
+    PRECISIONS,
+    BackbonePart,
+    blob_dir,
+    cache_dir,
+    compile_config,
+    convert,
+    forget_old_blobs,
+    hint_key,
+    import_openvino,
+    int8_dir,
+    int8_hint,
+    int8_layers,
+    openvino_problem,
+    openvino_version,
+)
+from vlora_va.engine.backends.torch_eager import model_input
 from vlora_va.engine.heads.detection import DetectionHead
 from vlora_va.engine.heads.features import Features, token_grid
 from vlora_va.engine.lora import LoRAContext, LoRALinear
 from vlora_va.engine.modes import LoRAMode
-from vlora_va.engine.precision import Capabilities, device_name
+from vlora_va.engine.precision import Capabilities
 from vlora_va.engine.vit import block_of, blocks
 
 log = logging.getLogger(__name__)
 
-HINTS = {"fp32": "f32", "bf16": "bf16"}  # engine precision -> OpenVINO's INFERENCE_PRECISION_HINT
-PRECISIONS = (*HINTS, "int8")  # int8: NNCF-calibrated models, their float parts at `int8_hint()`
-
-
-def int8_hint() -> str:
-    """The hint an int8 model's float parts compute in on this machine: the faster one `vlora-va models calibrate`
-    measured here (openvino_int8.read_hint), f32 where none was."""
-    return openvino_int8.read_hint(int8_dir(), hint_key())
-
-
-def hint_key() -> dict:
-    return openvino_int8.hint_key(device_name(torch.device("cpu")), openvino_version(), torch.get_num_threads())
-
-
-def import_openvino():
-    """`import openvino`, without its usage reporting. Importing openvino sends an event to Google Analytics unless
-    the user opted out (openvino/tools/ovc/__init__.py, via the openvino-telemetry package), and converting a model
-    sends more; with that package unimportable, OpenVINO uses its own no-op stand-in. Every import of openvino in
-    vlora-va goes through here, before anything else imports it."""
-    if "openvino" not in sys.modules:
-        sys.modules.setdefault("openvino_telemetry", None)  # None: `import openvino_telemetry` raises ImportError
-    import openvino
-
-    return openvino
-
-
-def openvino_problem() -> str | None:
-    """Why OpenVINO cannot run on this machine (None: it can)."""
-    try:
-        ov = import_openvino()
-        if "CPU" not in ov.Core().available_devices:
-            return "OpenVINO sees no CPU device"
-    except Exception as e:  # an ImportError, or a broken install failing in its own way
-        return f"OpenVINO does not load: {type(e).__name__}: {e}"
-    return None
-
-
-def openvino_version() -> str:
-    return import_openvino().__version__
-
-
-def compile_config(precision: str) -> dict:
-    """How every model here is compiled: the precision hint explicit (OpenVINO would run a float32 model in bf16 on
-    a CPU with bf16), one stream of the engine's thread count (the daemon runs one batch at a time, and ingest
-    shares the cores), its threads pinned to cores (OpenVINO's default on Linux, set so: unpinned, one second of the
-    default pipeline's int8 work took 357-369 against 375 ms median, the same 408 ms at p90, with and without two
-    cameras decoding beside it, 2-core EPYC, 2026-11-27: no difference beyond the noise)."""
-    hint = int8_hint() if precision == "int8" else HINTS[precision]
-    return {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": torch.get_num_threads(),
-            "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": True}
-
-
-def convert(module: nn.Module, example: torch.Tensor):
-    """An OpenVINO model of `module` traced at `example`'s shape with a dynamic batch (float32, torch weights)."""
-    ov = import_openvino()
-    shape = ov.PartialShape([-1] + list(example.shape[1:]))
-    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-        # the tracer warns of every Python branch on a shape; with a static image size they are constants
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        return ov.convert_model(module, example_input=example, input=[shape])
-
-
-class PlainOpenVINO:
-    """The backbone compiled by OpenVINO, called as the Hugging Face model is (`model(pixel_values=x)`), one
-    compiled model per image size: what `daemon.backend: auto` times against the torch precisions
-    (precision_auto.measure_speeds). Float: the plain (LoRA-free) backbone. int8: the calibrated parts the engine
-    would run, `int8_parts` {size: (lower IR, upper IR of one adapter)} (`int8_calibration`)."""
-
-    def __init__(self, backbone: nn.Module, precision: str, int8_parts: dict[int, tuple[Path, Path]] | None = None):
-        self.backbone, self.config = backbone, compile_config(precision)  # a float32 backbone
-        self.core = import_openvino().Core()
-        self.int8_parts = int8_parts if precision == "int8" else None
-        self._compiled: dict[int, list] = {}
-
-    def __call__(self, pixel_values: torch.Tensor) -> np.ndarray:
-        size = pixel_values.shape[-1]
-        if size not in self._compiled:
-            if self.int8_parts is not None:
-                self._compiled[size] = [self.core.compile_model(self.core.read_model(str(p)), "CPU", self.config)
-                                        for p in self.int8_parts[size]]
-            else:
-                self._compiled[size] = [self.core.compile_model(
-                    convert(_Part(self.backbone, 0, "whole"), pixel_values[:1].float()), "CPU", self.config)]
-        x = pixel_values.float().numpy()
-        for part in self._compiled[size]:
-            x = part(x)[0]
-        return x
-
-
-def int8_layers(compiled) -> tuple[int, int]:
-    """(linear layers that run in 8 bits, all linear layers) of a compiled model, as the CPU plugin executes it."""
-    kinds = []
-    for op in compiled.get_runtime_model().get_ordered_ops():
-        info = op.get_rt_info()
-        if "layerType" in info and info["layerType"].astype(str) == "FullyConnected":
-            kinds.append(info["runtimePrecision"].astype(str))
-    return sum(k in ("u8", "i8") for k in kinds), len(kinds)
-
-
-def int8_calibration(backbone: nn.Module, adapters: dict, sizes: dict[str, int]) -> tuple[str | None, dict]:
-    """Whether the int8 models the openvino engine would run for these adapters (at sizes: adapter -> px) are
-    calibrated here: (why not, or None; {size: (lower IR, upper IR of its first adapter)} for the speed probe).
-    The same keys as `OpenVINOBackbone.int8_key`: `backbone` is the plain one the engine is built from."""
-    from vlora_va.engine.adapters import adapter_digest
-    from vlora_va.engine.backbones import tensor_digest
-
-    if not adapters:
-        return "no adapter to calibrate for", {}
-    identity, version = tensor_digest(backbone.state_dict()), openvino_version()
-    fix = openvino_int8.overflow_fix(Capabilities.detect("cpu").vnni)
-    first = [block_of(n) for a in adapters.values() for n in a.lora if block_of(n) is not None]
-    split = min(first, default=len(blocks(backbone)))
-    parts: dict[int, tuple[Path, Path]] = {}
-    missing = []
-    for name in sorted(adapters, key=lambda n: (sizes[n], n)):
-        size = sizes[name]
-        lower = openvino_int8.cached(int8_dir(), openvino_int8.part_key("lower", identity, size, split, None, fix,
-                                                                        version))
-        upper = openvino_int8.cached(int8_dir(), openvino_int8.part_key("upper", identity, size, split,
-                                                                        adapter_digest(adapters[name]), fix, version))
-        if lower is None or upper is None:
-            missing.append(f"{name} at {size} px")
-        elif size not in parts:
-            parts[size] = (lower, upper)
-    if missing:
-        return (f"no calibrated int8 model for {', '.join(missing)} (run `vlora-va models calibrate` on the pipeline "
-                f"file)"), {}
-    return None, parts
-
-
-def cache_dir() -> Path:
-    """Where OpenVINO keeps compiled blobs ($VLORA_VA_OPENVINO_CACHE, else ~/.cache/vlora-va/openvino)."""
-    return Path(os.environ.get("VLORA_VA_OPENVINO_CACHE", Path.home() / ".cache" / "vlora-va" / "openvino"))
-
-
-def blob_dir(config: dict) -> Path:
-    """Where OpenVINO caches the models compiled with `config`: a folder per precision hint and per ISA cap
-    (ONEDNN_MAX_CPU_ISA, precision.AVX2_ENV). OpenVINO 2026.4's cache key leaves the hint out: with one folder, a model
-    compiled at f32 was loaded again for a bf16 compile of the same graph, and on a Xeon with AMX that gave NaN
-    features (tests/engine/test_openvino.py); a blob built under the AVX2 cap could likewise serve an uncapped run."""
-    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "native").lower()
-    return cache_dir() / "blobs" / f"{config['INFERENCE_PRECISION_HINT']}-{isa}"
-
-
-def forget_old_blobs() -> int:
-    """Delete the blobs that versions before blob_dir left in the top cache folder (every hint mixed there, so they
-    cannot be trusted, and nothing reads them now: about 300 MB after a default set-up). Returns how many."""
-    gone = 0
-    for blob in cache_dir().glob("*.blob"):
-        with contextlib.suppress(OSError):  # another process may be deleting it too
-            blob.unlink()
-            gone += 1
-    if gone:
-        log.info("openvino: deleted %d compiled models cached by an earlier version in %s", gone, cache_dir())
-    return gone
-
-
-def int8_dir() -> Path:
-    """Where calibrated int8 models live (IR; keyed by openvino_int8.part_key)."""
-    return cache_dir() / "int8"
-
-
-class _Part(nn.Module):
-    """One part of the backbone as a module OpenVINO can trace: lower (pixels -> hidden at split), upper (hidden at
-    split -> last hidden state) or whole (pixels -> last hidden state)."""
-
-    def __init__(self, backbone: nn.Module, split: int, part: str):
-        super().__init__()
-        self.backbone, self.split, self.part = backbone, split, part
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.part == "lower":
-            return lower(self.backbone, x, self.split)
-        if self.part == "whole":
-            return upper(self.backbone, lower(self.backbone, x, 0), 0)
-        return upper(self.backbone, x, self.split)
-
+# What callers import from here (the backend, and OpenVINO on this machine: openvino_runtime.py, openvino_plain.py)
+__all__ = ["HINTS", "PRECISIONS", "OpenVINOBackbone", "PlainOpenVINO", "blob_dir", "cache_dir", "compile_config",
+           "convert", "forget_old_blobs", "hint_key", "import_openvino", "int8_calibration", "int8_dir", "int8_hint",
+           "int8_layers", "openvino_problem", "openvino_version"]
 
 class _HeadPart(nn.Module):
     """A detection head as a module OpenVINO can trace: (grid[, pixels]) -> (class logits, box distances)."""
@@ -456,7 +302,7 @@ class OpenVINOBackbone(BackboneBackend):
         """A part as an OpenVINO float32 model (LoRA layers as plain linears holding slot's merged weights, or the
         base weights), with a dynamic batch."""
         with self._convert_lock, self._merged(slot):
-            return convert(_Part(self.backbone, split, part), self.example(part, size))
+            return convert(BackbonePart(self.backbone, split, part), self.example(part, size))
 
     def compile_model(self, model, config: dict):
         """`model` compiled for the CPU with `config`, through OpenVINO's blob cache (blob_dir: one per hint)."""
