@@ -440,7 +440,7 @@ def test_auto_offers_openvino_int8_only_calibrated_and_gated(tiny_backbone_dir, 
     shut = {**gate, A.OPENVINO_INT8: why}
     usable, notes = A.candidates(bf16_cpu, shut, openvino=True)
     assert "openvino-int8" not in usable and f"openvino-int8: {why}" in notes
-    speeds = A.measure_speeds(base, ["openvino-fp32", "openvino-int8"], {TINY_IMAGE: 2.0}, rounds=1, int8_parts=parts)
+    speeds = A.measure_speeds(base, ["openvino-fp32", "openvino-int8"], {TINY_IMAGE: 2.0}, rounds=1, parts={"openvino": parts})
     assert set(speeds) == {"openvino-fp32", "openvino-int8"} and all(t > 0 for t in speeds.values())
 
 

@@ -365,14 +365,14 @@ def test_auto_switches_only_on_a_quiet_machine(tmp_path):
 
 def test_a_cache_for_another_key_is_measured_again(tmp_path):
     stale = {**SPEED_KEY, "torch": "2.0"}  # e.g. written before torch was upgraded, or a hash collision
-    A._speed_path(tmp_path, SPEED_KEY).write_text(json.dumps({"key": stale, "choice": "int8",
+    A.speed_path(tmp_path, SPEED_KEY).write_text(json.dumps({"key": stale, "choice": "int8",
                                                                "speeds": {"fp32": 1.0, "bf16": 0.6, "int8": 0.5}}))
     assert A.read_cache(tmp_path, SPEED_KEY) is None
     choice, calls = start(tmp_path, A.Probe({"fp32": 1.0, "bf16": 0.50, "int8": 0.52}, QUIET))
     assert calls == [(FULL, A.FULL_ROUNDS)]  # measured afresh, the stale choice not kept
     assert choice.precision == "bf16" and A.read_cache(tmp_path, SPEED_KEY).choice == "bf16"
     # a cache written before choices were kept: measured again in full, once
-    A._speed_path(tmp_path, SPEED_KEY).write_text(json.dumps({"key": SPEED_KEY, "speeds": {"fp32": 1.0, "int8": 0.5}}))
+    A.speed_path(tmp_path, SPEED_KEY).write_text(json.dumps({"key": SPEED_KEY, "speeds": {"fp32": 1.0, "int8": 0.5}}))
     _, calls = start(tmp_path, A.Probe({"fp32": 1.0, "bf16": 0.50, "int8": 0.52}, QUIET))
     assert calls == [(FULL, A.FULL_ROUNDS)]
 

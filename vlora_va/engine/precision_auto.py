@@ -16,6 +16,9 @@ in a full measurement, both on a quiet machine (`others_share`: other processes 
 of the CPUs while it ran). Why: bf16 and int8 can run within a few percent of each other, and taking whichever
 was ahead at each start flipped the precision, and with it the detections, between runs; a probe on a busy
 machine ranks them wrong (a neighbour slows int8 more than bf16).
+
+With `daemon.backend: auto` every registered backbone backend with `auto_precisions` competes too (openvino today:
+"openvino-fp32", ...; BackboneBackend says how). Measuring the candidates and the cache: precision_speeds.py.
 """
 
 from __future__ import annotations
@@ -23,28 +26,36 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from vlora_va.common import machine_load
+from vlora_va.contracts.plugins import BACKBONE_BACKENDS
 from vlora_va.engine.adapters import adapter_digest
-from vlora_va.engine.precision import (
-    Capabilities,
-    PrecisionError,
-    device_name,
-    dtype_of,
-    gate_key,
-    precision_copy,
-    reduce_range,
+from vlora_va.engine.precision import Capabilities, PrecisionError, device_name, gate_key
+from vlora_va.engine.precision_speeds import (
+    FULL_ROUNDS,
+    PROBE_MAX_IMAGES,
+    Cached,
+    Probe,
+    competing,
+    measure_speeds,
+    prober,
+    read_cache,
+    speed_key,
+    speed_path,
+    split_choice,
+    write_cache,
 )
 
 log = logging.getLogger(__name__)
+
+# Measuring lives in precision_speeds.py; its names are importable from here too (tests, bench, serving)
+__all__ = ["FULL_ROUNDS", "PROBE_MAX_IMAGES", "Cached", "Probe", "measure_speeds", "prober", "read_cache", "speed_key",
+           "speed_path", "split_choice", "write_cache"]
 
 GATE_FILE = "precision.json"  # an adapter's accuracy-gate results, beside its weights
 GATE_MIN_DELTA = -0.01  # a precision stays off when its accuracy interval (vs fp32) lies below this
@@ -144,18 +155,16 @@ def read_machine_gates(adapter) -> dict:
 
 def variants_here(caps: Capabilities, openvino: bool = False) -> list[str]:
     """The gate entries `auto` may need on this CPU: torch bf16 where it is native, torch int8 at this CPU's
-    activation width, and the openvino backend's int8 as this CPU runs it (its float hint, its overflow fix)."""
+    activation width, and with `openvino` (daemon.backend auto or openvino) those of every competing backend's
+    precisions as this CPU runs them (openvino: its int8, with its float hint and overflow fix)."""
     out = []
     if caps.native_bf16:
         out.append("bf16")
     if not caps.runs("int8"):
         out.append(gate_key("int8"))
     if openvino:
-        from vlora_va.engine.backends import openvino_int8  # noqa: PLC0415
-        from vlora_va.engine.backends.openvino import int8_hint, openvino_problem  # noqa: PLC0415
-
-        if openvino_problem() is None:
-            out.append(openvino_int8.gate_name(caps.native_bf16, caps.vnni, int8_hint()))
+        for _, backend in competing():
+            out += backend.gate_variants(caps)
     return out
 
 
@@ -188,20 +197,15 @@ class Choice:
     reason: str
 
 
-OPENVINO = "openvino-"  # a candidate computed by the openvino backbone backend: "openvino-fp32", "-bf16", "-int8"
-OPENVINO_INT8 = OPENVINO + "int8"  # NNCF-calibrated (backends/openvino_int8.py): gated under its own key
-
-
-def split_choice(label: str) -> tuple[str, str]:
-    """(daemon.backend, precision) of a candidate: "openvino-bf16" -> ("openvino", "bf16"), "int8" -> ("torch", ...)."""
-    return ("openvino", label.removeprefix(OPENVINO)) if label.startswith(OPENVINO) else ("torch", label)
+# The openvino backend's NNCF-calibrated int8 candidate (backends/openvino_int8.py): gated under its own key
+# (training/precision_gate.py reads it). Every competing backend's candidates are "<name>-<precision>".
+OPENVINO_INT8 = "openvino-int8"
 
 
 def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str = "auto",
                openvino: bool = False) -> tuple[list[str], list[str]]:
-    """(the precisions auto may take on this CPU: fp32 first, why each other one may not). openvino: the openvino
-    backend's precisions compete too (`daemon.backend: auto`): its bf16 under the same gate as torch's, its int8
-    where it is calibrated and its own gate passed (gate[OPENVINO_INT8] says why not)."""
+    """(the precisions auto may take on this CPU: fp32 first, why each other one may not). openvino
+    (`daemon.backend: auto`): every competing backend's precisions compete too (`backend_candidates`)."""
     usable, notes = ["fp32"], []
     for p in ("bf16", "int8"):
         if p == "bf16" and dtype_setting == "float32":
@@ -215,19 +219,29 @@ def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: s
         else:
             usable.append(p)
     if openvino:
-        from vlora_va.engine.backends.openvino import openvino_problem
+        for name, backend in competing():
+            more, why = backend_candidates(name, backend, "bf16" in usable, gate)
+            usable += more
+            notes += why
+    return usable, notes
 
-        problem = openvino_problem()
-        if problem:
-            notes.append(f"openvino: {problem}")
-        else:
-            usable.append(OPENVINO + "fp32")
-            if "bf16" in usable:  # native bf16, gate passed, dtype allows
-                usable.append(OPENVINO + "bf16")
-            if gate.get(OPENVINO_INT8, "not asked"):
-                notes.append(f"{OPENVINO_INT8}: {gate.get(OPENVINO_INT8, 'not asked')}")
-            else:
-                usable.append(OPENVINO_INT8)
+
+def backend_candidates(name: str, backend, torch_bf16: bool, gate: dict[str, str | None]) -> tuple[list, list]:
+    """(a competing backend's candidates "<name>-<precision>", why each other one may not): fp32; bf16 where the
+    torch engine's bf16 is usable (native, gate passed, dtype allows); any other precision where its own gate
+    passed (gate["<name>-<precision>"] None; missing: not asked)."""
+    problem = backend.auto_problem()
+    if problem:
+        return [], [f"{name}: {problem}"]
+    usable, notes = [], []
+    for p in backend.auto_precisions:
+        label = f"{name}-{p}"
+        if p == "fp32" or (p == "bf16" and torch_bf16):
+            usable.append(label)
+        elif p != "bf16" and gate.get(label, "not asked"):
+            notes.append(f"{label}: {gate.get(label, 'not asked')}")
+        elif p != "bf16":
+            usable.append(label)
     return usable, notes
 
 
@@ -289,121 +303,6 @@ def stay_or_switch(previous: str, speeds: dict[str, float], detail: str = "") ->
     return Choice(best, f"switched from {previous} ({verdict})")
 
 
-# ---------------------------------------------------------------- measuring speed (auto on a CPU)
-PROBE_MAX_IMAGES = 4  # images per size in one timed forward (CPU time is near linear in images: scaled up)
-FULL_ROUNDS = 3  # interleaved rounds of a full measurement (the fastest counts); a re-check times one
-
-
-def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workload: dict[int, float],
-              openvino: bool = False) -> dict:
-    cfg = backbone.config
-    key = {"version": 2, "kind": "precision-speeds", "device": device_name(torch.device(caps.device)),
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "backbone": backbone_id,
-            "backbone_shape": [getattr(cfg, k, None) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")],
-            "workload": {str(s): round(n, 3) for s, n in sorted(workload.items())}, "reduce_range": reduce_range()}
-    if openvino:  # the openvino backend's candidates too: a key of its own (its version, its int8's float hint)
-        from vlora_va.engine.backends.openvino import int8_hint, openvino_version
-
-        key["openvino"] = openvino_version()
-        key["openvino_int8_hint"] = int8_hint()
-    return key
-
-
-def _speed_path(directory: Path, key: dict) -> Path:
-    return directory / f"precision-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
-
-
-def measure_speeds(backbone: nn.Module, precisions: list[str], workload: dict[int, float],
-                   rounds: int = FULL_ROUNDS, int8_parts: dict | None = None) -> dict[str, float]:
-    """Seconds of backbone compute one second of the pipeline's images takes in each precision.
-
-    workload: images per second the pipeline sends, by image size. Per size one plain-backbone forward of
-    min(PROBE_MAX_IMAGES, ceil(images/s)) random images, scaled to the images per second, summed over sizes:
-    the mix decides (on this project's reference CPU the plain backbone ran bf16 ahead at 224 px and int8 ahead
-    at 336, so equal weights per size can rank them wrong for a pipeline's mix). The fastest of `rounds` interleaved rounds: the machine's own cost, as
-    the cost profile takes it (`profiling._timed`); a burst of other load slows precisions unevenly (int8 ran 1.7x,
-    bf16 1.2x slower in a start-up probe on a busy host) and would otherwise decide. int8_parts: the calibrated
-    models "openvino-int8" runs (openvino.int8_calibration)."""
-    models = {p: _plain(backbone, p, int8_parts) for p in precisions}
-    batches = [(torch.randn(min(PROBE_MAX_IMAGES, max(1, math.ceil(n))), 3, s, s), n) for s, n in workload.items()]
-
-    def run(p: str) -> float:
-        total = 0.0
-        with torch.inference_mode():
-            for x, per_s in batches:
-                t0 = time.perf_counter()
-                models[p](pixel_values=x if p.startswith(OPENVINO) else x.to(dtype_of(p)))
-                total += (time.perf_counter() - t0) * per_s / len(x)
-        return total
-
-    times: dict[str, list[float]] = {p: [] for p in precisions}
-    for p in precisions:
-        run(p)  # warm-up: first touches, packing, kernel selection
-    for _ in range(rounds):
-        for p in precisions:
-            times[p].append(run(p))
-    return {p: min(t) for p, t in times.items()}
-
-
-def _plain(backbone: nn.Module, label: str, int8_parts: dict | None = None):
-    """The backbone computing as a candidate does: a torch copy in that precision, or compiled by OpenVINO (int8:
-    the calibrated parts)."""
-    if label.startswith(OPENVINO):
-        from vlora_va.engine.backends.openvino import PlainOpenVINO
-
-        return PlainOpenVINO(backbone, label.removeprefix(OPENVINO), int8_parts)
-    return precision_copy(backbone, label)
-
-
-@dataclass(frozen=True)
-class Probe:
-    """Speeds measured now (`measure_speeds`), and how busy the rest of the machine was meanwhile."""
-    speeds: dict[str, float]
-    others: float | None  # share of the CPUs other processes took while measuring (None: not readable here)
-
-    @property
-    def quiet(self) -> bool:
-        return machine_load.quiet(self.others)
-
-    @property
-    def load(self) -> str:
-        return machine_load.describe(self.others)
-
-
-# ---------------------------------------------------------------- the cache: last start's speeds and choice
-@dataclass(frozen=True)
-class Cached:
-    speeds: dict[str, float]
-    choice: str | None  # None: a cache written before choices were kept
-
-
-def read_cache(directory: Path, key: dict) -> Cached | None:
-    """What the last start measured and chose for `key`; None when nothing is cached for it (a changed key: other
-    threads, torch, backbone, workload ... names another file) or the file is unreadable or holds another key."""
-    path = _speed_path(directory, key)
-    try:
-        data = json.loads(path.read_text())
-        if data.get("key") != key:
-            log.info("%s holds precision speeds for another key: measuring again", path)
-            return None
-        choice = data.get("choice")
-        return Cached({p: float(t) for p, t in data["speeds"].items()}, choice if isinstance(choice, str) else None)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def write_cache(directory: Path, key: dict, probe: Probe, choice: str) -> None:
-    path = _speed_path(directory, key)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"key": key, "speeds": probe.speeds, "choice": choice, "others_share": probe.others},
-                                  indent=1))
-        tmp.rename(path)
-    except OSError as e:
-        log.warning("precision speeds not cached (%s)", e)
-
-
 # ---------------------------------------------------------------- deciding at a start
 def decide(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str, cache_dir: Path, key: dict,
            probe, openvino: bool = False) -> Choice:
@@ -445,37 +344,21 @@ def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previ
     return choice
 
 
-def prober(backbone: nn.Module, workload: dict[int, float], int8_parts: dict | None = None):
-    """probe(precisions, rounds) -> Probe: `measure_speeds` of this backbone and workload, with the machine's load
-    meanwhile; each probe is logged."""
-    mix = ", ".join(f"{n:g}/s at {s} px" for s, n in sorted(workload.items()))
-
-    def probe(precisions: list[str], rounds: int) -> Probe:
-        t0 = time.perf_counter()
-        speeds, others = machine_load.others_share(
-            lambda: measure_speeds(backbone, precisions, workload, rounds, int8_parts))
-        measured = Probe(speeds, others)
-        log.info("precision speeds (%d round%s, %.1f s, %s; seconds of backbone compute per second of the "
-                 "pipeline's images, %s): %s", rounds, "s" * (rounds > 1), time.perf_counter() - t0, measured.load,
-                 mix, ", ".join(f"{p} {t:.3f}" for p, t in speeds.items()))
-        return measured
-
-    return probe
-
-
 def pick(setting: str, dtype_setting: str, device: str, backbone: nn.Module, backbone_id: str, adapters: dict,
          workload: dict[int, float], cache_dir: Path, openvino: bool = False,
          sizes: dict[str, int] | None = None) -> Choice:
     """The daemon's precision for this machine, adapter set and workload (images per second by image size; see
-    the module docstring). openvino: `daemon.backend: auto`, the openvino backend's precisions compete
+    the module docstring). openvino: `daemon.backend: auto`, every competing backend's precisions compete
     ("openvino-fp32", "openvino-bf16", "openvino-int8": `split_choice`); sizes: each adapter's image size."""
     caps = Capabilities.detect(device)
     gate = {p: gate_allows(adapters, p) for p in ("bf16", "int8")}
     if setting != "auto" or caps.device != "cpu" or dtype_setting in ("bfloat16", "float16"):
         return choose(setting, caps, gate, None, dtype_setting)
-    parts = None
-    if openvino:
-        gate[OPENVINO_INT8], parts = openvino_int8_gate(caps, backbone, adapters, sizes or {})
+    parts = {}
+    if openvino:  # each competing backend's own gates (openvino: its int8's), and what its probe needs
+        for name, backend in competing():
+            gates, parts[name] = backend.auto_gates(caps, backbone, adapters, sizes or {})
+            gate.update({f"{name}-{p}": why for p, why in gates.items()})
     say_unmeasured(caps, adapters, openvino)
     key = speed_key(caps, backbone_id, backbone, workload, openvino)
     return decide(caps, gate, dtype_setting, cache_dir, key, prober(backbone, workload, parts), openvino)
@@ -503,15 +386,7 @@ def say_unmeasured(caps: Capabilities, adapters: dict, openvino: bool = False) -
 
 def openvino_int8_gate(caps: Capabilities, backbone: nn.Module, adapters: dict,
                        sizes: dict[str, int]) -> tuple[str | None, dict]:
-    """(why the openvino backend's int8 may not serve these adapters: not calibrated, or its accuracy gate for this
-    CPU's variant (openvino_int8.gate_name) not passed; None: it may; its calibrated parts for the speed probe)."""
-    from vlora_va.engine.backends import openvino_int8
-    from vlora_va.engine.backends.openvino import int8_calibration, int8_hint, openvino_problem
-
-    problem = openvino_problem()  # (it builds an OpenVINO Core: once)
-    if problem:
-        return problem, {}
-    missing, parts = int8_calibration(backbone, adapters, sizes)
-    if missing:
-        return missing, {}
-    return gate_allows(adapters, openvino_int8.gate_name(caps.native_bf16, caps.vnni, int8_hint())), parts
+    """`daemon.backend: openvino` with `precision: auto`: (why its int8 may not serve these adapters, None: it may;
+    its calibrated parts for the speed probe). The backend's own `auto_gates`."""
+    gates, parts = BACKBONE_BACKENDS.load("openvino").auto_gates(caps, backbone, adapters, sizes)
+    return gates["int8"], parts

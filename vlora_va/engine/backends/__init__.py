@@ -40,6 +40,39 @@ class BackboneBackend(ABC):
         """Why this backend cannot run on `device` in `precision` here (None: it can)."""
         return None
 
+    # ---- `daemon.backend: auto` (engine/precision_auto.py). A backend with `auto_precisions` competes there: each
+    # of them is a candidate "<registered name>-<precision>", timed on the plain backbone (`plain`) against the
+    # torch engine's own precisions (the bare names). fp32 always competes, bf16 where the torch engine's bf16 does
+    # (native, its accuracy gate passed), any other only where `auto_gates` says its own gate passed.
+    auto_precisions: tuple[str, ...] = ()
+
+    @classmethod
+    def auto_problem(cls) -> str | None:
+        """Why its candidates cannot run on this machine (None: they can)."""
+        return None
+
+    @classmethod
+    def auto_key(cls) -> dict:
+        """What its speeds depend on beyond the torch engine's speed key (a changed value: measured again)."""
+        return {}
+
+    @classmethod
+    def auto_gates(cls, caps, backbone: torch.nn.Module, adapters: dict, sizes: dict[str, int]) -> tuple[dict, object]:
+        """({precision: why its gate keeps it off these adapters, None: passed} for its precisions beyond fp32 and
+        bf16, what `plain` needs to time them); sizes: each adapter's image size."""
+        return {}, None
+
+    @classmethod
+    def gate_variants(cls, caps) -> list[str]:
+        """The accuracy-gate entries its precisions need on this CPU (`vlora-va models calibrate` measures them)."""
+        return []
+
+    @classmethod
+    def plain(cls, backbone: torch.nn.Module, precision: str, parts: object = None):
+        """The plain (LoRA-free) backbone as this backend computes it in `precision`, called as the Hugging Face
+        model is (`model(pixel_values=x)`, float32 pixels); parts: what `auto_gates` returned."""
+        raise NotImplementedError(f"{cls.__name__} lists auto_precisions but cannot build its plain backbone")
+
     def slot_changed(self, slot: int) -> None:
         """An adapter was loaded into or removed from `slot` (what a backend compiled for it is stale)."""
 

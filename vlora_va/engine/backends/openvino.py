@@ -49,7 +49,7 @@ from torch import nn
 from vlora_va.contracts.requests import frame_key
 from vlora_va.engine.backbones import patch_size
 from vlora_va.engine.backends import BackboneBackend, openvino_int8
-from vlora_va.engine.backends.openvino_plain import PlainOpenVINO, int8_calibration
+from vlora_va.engine.backends.openvino_plain import PlainOpenVINO, int8_calibration, int8_gate
 from vlora_va.engine.backends.openvino_runtime import (
     HINTS,
     PRECISIONS,
@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 
 # What callers import from here (the backend, and OpenVINO on this machine: openvino_runtime.py, openvino_plain.py)
 __all__ = ["HINTS", "PRECISIONS", "OpenVINOBackbone", "PlainOpenVINO", "blob_dir", "cache_dir", "compile_config",
-           "convert", "forget_old_blobs", "hint_key", "import_openvino", "int8_calibration", "int8_dir", "int8_hint",
+           "convert", "forget_old_blobs", "hint_key", "import_openvino", "int8_calibration", "int8_dir", "int8_gate", "int8_hint",
            "int8_layers", "openvino_problem", "openvino_version"]
 
 class _HeadPart(nn.Module):
@@ -132,6 +132,32 @@ class OpenVINOBackbone(BackboneBackend):
         if precision not in PRECISIONS:
             return f"precision {precision} is not built for it (it runs {', '.join(PRECISIONS)})"
         return openvino_problem()
+
+    # `daemon.backend: auto`: its precisions compete with the torch engine's (BackboneBackend says how)
+    auto_precisions = PRECISIONS
+
+    @classmethod
+    def auto_problem(cls) -> str | None:
+        return openvino_problem()
+
+    @classmethod
+    def auto_key(cls) -> dict:
+        return {"openvino": openvino_version(), "openvino_int8_hint": int8_hint()}
+
+    @classmethod
+    def auto_gates(cls, caps, backbone: nn.Module, adapters: dict, sizes: dict[str, int]) -> tuple[dict, object]:
+        why, parts = int8_gate(caps, backbone, adapters, sizes)
+        return {"int8": why}, parts
+
+    @classmethod
+    def gate_variants(cls, caps) -> list[str]:
+        if openvino_problem() is not None:
+            return []
+        return [openvino_int8.gate_name(caps.native_bf16, caps.vnni, int8_hint())]
+
+    @classmethod
+    def plain(cls, backbone: nn.Module, precision: str, parts: object = None) -> PlainOpenVINO:
+        return PlainOpenVINO(backbone, precision, parts)
 
     def warmed(self) -> None:
         self.serving = True

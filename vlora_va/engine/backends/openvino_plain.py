@@ -16,6 +16,8 @@ from vlora_va.engine.backends.openvino_runtime import (
     convert,
     import_openvino,
     int8_dir,
+    int8_hint,
+    openvino_problem,
     openvino_version,
 )
 from vlora_va.engine.precision import Capabilities
@@ -78,3 +80,18 @@ def int8_calibration(backbone: nn.Module, adapters: dict, sizes: dict[str, int])
         return (f"no calibrated int8 model for {', '.join(missing)} (run `vlora-va models calibrate` on the pipeline "
                 f"file)"), {}
     return None, parts
+
+
+def int8_gate(caps: Capabilities, backbone: nn.Module, adapters: dict, sizes: dict[str, int]) -> tuple[str | None, dict]:
+    """(why the openvino backend's int8 may not serve these adapters: OpenVINO missing, not calibrated, or its
+    accuracy gate for this CPU's variant (openvino_int8.gate_name) not passed; None: it may; its calibrated parts
+    for the speed probe)."""
+    from vlora_va.engine.precision_auto import gate_allows  # noqa: PLC0415 - the gate auto reads, at its call
+
+    problem = openvino_problem()  # (it builds an OpenVINO Core: once)
+    if problem:
+        return problem, {}
+    missing, parts = int8_calibration(backbone, adapters, sizes)
+    if missing:
+        return missing, {}
+    return gate_allows(adapters, openvino_int8.gate_name(caps.native_bf16, caps.vnni, int8_hint())), parts
