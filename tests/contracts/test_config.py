@@ -45,7 +45,7 @@ def test_good_config_parses_with_defaults_and_resolved_paths(tmp_path):
     assert cam1.tasks[0].name == "detect" and cam1.tasks[0].deadline_ms == 1500.0
     assert cam2.tasks[0].name == "act" and cam2.tasks[0].deadline_ms == 1000.0
     assert cfg.adapters["detect"] == str(tmp_path / "adapters/detect")
-    assert cfg.sinks[0].path == str(tmp_path / "out/results.jsonl")
+    assert cfg.sinks[0].options.path == str(tmp_path / "out/results.jsonl")
     assert cfg.ingest.drop_policy == "drop_oldest" and cfg.daemon.endpoint.startswith("tcp://")
 
 

@@ -32,6 +32,20 @@ def test_unknown_names_and_bad_targets_are_refused_saying_what_is_known():
     assert "mqtt" not in registry and registry.unknown("mqtt")
 
 
+def test_registered_options_are_imported_on_first_use_only(tmp_path, monkeypatch):
+    """A sink's options class may be named like its sink ("module:Name"): checking a pipeline imports it, not the
+    sink (whose module may need what this host lacks)."""
+    (tmp_path / "lazy_options_mod.py").write_text("OPTIONS = 'the options'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry("sink type")
+    registry.register("lazy", "no_such_sink_module:Sink", options="lazy_options_mod:OPTIONS")
+    assert "lazy_options_mod" not in sys.modules
+    assert registry.load_options("lazy") == "the options" and "no_such_sink_module" not in sys.modules
+    assert registry.load_options("unregistered") == frozenset()
+    with pytest.raises(ValueError, match="expected 'package.module:Name'"):
+        registry.register("bad", "x:Y", options="no_colon_here")
+    monkeypatch.delitem(sys.modules, "lazy_options_mod")
+
 def test_a_plug_in_file_is_imported_once(tmp_path):
     plugin = tmp_path / "count_plugin.py"
     plugin.write_text("import builtins\nbuiltins.vlora_va_count_plugin = getattr(builtins, 'vlora_va_count_plugin', 0) + 1\n")

@@ -189,7 +189,8 @@ def test_server_from_config_on_loopback_via_metrics_port_alias(tmp_path, tiny_ba
 def test_readyz_says_which_adapter_and_sink_are_not_ready(tmp_path, tiny_backbone_dir, tiny_adapters):
     (tmp_path / "a-file").write_text("not a directory")
     cfg = config(tmp_path, tiny_backbone_dir, {**tiny_adapters, "broken": tmp_path / "no-such-adapter"})
-    sink = dataclasses.replace(cfg.sinks[0], path=str(tmp_path / "a-file" / "r.jsonl"))  # under a file
+    under_a_file = dataclasses.replace(cfg.sinks[0].options, path=str(tmp_path / "a-file" / "r.jsonl"))
+    sink = dataclasses.replace(cfg.sinks[0], options=under_a_file)
     cfg = dataclasses.replace(cfg, sinks=(sink,))
     body = readiness(Daemon(cfg))
     assert body["ready"] is False

@@ -32,6 +32,7 @@ from vlora_va.contracts.results import Latency, ResultRecord
 from vlora_va.outputs.availability import DaemonAvailability
 from vlora_va.outputs.sinks import make_sink
 from vlora_va.outputs.sinks.mqtt import DISCONNECT_WAIT_S, MqttSink
+from vlora_va.outputs.sinks.mqtt_options import MqttOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -481,7 +482,7 @@ def test_the_last_will_says_offline_when_the_sink_process_dies(broker, subscribe
 
 # ---------------------------------------------------------------- a cluster daemon's availability
 def availability(port: int, daemon: str = "d1", **kw) -> DaemonAvailability:
-    return DaemonAvailability(SinkConfig(type="mqtt", host="127.0.0.1", port=port, **kw), daemon,
+    return DaemonAvailability(SinkConfig(type="mqtt", options=MqttOptions(host="127.0.0.1", port=port, **kw)), daemon,
                               retry_initial_s=0.05, retry_max_s=0.2)
 
 
@@ -489,7 +490,9 @@ HOLDER_PROCESS = """\
 import sys, time
 from vlora_va.contracts.config import SinkConfig
 from vlora_va.outputs.availability import DaemonAvailability
-DaemonAvailability(SinkConfig(type="mqtt", host="127.0.0.1", port=int(sys.argv[1])), sys.argv[2]).__enter__()
+from vlora_va.outputs.sinks.mqtt_options import MqttOptions
+broker = MqttOptions(host="127.0.0.1", port=int(sys.argv[1]))
+DaemonAvailability(SinkConfig(type="mqtt", options=broker), sys.argv[2]).__enter__()
 print("HOLDING", flush=True)
 time.sleep(600)
 """
@@ -584,7 +587,7 @@ def test_daemon_availability_says_online_when_a_broker_that_was_down_comes(tmp_p
 def test_daemon_availability_names_one_topic_level_and_needs_an_mqtt_sink():
     assert availability(1883, "gpu/0+#").topic == "vlora/daemons/gpu_0__/available"
     with pytest.raises(ValueError, match="needs an mqtt sink, got a 'jsonl' sink"):
-        DaemonAvailability(SinkConfig(type="jsonl", path="x.jsonl"), "d1")
+        DaemonAvailability(SinkConfig(type="jsonl"), "d1")
     with pytest.raises(ValueError, match="daemon's name"):
         availability(1883, "")
 
@@ -614,14 +617,24 @@ sinks:
 def test_mqtt_sink_config_parses_and_builds_a_sink_without_credentials_in_its_name(tmp_path):
     (tmp_path / "ca.pem").write_text("not checked until the sink connects")
     full, plain = parse_config(CONFIG, "p.yaml", tmp_path).sinks
-    assert full == SinkConfig(type="mqtt", host="broker.local", port=8883, topic_prefix="site1/vlora", qos=2,
-                              username="alice", password="hunter2-secret", tls_ca=str(tmp_path / "ca.pem"),
-                              queue_max=500)
-    assert (plain.port, plain.topic_prefix, plain.qos, plain.username, plain.password, plain.tls_ca) == (
-        1883, "vlora", 1, "", "", "")
+    assert full == SinkConfig(type="mqtt", queue_max=500, options=MqttOptions(
+        host="broker.local", port=8883, topic_prefix="site1/vlora", qos=2, username="alice", password="hunter2-secret",
+        tls_ca=str(tmp_path / "ca.pem")))
+    p = plain.options
+    assert (p.port, p.topic_prefix, p.qos, p.username, p.password, p.tls_ca) == (1883, "vlora", 1, "", "", "")
     built = make_sink(full)
     assert isinstance(built, MqttSink) and built.name == "mqtts://broker.local:8883/site1/vlora"
     assert "hunter2" not in repr(full) + built.name and "alice" not in built.name
+
+
+def test_checking_a_pipeline_with_an_mqtt_sink_imports_no_paho(tmp_path):
+    """The mqtt sink's keys are checked by MqttOptions, apart from the sink: an ingest host, which has no paho-mqtt,
+    loads the same pipelines.yaml."""
+    (tmp_path / "ca.pem").write_text("x")
+    code = (f"import sys\nfrom vlora_va.contracts.config import parse_config\n"
+            f"parse_config({CONFIG!r}, 'p.yaml', {str(tmp_path)!r})\nprint('paho' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("old, new, message", [

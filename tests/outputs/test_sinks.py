@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -21,7 +22,9 @@ import pytest
 from vlora_va.contracts.config import ConfigError, SinkConfig, parse_config
 from vlora_va.contracts.plugins import SINKS
 from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections, Latency, ResultRecord
+from vlora_va.contracts.sinks import SinkEntry, SinkOptions
 from vlora_va.outputs.sinks import JsonlSink, QueuedSink, Sink, WebhookSink, ZmqPubSink, make_sink
+from vlora_va.outputs.sinks.jsonl import JsonlOptions
 from vlora_va.serving.prometheus import DaemonMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -483,17 +486,19 @@ sinks:
 def test_sink_config_parses_every_type_and_old_configs_stay_valid(tmp_path):
     cfg = parse_config(CONFIG, "p.yaml", tmp_path)
     plain, rotating, out, hook = cfg.sinks
-    assert plain == SinkConfig(type="jsonl", path=str(tmp_path / "out/results.jsonl"))
-    assert plain.fsync == "interval" and plain.rotate_mb == 0 and plain.queue_max == 10_000
-    assert (rotating.rotate_mb, rotating.rotate_s, rotating.keep, rotating.fsync) == (64.0, 3600.0, 24, "batch")
+    assert plain == SinkConfig(type="jsonl", options=JsonlOptions(path=str(tmp_path / "out/results.jsonl")))
+    assert plain.options.fsync == "interval" and plain.options.rotate_mb == 0 and plain.queue_max == 10_000
+    r = rotating.options
+    assert (r.rotate_mb, r.rotate_s, r.keep, r.fsync) == (64.0, 3600.0, 24, "batch")
     assert out.type == "stdout" and out.queue_max == 500
-    assert (hook.batch_max, hook.flush_interval_s, hook.queue_max, hook.timeout_s, hook.retry_max_s) == (
-        50, 0.5, 2000, 3.0, 60.0)
-    assert hook.headers == (("Authorization", "Bearer xyz"),)
+    h = hook.options
+    assert (h.batch_max, h.flush_interval_s, hook.queue_max, h.timeout_s, h.retry_max_s) == (50, 0.5, 2000, 3.0, 60.0)
+    assert h.headers == (("Authorization", "Bearer xyz"),)
     names = [make_sink(s).name for s in cfg.sinks]
     assert names[2:] == ["stdout", "webhook:https://example.com:8443/hook"]  # no credentials in logs or labels
     default = parse_config(CONFIG.split("sinks:")[0], "p.yaml", tmp_path)
-    assert default.sinks == (SinkConfig(type="jsonl", path=str(tmp_path / "results/results.jsonl")),)
+    default_file = JsonlOptions(path=str(tmp_path / "results/results.jsonl"))
+    assert default.sinks == (SinkConfig(type="jsonl", options=default_file),)
 
 
 @pytest.mark.parametrize("old, new, line, message", [
@@ -578,6 +583,70 @@ def test_plugin_sink_config_errors_name_the_allowed_keys_and_known_types(memory_
         assert "label" in str(err.value)  # the plug-in's key is among the allowed ones
 
 
+@dataclass(frozen=True)
+class LabelOptions(SinkOptions):
+    """A plug-in sink's own keys, declared and checked in the shape the built-in sinks' are (JsonlOptions...)."""
+
+    label: str
+    every: int = 1
+
+    @classmethod
+    def read(cls, entry: SinkEntry) -> "LabelOptions | None":
+        label = entry.get("label", str)
+        every = entry.get("every", int, cls.every, minimum=1)
+        return cls(label=label, every=every) if label is not None else None
+
+
+class LabelledSink(MemorySink):
+    @classmethod
+    def from_config(cls, cfg: SinkConfig) -> "LabelledSink":
+        return cls(cfg.options.label, queue_max=cfg.queue_max, close_timeout_s=cfg.close_timeout_s)
+
+
+@pytest.fixture
+def labelled_sink_type():
+    SINKS.register("labelled", LabelledSink, options=LabelOptions)
+    try:
+        yield
+    finally:
+        SINKS.unregister("labelled")
+
+
+def one_sink(*keys: str) -> str:
+    """CONFIG with one sink of these keys (one per line) instead of its sinks."""
+    return CONFIG.split("sinks:")[0] + "sinks:\n" + "".join(f"  {'-' if i == 0 else ' '} {k}\n"
+                                                               for i, k in enumerate(keys))
+
+
+@pytest.mark.parametrize("keys, bad, message", [
+    (("type: jsonl", "path: r.jsonl"), "keep: 0", "sinks[0].keep: must be >= 1, got 0"),
+    (("type: labelled", "label: lab"), "every: 0", "sinks[0].every: must be >= 1, got 0"),
+    (("type: jsonl", "path: r.jsonl"), "label: lab", "sinks[0].label: not an option of a jsonl sink (allowed: "),
+    (("type: labelled", "label: lab"), "path: r.jsonl",
+     "sinks[0].path: not an option of a labelled sink (allowed: close_timeout_s, every, label, queue_max, type)"),
+    (("type: jsonl", "keep: 3"), "fsync: never", "sinks[0].path: required key is missing"),
+    (("type: labelled", "every: 3"), "queue_max: 9", "sinks[0].label: required key is missing"),
+], ids=["built-in-value", "plug-in-value", "built-in-key", "plug-in-key", "built-in-missing", "plug-in-missing"])
+def test_a_built_in_and_a_plug_in_sink_check_their_own_keys_at_load_alike(labelled_sink_type, keys, bad, message):
+    """Each sink type declares and checks its keys (a SinkOptions), built-in or plug-in: a bad value, a key of
+    another type or a missing one fails parse_config, before anything starts, naming the key and its line (a
+    missing key: the line its entry starts on)."""
+    text = one_sink(*keys, bad)
+    lines = text.splitlines()
+    entry_line, bad_line = lines.index(f"  - {keys[0]}") + 1, lines.index(f"    {bad}") + 1
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, "p.yaml")
+    line = entry_line if "missing" in message else bad_line
+    assert err.value.errors == [err.value] and str(err.value).startswith(f"p.yaml:{line}: {message}"), str(err.value)
+
+
+def test_a_plug_in_sinks_checked_options_reach_it_typed(tmp_path, labelled_sink_type):
+    (entry,) = parse_config(one_sink("type: labelled", "label: lab", "every: 3"), "p.yaml", tmp_path).sinks
+    assert entry == SinkConfig(type="labelled", options=LabelOptions(label="lab", every=3))
+    sink = make_sink(entry)
+    assert type(sink) is LabelledSink and sink.name == "memory:lab"
+
+
 def test_every_registered_sink_type_is_a_sink_that_builds_itself_from_its_config():
     assert {"jsonl", "stdout", "webhook"} <= set(SINKS.names())
     for name in SINKS.names():
@@ -621,7 +690,7 @@ def test_daemon_with_an_unwritable_sink_serves_everything_to_the_working_one(tmp
     blocker.write_text("a file, not a directory")
     bad = str(blocker / "results.jsonl")
     cfg = config(tmp_path, tiny_backbone_dir, tiny_adapters)
-    cfg = dataclasses.replace(cfg, sinks=(cfg.sinks[0], SinkConfig(type="jsonl", path=bad)))
+    cfg = dataclasses.replace(cfg, sinks=(cfg.sinks[0], SinkConfig(type="jsonl", options=JsonlOptions(path=bad))))
     caplog.set_level(logging.INFO, logger="vlora_va.outputs.sinks")
     d = RunningDaemon(cfg)
     try:
@@ -675,7 +744,8 @@ def test_a_signed_webhook_lets_the_receiver_check_every_body(receiver, tmp_path)
     cfg = parse_config(CONFIG.replace("headers: {Authorization: Bearer xyz}",
                                       "headers: {Authorization: Bearer xyz}\n    hmac_secret: s3cret"),
                        "p.yaml", tmp_path)
-    assert cfg.sinks[3].hmac_secret == "s3cret" and cfg.sinks[0].hmac_secret == ""
+    assert cfg.sinks[3].options.hmac_secret == "s3cret"
+    assert parse_config(CONFIG, "p.yaml", tmp_path).sinks[3].options.hmac_secret == ""  # unsigned by default
     with webhook(receiver.url, hmac_secret="s3cret") as sink:
         sink.write(records(0, 25))
         assert wait_for(lambda: len(receiver.ids) == 25)

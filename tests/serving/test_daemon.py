@@ -103,7 +103,7 @@ class RunningDaemon:
 
 
 def read_rows(cfg):
-    with open(cfg.sinks[0].path) as f:
+    with open(cfg.sinks[0].options.path) as f:
         return [row for line in f if is_result(row := json.loads(line))]
 
 

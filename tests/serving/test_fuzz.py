@@ -94,7 +94,7 @@ def fuzz(d: RunningDaemon, gen: MessageGen, caplog) -> dict:
     """N_MESSAGES generated messages, a live chunk before the first, every LIVE_EVERY and after the last,
     each awaited. Returns what was sent and what is owed."""
     d.push.setsockopt(zmq.SNDTIMEO, int(STALL_S * 1000))  # a send blocked this long: the daemon stopped reading
-    tail = RowTail(d.cfg.sinks[0].path)
+    tail = RowTail(d.cfg.sinks[0].options.path)
     books = Sender(d.ctx, d.push, d.cfg.daemon.endpoint, STALL_S)
     run = {"expected": books.expected, "allowed": books.allowed, "sent": books.sent, "live_waits": []}
     sent = books.sent

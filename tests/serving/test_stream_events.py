@@ -54,7 +54,7 @@ sinks:
 
 def events(cfg) -> list[dict]:
     try:
-        lines = open(cfg.sinks[0].path).read().splitlines()
+        lines = open(cfg.sinks[0].options.path).read().splitlines()
     except FileNotFoundError:
         return []
     return [r for line in lines if line.strip() and (r := json.loads(line)).get("type") == "event"]
@@ -95,7 +95,7 @@ def test_a_camera_that_goes_dark_is_offline_and_its_return_online(tmp_path, tiny
     cfg = config(tmp_path, tiny_backbone_dir, tiny_adapters, rtsp_server.url)
     run = Served(cfg)
     try:
-        rows = lambda: [r for r in map(json.loads, open(cfg.sinks[0].path)) if is_result(r)]  # noqa: E731
+        rows = lambda: [r for r in map(json.loads, open(cfg.sinks[0].options.path)) if is_result(r)]  # noqa: E731
         assert wait_for(lambda: len(rows()) >= 2, 60), "no rows from the camera"
         assert events(cfg) == []  # a camera delivering frames is online, and starting online is no event
         rtsp_server.kill()

@@ -73,7 +73,7 @@ class ClusterConfig:
         return bool(self.daemons)
 
 
-# ---------------------------------------------------------------- parsing (c: config.py's _Checker)
+# ---------------------------------------------------------------- parsing (c: config_checker.Checker)
 def parse_group(c, d: dict, path: str) -> str:
     """A stream's `group` ("" when not given or bad: reported)."""
     group = c.get(d, "group", path, str, "")

@@ -10,7 +10,8 @@
 Entries are import paths ("package.module:Name"), imported on first use, so this module imports nothing of the
 project: the config schema (contracts) and ingest check names here without loading the engine, and a name that is
 not registered is refused with the list of known ones. A plug-in registers itself, from any module, with
-`SINKS.register("name", "my.module:MySink")` (or the class itself) before the pipeline is loaded; a pipeline file
+`SINKS.register("name", "my.module:MySink")` (or the class itself; a sink adds `options=`, its config keys:
+contracts/sinks.py) before the pipeline is loaded; a pipeline file
 names such modules under `plugins:` (`load_plugins`), so every process of `vlora-va run` imports them too.
 """
 
@@ -33,16 +34,20 @@ class UnknownPlugin(LookupError):
 class Registry:
     kind: str  # what its entries are, for messages: "sink type", "scheduling policy", ...
     entries: dict[str, Any] = field(default_factory=dict)  # name -> "module:attr" or the object
-    options: dict[str, frozenset[str]] = field(default_factory=dict)  # name -> config keys it takes (sinks)
+    # name -> the config keys it takes (sinks: contracts/sinks.py): a SinkOptions class, "package.module:Name" of
+    # one (imported on first use), or a frozenset of key names whose values arrive as written
+    options: dict[str, Any] = field(default_factory=dict)
 
-    def register(self, name: str, target: Any, *, options: tuple[str, ...] | frozenset[str] = ()) -> None:
-        """Add (or replace) an entry. target: "package.module:Name", or the object itself."""
+    def register(self, name: str, target: Any, *, options: Any = ()) -> None:
+        """Add (or replace) an entry. target: "package.module:Name", or the object itself. options: what its config
+        keys are, as above (a tuple or set of names is kept as a frozenset)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
-        if isinstance(target, str) and ":" not in target:
-            raise ValueError(f"{self.kind} {name!r}: expected 'package.module:Name', got {target!r}")
+        for what in (target, options):
+            if isinstance(what, str) and ":" not in what:
+                raise ValueError(f"{self.kind} {name!r}: expected 'package.module:Name', got {what!r}")
         self.entries[name] = target
-        self.options[name] = frozenset(options)
+        self.options[name] = frozenset(options) if isinstance(options, (tuple, list, set, frozenset)) else options
 
     def unregister(self, name: str) -> None:
         self.entries.pop(name, None)
@@ -68,12 +73,21 @@ class Registry:
         problem = self.unknown(name)
         if problem:
             raise UnknownPlugin(problem)
-        target = self.entries[name]
-        if isinstance(target, str):
-            module, _, attr = target.partition(":")
-            target = getattr(importlib.import_module(module), attr)
-            self.entries[name] = target
+        self.entries[name] = _imported(self.entries[name])
+        return self.entries[name]
+
+    def load_options(self, name: str) -> Any:
+        """What the entry registered as its config keys (imported on first use); frozenset() when nothing."""
+        self.options[name] = _imported(self.options.get(name, frozenset()))
+        return self.options[name]
+
+
+def _imported(target: Any) -> Any:
+    """The object a "package.module:Name" string names (imported now); anything else as it is."""
+    if not isinstance(target, str):
         return target
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 HEADS = Registry("task", {
@@ -86,12 +100,16 @@ SOURCES = Registry("source scheme", {
     "rtsp": "vlora_va.ingest.rtsp_source:RtspSource",
     "rtsps": "vlora_va.ingest.rtsp_source:RtspSource",
 })
-SINKS = Registry("sink type", {
-    "jsonl": "vlora_va.outputs.sinks.jsonl:JsonlSink",
-    "mqtt": "vlora_va.outputs.sinks.mqtt:MqttSink",
-    "stdout": "vlora_va.outputs.sinks.stdout:StdoutSink",
-    "webhook": "vlora_va.outputs.sinks.webhook:WebhookSink",
-})
+# A sink type's own keys are its options class's (registered beside it, the way a plug-in registers its own):
+# checking a pipeline imports those, not the sinks (mqtt's lives apart from paho-mqtt, which an ingest host lacks).
+SINKS = Registry("sink type")
+SINKS.register("jsonl", "vlora_va.outputs.sinks.jsonl:JsonlSink", options="vlora_va.outputs.sinks.jsonl:JsonlOptions")
+SINKS.register("mqtt", "vlora_va.outputs.sinks.mqtt:MqttSink",
+               options="vlora_va.outputs.sinks.mqtt_options:MqttOptions")
+SINKS.register("stdout", "vlora_va.outputs.sinks.stdout:StdoutSink",
+               options="vlora_va.outputs.sinks.stdout:StdoutOptions")
+SINKS.register("webhook", "vlora_va.outputs.sinks.webhook:WebhookSink",
+               options="vlora_va.outputs.sinks.webhook:WebhookOptions")
 POLICIES = Registry("scheduling policy", {
     "vlora": "vlora_va.serving.scheduling.policies:VLoRAScheduler",
     "edf": "vlora_va.serving.scheduling.policies:EdfScheduler",

@@ -132,7 +132,7 @@ def scene_outside_frame(lines: tuple[LineConfig, ...], zones: tuple[ZoneConfig, 
     return out
 
 
-# ---------------------------------------------------------------- parsing (c: config.py's _Checker)
+# ---------------------------------------------------------------- parsing (c: config_checker.Checker)
 def _points(c, raw: Any, path: str) -> tuple[Point, ...] | None:
     if not isinstance(raw, list) or not all(isinstance(p, list) and len(p) == 2 for p in raw):
         c.error(path, "expected a list of [x, y] points in original-frame pixels")

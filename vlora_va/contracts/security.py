@@ -24,6 +24,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,14 @@ class CurveConfig:
     @property
     def client_side(self) -> bool:
         return bool(self.client_secret and self.server_public)
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """security: in pipelines.yaml (`parse_security`). curve: ZeroMQ CURVE on the data, control and results
+    sockets; None = plain sockets (fine on loopback and ipc)."""
+
+    curve: CurveConfig | None = None
 
 
 def create_keys(directory: str | os.PathLike) -> dict[str, Path]:
@@ -117,6 +126,42 @@ def _load(path: str | os.PathLike) -> tuple[bytes, bytes | None]:
     if not public or len(public) != 40 or (secret is not None and len(secret) != 40):
         raise KeyFileError(f"{p} is not a ZeroMQ certificate (a key must be 40 Z85 characters)")
     return public, secret
+
+
+_CURVE_READERS = {"server_secret": read_secret, "server_public": read_public, "client_secret": read_secret,
+                  "client_public": read_authorized}
+
+
+def parse_security(c: Any, raw: Any, base_dir: Path) -> SecurityConfig:
+    """security: in pipelines.yaml (c: config_checker.Checker); relative key files are read from base_dir."""
+    d = c.mapping(raw, "security", {"curve"})
+    if d is None or d.get("curve") is None:
+        return SecurityConfig()
+    cv = c.mapping(d["curve"], "security.curve", set(_CURVE_READERS))
+    if cv is None:
+        return SecurityConfig()
+    kw = {}
+    for key, read in _CURVE_READERS.items():
+        value = c.get(cv, key, "security.curve", str, "")
+        if value:
+            p = Path(value)
+            value = str(p if p.is_absolute() else base_dir / p)
+            try:
+                read(value)
+            except KeyFileError as e:
+                c.error(f"security.curve.{key}", str(e))
+        kw[key] = value
+    # a key written but wrong (reported above) still counts as given: its partner is not missing
+    given = {key: bool(kw[key]) or c.failed(f"security.curve.{key}") for key in _CURVE_READERS}
+    for a, b, host in (("server_secret", "client_public", "the daemon's host"),
+                       ("client_secret", "server_public", "a client's host")):
+        if given[a] != given[b]:
+            missing = b if given[a] else a
+            c.error(f"security.curve.{missing}", f"required beside {a if given[a] else b} ({host} needs both)")
+    if not any(given.values()) and not c.failed("security.curve"):  # e.g. a misspelt key, reported as unknown
+        c.error("security.curve", "needs server_secret + client_public (the daemon's host) and/or client_secret + "
+                                  "server_public (a client's host); `vlora-va keys DIR` makes all four")
+    return SecurityConfig(curve=CurveConfig(**kw))
 
 
 class _Authorized:

@@ -29,8 +29,9 @@ import threading
 
 import paho.mqtt.client as mqtt
 
-from vlora_va.contracts.config import SinkConfig
+from vlora_va.contracts.sinks import SinkConfig
 from vlora_va.outputs.sinks.mqtt import KEEPALIVE_S, broker_name, end_client, new_client, topic_name
+from vlora_va.outputs.sinks.mqtt_options import MqttOptions
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,13 @@ class DaemonAvailability:
             raise ValueError(f"daemon availability needs an mqtt sink, got a {sink_config.type!r} sink")
         if not daemon:
             raise ValueError("daemon availability needs the daemon's name, got an empty one")
-        self.config, self.daemon = sink_config, daemon
-        self.topic = topic_name(sink_config.topic_prefix, "daemons", daemon, "available")
-        self.name = f"{broker_name(sink_config.host, sink_config.port, sink_config.tls_ca)}/{self.topic}"
+        self.broker: MqttOptions = sink_config.options  # the mqtt sink's host, credentials, topic prefix...
+        self.daemon = daemon
+        self.topic = topic_name(self.broker.topic_prefix, "daemons", daemon, "available")
+        self.name = f"{broker_name(self.broker.host, self.broker.port, self.broker.tls_ca)}/{self.topic}"
         self.timeout_s, self.retry_initial_s, self.retry_max_s = timeout_s, retry_initial_s, retry_max_s
         self.failures = 0
-        key = hashlib.sha256(f"{sink_config.topic_prefix}\0{daemon}".encode()).hexdigest()[:12]
+        key = hashlib.sha256(f"{self.broker.topic_prefix}\0{daemon}".encode()).hexdigest()[:12]
         self._client_id = f"vlora-va-d-{key}"  # 23 characters: what every MQTT 3.1.1 broker must accept
         self._client: mqtt.Client | None = None
         self._closed = threading.Event()  # the current connection ended (end_client waits for it)
@@ -59,7 +61,7 @@ class DaemonAvailability:
         self._warned = False  # this outage was logged
 
     def __enter__(self) -> "DaemonAvailability":
-        c = self.config
+        c = self.broker
         client = new_client(self._client_id, username=c.username, password=c.password, tls_ca=c.tls_ca,
                             will_topic=self.topic, qos=c.qos, timeout_s=self.timeout_s, reconnect_on_failure=True)
         client.reconnect_delay_set(self.retry_initial_s, self.retry_max_s)
@@ -79,7 +81,7 @@ class DaemonAvailability:
             return
         self._closing = True
         if client.is_connected():
-            client.publish(self.topic, "offline", qos=self.config.qos, retain=True)
+            client.publish(self.topic, "offline", qos=self.broker.qos, retain=True)
         end_client(client, self._closed)
         log.info("%s: offline", self.name)
 
@@ -94,7 +96,7 @@ class DaemonAvailability:
             return
         self._warned = False
         log.info("%s: online", self.name)
-        client.publish(self.topic, "online", qos=self.config.qos, retain=True)
+        client.publish(self.topic, "online", qos=self.broker.qos, retain=True)
 
     def _on_disconnect(self, _client, _userdata, _flags, reason, _props) -> None:
         self._closed.set()

@@ -67,12 +67,13 @@ def sink_problems(daemon) -> dict[str, str]:
     problems = {}
     sinks = daemon.rows.sinks or list(daemon.config.sinks)  # not serving yet: the configured ones
     for s in sinks:
-        name = getattr(s, "name", None) or f"{s.type}:{s.path or getattr(s, 'url', '')}"
+        where = getattr(s, "options", s)  # a configured sink (SinkConfig): its own keys name its file or URL
+        name = getattr(s, "name", None) or f"{s.type}:{getattr(where, 'path', '') or getattr(where, 'url', '')}"
         health = getattr(s, "health", None)
         if callable(health):
             problem = health()
         else:
-            path = getattr(s, "path", None)
+            path = getattr(where, "path", None)
             problem = _unwritable(Path(path)) if path else None
         if problem:
             problems[name] = str(problem)

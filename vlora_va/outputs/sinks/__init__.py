@@ -4,14 +4,15 @@ types are registered in contracts.plugins.SINKS (jsonl, mqtt, stdout, webhook), 
 
     base.py     Sink (the interface), close_all
     queued.py   QueuedSink: bounded queue, delivery thread, retry, bounded close (what every slow sink shares)
-    jsonl.py    JsonlSink      stdout.py  StdoutSink      webhook.py  WebhookSink
+    jsonl.py    JsonlSink      stdout.py  StdoutSink      webhook.py  WebhookSink   (each with its keys: *Options)
     mqtt.py     MqttSink (imported on first use, from the registry: only it needs paho-mqtt)
+    mqtt_options.py  MqttOptions: the mqtt sink's keys, which checking a pipeline imports (no paho-mqtt)
     zmq_pub.py  ZmqPubSink (daemon.results_endpoint; not a sinks[] type)
 """
 
 from __future__ import annotations
 
-from vlora_va.contracts.config import SinkConfig
+from vlora_va.contracts.sinks import SinkConfig
 from vlora_va.contracts.plugins import SINKS
 from vlora_va.outputs.sinks.base import Sink, close_all
 from vlora_va.outputs.sinks.jsonl import JsonlSink

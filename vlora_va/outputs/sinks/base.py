@@ -15,11 +15,15 @@ only `_deliver(rows)`.
     stats() -> {"written": rows delivered, "dropped": rows given up on, "errors": failed deliveries,
                 "queue": rows accepted and not yet delivered}       written + dropped + queue = rows offered
 
-A new sink type is a `Sink` subclass with a `from_config` classmethod, registered before the pipeline is loaded:
+A new sink type is a `Sink` subclass with a `from_config` classmethod, registered with its own keys (a
+`SinkOptions`, contracts/sinks.py: the shape every built-in sink's keys take, e.g. jsonl.py's JsonlOptions) before
+the pipeline is loaded:
 
-    SINKS.register("memory", "my_pkg.memory_sink:MemorySink", options=("label",))   # contracts/plugins.py
+    SINKS.register("memory", "my_pkg.memory_sink:MemorySink", options="my_pkg.memory_sink:MemoryOptions")
 
-makes `sinks: [{type: memory, label: x}]` valid in pipelines.yaml; its own keys arrive in `SinkConfig.options`.
+makes `sinks: [{type: memory, label: x}]` valid in pipelines.yaml, checked by MemoryOptions.read when the pipeline
+is loaded; the keys arrive, checked, in `SinkConfig.options`. (`options=("label",)`, names only: the values arrive
+as written, in a dict.)
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import abc
 from typing import Iterable
 
-from vlora_va.contracts.config import SinkConfig
+from vlora_va.contracts.sinks import SinkConfig
 from vlora_va.contracts.results import ResultRecord
 
 
@@ -39,7 +43,7 @@ class Sink(abc.ABC):
 
     @classmethod
     def from_config(cls, cfg: SinkConfig) -> "Sink":
-        """The sink its `sinks[]` entry describes (a plug-in's own keys are in cfg.options). A sink that is not
+        """The sink its `sinks[]` entry describes (its own keys, checked, in cfg.options). A sink that is not
         configured in sinks[] (ZmqPubSink: daemon.results_endpoint) keeps this refusal."""
         raise NotImplementedError(f"{cls.__name__} cannot be built from a sinks[] entry: it defines no from_config")
 

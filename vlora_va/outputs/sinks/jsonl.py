@@ -1,5 +1,5 @@
-"""The JSON Lines file sink (`type: jsonl`): one row per line, rotation by size and/or age, an fsync policy.
-`json_line` (one row as a line) is shared with the stdout sink."""
+"""The JSON Lines file sink (`type: jsonl`): one row per line, rotation by size and/or age, an fsync policy; its
+keys in pipelines.yaml (`JsonlOptions`). `json_line` (one row as a line) is shared with the stdout sink."""
 
 from __future__ import annotations
 
@@ -8,16 +8,44 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from vlora_va.contracts.config import SinkConfig
 from vlora_va.contracts.results import ResultRecord
+from vlora_va.contracts.sinks import SinkConfig, SinkEntry, SinkOptions
 from vlora_va.outputs.sinks.queued import CLOSE_TIMEOUT_S, TICK_S, QueuedSink, describe_error
 
 log = logging.getLogger(__name__)
 
 JSONL_BATCH_MAX = 1000  # rows per file write
 ROTATE_RETRY_S = 10.0  # after a failed rotation, keep appending to the live file and try again this much later
+FSYNC_POLICIES = ("batch", "interval", "never")
+
+
+@dataclass(frozen=True)
+class JsonlOptions(SinkOptions):
+    """A jsonl sink's keys in pipelines.yaml."""
+
+    path: str  # the live file (absolute); rotated ones are path.1 (newest) ... path.<keep>
+    rotate_mb: float = 0.0  # rotate when the file would grow past this; 0 = off
+    rotate_s: float = 0.0  # rotate when the file is this old; 0 = off
+    keep: int = 10  # rotated files kept
+    fsync: str = "interval"  # one of FSYNC_POLICIES (JsonlSink says what each means)
+    fsync_interval_s: float = 1.0
+
+    @classmethod
+    def read(cls, entry: SinkEntry) -> JsonlOptions | None:
+        path = entry.get("path", str)
+        rest = dict(rotate_mb=entry.get("rotate_mb", float, cls.rotate_mb, minimum=0),
+                    rotate_s=entry.get("rotate_s", float, cls.rotate_s, minimum=0),
+                    keep=entry.get("keep", int, cls.keep, minimum=1, maximum=100_000),
+                    fsync=entry.get("fsync", str, cls.fsync, choices=FSYNC_POLICIES),
+                    fsync_interval_s=entry.get("fsync_interval_s", float, cls.fsync_interval_s, minimum=0.01,
+                                               maximum=3600))
+        return cls(path=entry.file(path), **rest) if path is not None else None
+
+    def destination(self) -> tuple[str, str, str]:
+        return "path", self.path, "the same file as"
 
 
 def json_line(rec: ResultRecord) -> str:
@@ -38,7 +66,7 @@ class JsonlSink(QueuedSink):
     def __init__(self, path: str | Path, *, rotate_mb: float = 0.0, rotate_s: float = 0.0, keep: int = 10,
                  fsync: str = "interval", fsync_interval_s: float = 1.0, queue_max: int = 10_000,
                  close_timeout_s: float = CLOSE_TIMEOUT_S, name: str | None = None):
-        if fsync not in ("batch", "interval", "never"):
+        if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be batch, interval or never, got {fsync!r}")
         self.path = Path(path)
         super().__init__(name or f"jsonl:{self.path}", queue_max=queue_max, batch_max=JSONL_BATCH_MAX,
@@ -56,8 +84,9 @@ class JsonlSink(QueuedSink):
 
     @classmethod
     def from_config(cls, cfg: SinkConfig) -> "JsonlSink":
-        return cls(cfg.path, rotate_mb=cfg.rotate_mb, rotate_s=cfg.rotate_s, keep=cfg.keep, fsync=cfg.fsync,
-                   fsync_interval_s=cfg.fsync_interval_s, queue_max=cfg.queue_max, close_timeout_s=cfg.close_timeout_s)
+        o: JsonlOptions = cfg.options
+        return cls(o.path, rotate_mb=o.rotate_mb, rotate_s=o.rotate_s, keep=o.keep, fsync=o.fsync,
+                   fsync_interval_s=o.fsync_interval_s, queue_max=cfg.queue_max, close_timeout_s=cfg.close_timeout_s)
 
     def _start(self) -> None:
         self._open()

@@ -33,8 +33,9 @@ import uuid
 
 import paho.mqtt.client as mqtt
 
-from vlora_va.contracts.config import SinkConfig
 from vlora_va.contracts.results import ResultRecord
+from vlora_va.contracts.sinks import SinkConfig
+from vlora_va.outputs.sinks.mqtt_options import MqttOptions
 from vlora_va.outputs.sinks.queued import CLOSE_TIMEOUT_S, QueuedSink
 
 log = logging.getLogger(__name__)
@@ -111,9 +112,9 @@ class MqttSink(QueuedSink):
 
     @classmethod
     def from_config(cls, cfg: SinkConfig) -> "MqttSink":
-        return cls(cfg.host, port=cfg.port, topic_prefix=cfg.topic_prefix, qos=cfg.qos, username=cfg.username,
-                   password=cfg.password, tls_ca=cfg.tls_ca, queue_max=cfg.queue_max,
-                   close_timeout_s=cfg.close_timeout_s)
+        o: MqttOptions = cfg.options
+        return cls(o.host, port=o.port, topic_prefix=o.topic_prefix, qos=o.qos, username=o.username,
+                   password=o.password, tls_ca=o.tls_ca, queue_max=cfg.queue_max, close_timeout_s=cfg.close_timeout_s)
 
     # ------------------------------------------------------------------ daemon side
     def write(self, records) -> None:

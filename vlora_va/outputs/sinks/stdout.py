@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
-from vlora_va.contracts.config import SinkConfig
 from vlora_va.contracts.results import ResultRecord
+from vlora_va.contracts.sinks import SinkConfig, SinkEntry, SinkOptions
 from vlora_va.outputs.sinks.jsonl import JSONL_BATCH_MAX, json_line
 from vlora_va.outputs.sinks.queued import CLOSE_TIMEOUT_S, QueuedSink
+
+
+@dataclass(frozen=True)
+class StdoutOptions(SinkOptions):
+    """A stdout sink has no keys of its own, and there is one standard output: one stdout sink."""
+
+    @classmethod
+    def read(cls, entry: SinkEntry) -> StdoutOptions:
+        return cls()
+
+    def destination(self) -> tuple[str, str, str]:
+        return "type", "stdout", "a second stdout sink, like"
 
 
 class StdoutSink(QueuedSink):

@@ -1,6 +1,6 @@
 """The HTTP webhook sink (`type: webhook`): rows POSTed in batches as JSON arrays, retried with backoff under an
-Idempotency-Key, optionally signed (HMAC-SHA256 of the body), and the URL helpers that keep credentials out of its
-name."""
+Idempotency-Key, optionally signed (HMAC-SHA256 of the body); its keys in pipelines.yaml (`WebhookOptions`), and the
+URL helpers that keep credentials out of its name."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
-from vlora_va.contracts.config import SinkConfig
 from vlora_va.contracts.results import ResultRecord
+from vlora_va.contracts.sinks import SinkConfig, SinkEntry, SinkOptions
 from vlora_va.outputs.sinks.queued import CLOSE_TIMEOUT_S, QueuedSink, Rejected
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,69 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 RETRYABLE_HTTP = {408, 425, 429}  # 4xx statuses that mean "try again later"; other 4xx/3xx are final
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
+
+
+@dataclass(frozen=True)
+class WebhookOptions(SinkOptions):
+    """A webhook sink's keys in pipelines.yaml."""
+
+    url: str  # http:// or https://, with a host
+    batch_max: int = 100  # rows per POST, at most the entry's queue_max
+    flush_interval_s: float = 1.0  # how long a partial batch waits for more rows
+    timeout_s: float = 5.0  # per POST
+    retry_max_s: float = 30.0  # backoff cap
+    headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers
+    # sign every POST: X-Vlora-Signature: sha256=<HMAC-SHA256 of the body, hex>; "" = unsigned (never printed)
+    hmac_secret: str = field(default="", repr=False)
+
+    @classmethod
+    def read(cls, entry: SinkEntry) -> WebhookOptions | None:
+        url = entry.get("url", str)
+        if url is not None and not _http_url(url):
+            entry.error("url", f"expected an http:// or https:// URL with a host, got {url!r}")
+        rest = dict(batch_max=entry.get("batch_max", int, cls.batch_max, minimum=1),
+                    flush_interval_s=entry.get("flush_interval_s", float, cls.flush_interval_s, minimum=0,
+                                               maximum=3600),
+                    timeout_s=entry.get("timeout_s", float, cls.timeout_s, minimum=0.05, maximum=3600),
+                    retry_max_s=entry.get("retry_max_s", float, cls.retry_max_s, minimum=0.05, maximum=86400),
+                    headers=_headers(entry, entry.written.get("headers")),
+                    hmac_secret=entry.get("hmac_secret", str, cls.hmac_secret))
+        # a batch bigger than the queue could never fill; compared only where both numbers are right
+        if entry.queue_max is not None and not entry.failed("batch_max") and rest["batch_max"] > entry.queue_max:
+            entry.error("batch_max", f"must be at most queue_max ({entry.queue_max}), got {rest['batch_max']}")
+        return cls(url=url, **rest) if url is not None else None
+
+    def destination(self) -> tuple[str, str, str]:
+        return "url", self.url, "the same URL as"
+
+
+def _http_url(url: str) -> bool:
+    try:
+        u = urlsplit(url)
+        return u.scheme in ("http", "https") and bool(u.hostname) and (u.port or 1) > 0
+    except ValueError:
+        return False
+
+
+def _headers(entry: SinkEntry, raw: Any) -> tuple[tuple[str, str], ...]:
+    """headers: name -> value; a bad one is reported (never sent) and the rest kept."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        entry.error("headers", f"expected a mapping of header name -> value, got {type(raw).__name__}")
+        return ()
+    out = []
+    for name, value in raw.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            entry.error(f"headers.{name}", "not a valid HTTP header name")
+        elif not isinstance(value, str):
+            entry.error(f"headers.{name}", f"expected str, got {type(value).__name__} {repr(value)[:40]}")
+        elif "\r" in value or "\n" in value:
+            entry.error(f"headers.{name}", "a header value cannot contain line breaks")
+        else:
+            out.append((name, value))
+    return tuple(out)
 
 
 class WebhookSink(QueuedSink):
@@ -52,9 +118,10 @@ class WebhookSink(QueuedSink):
 
     @classmethod
     def from_config(cls, cfg: SinkConfig) -> "WebhookSink":
-        return cls(cfg.url, batch_max=cfg.batch_max, flush_interval_s=cfg.flush_interval_s, queue_max=cfg.queue_max,
-                   timeout_s=cfg.timeout_s, retry_max_s=cfg.retry_max_s, headers=dict(cfg.headers),
-                   close_timeout_s=cfg.close_timeout_s, hmac_secret=cfg.hmac_secret)
+        o: WebhookOptions = cfg.options
+        return cls(o.url, batch_max=o.batch_max, flush_interval_s=o.flush_interval_s, queue_max=cfg.queue_max,
+                   timeout_s=o.timeout_s, retry_max_s=o.retry_max_s, headers=dict(o.headers),
+                   close_timeout_s=cfg.close_timeout_s, hmac_secret=o.hmac_secret)
 
     def _start(self) -> None:
         log.info("sink %s: posting results in batches of up to %d rows", self.name, self.batch_max)
