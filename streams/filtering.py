@@ -73,7 +73,9 @@ class FrameFilter:
         self.sent += 1
         return -1
 
-    def invalidate(self, seq: int) -> None:
-        """Chunk `seq` will never reach the daemon: if it is the reference, the next chunk sends its frames."""
-        if seq == self._sent_seq:
-            self._stale.set()
+    def invalidate(self, seq: int) -> bool:
+        """Chunk `seq` will never reach the daemon: if it is the reference, the next chunk sends its frames (True)."""
+        if seq != self._sent_seq:
+            return False
+        self._stale.set()
+        return True

@@ -118,6 +118,14 @@ class Books:
         with self._lock:
             return len(self._sent.get(daemon, ()))
 
+    def latest(self, daemon: str) -> dict[str, int]:
+        """Per stream, the highest chunk seq sent to `daemon` in the window (the books are left as they are)."""
+        with self._lock:
+            latest: dict[str, int] = {}
+            for c in self._sent.get(daemon, ()):
+                latest[c.stream] = max(c.seq, latest.get(c.stream, -1))
+            return latest
+
     def _forget(self, q: collections.deque, now: float) -> None:
         while q and q[0].sent_wall < now - self.window_s:
             q.popleft()

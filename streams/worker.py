@@ -120,8 +120,10 @@ class ChunkQueue:
     def _dropped(self, chunk: ReadyChunk) -> None:
         h = chunk.header
         self.stats[h.stream].chunks_dropped += 1
-        for f in self.filters.get(h.stream, {}).values():
-            f.invalidate(h.seq)
+        for task, f in self.filters.get(h.stream, {}).items():
+            if f.invalidate(h.seq):
+                log.debug("stream %s: dropped chunk %d held task %s's reference frames; its next chunk sends them",
+                          h.stream, h.seq, task)
         if h.outage_s:
             self._lost_outage[h.stream] = self._lost_outage.get(h.stream, 0.0) + h.outage_s
         log.debug("stream %s: dropped chunk %d (%s)", h.stream, h.seq, self.policy)

@@ -125,15 +125,34 @@ def wait(condition, what: str, controller, timeout=WAIT_S):
         time.sleep(0.1)
 
 
+def latest_sent(controller, daemon: str) -> dict[str, int]:
+    """Ingest's own books: per stream, the last chunk seq sent to `daemon` so far."""
+    latest: dict[str, int] = {}
+    for actor in set(controller.ingest.values()):
+        latest.update(ray.get(actor.latest_sent.remote(daemon)))
+    return latest
+
+
+def freeze_with_chunks_in_flight(controller, daemon: str, streams: list[str]) -> dict[str, range]:
+    """SIGSTOP the daemon, then wait (on ingest's books, without the controller's pings) until each of `streams`
+    has sent it at least one more chunk. Returns per stream the seqs sent to the frozen daemon: it cannot have
+    answered any of them (those sent before the freeze may be answered; they are left out)."""
+    os.kill(controller.daemons[daemon].info["pid"], signal.SIGSTOP)
+    before = latest_sent(controller, daemon)
+    deadline = time.monotonic() + 30.0
+    while not all(latest_sent(controller, daemon).get(s, -1) > before.get(s, -1) for s in streams):
+        assert time.monotonic() < deadline, "ingest sent nothing to the frozen daemon"
+        time.sleep(0.1)
+    after = latest_sent(controller, daemon)
+    return {s: range(before.get(s, -1) + 1, after[s] + 1) for s in streams}
+
+
 def test_placement_follows_affinity_and_a_killed_daemon_loses_no_chunk(local_ray, tmp_path, tiny_backbone_dir,
-                                                                          two_adapters, broker):
+                                                                          two_adapters):
     from vlora_va.cluster.controller import Controller
 
-    # Batches wait up to 2 s for more requests: at the kill, the daemon holds chunks it has not answered yet.
-    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=60, max_wait_ms=2000,
-                            mqtt_port=broker.port)
+    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=60)
     controller = Controller(config, "local", log_level="WARNING")
-    available = Availability(broker.port)
     try:
         controller.start()
         placed = dict(controller.assignment)
@@ -148,27 +167,28 @@ def test_placement_follows_affinity_and_a_killed_daemon_loses_no_chunk(local_ray
         survivor = next(n for n in controller.daemons if n != victim)
         moved = sorted(s for s, d in placed.items() if d == victim)
         wait(lambda: rows_seen(controller) >= 12, "rows from the daemons", controller)
-        assert available.seen[victim][-1:] == ["online"] and available.seen[survivor][-1:] == ["online"]
-        os.kill(controller.daemons[victim].info["pid"], signal.SIGKILL)
+        # Chunks in flight at the kill, deliberately: sent to the victim while it is frozen, so never answered.
+        try:
+            in_flight = freeze_with_chunks_in_flight(controller, victim, moved)
+        finally:
+            os.kill(controller.daemons[victim].info["pid"], signal.SIGKILL)
         wait(lambda: not controller.daemons[victim].alive, "the controller to notice the death", controller)
         assert all(controller.assignment[s] == survivor for s in moved)  # served again by the other daemon
-        # MQTT: the dead daemon's last will says it; the survivor stays online.
-        wait(lambda: available.seen[victim][-1:] == ["offline"], "the victim's will on MQTT", controller)
-        # Ray restarts the victim: once ready it is online again and takes streams back (about half the load).
+        # Ray restarts the victim: once ready it takes streams back (about half the load).
         wait(lambda: controller.daemons[victim].alive, "the victim to come back", controller)
-        wait(lambda: available.seen[victim][-1:] == ["online"], "the restarted victim online on MQTT", controller)
         back = sorted(s for s, d in controller.assignment.items() if d == victim)
         assert len(back) == 2
-        survivor_said = list(available.seen[survivor])
         sent = run_until_ended(controller)
     finally:
-        available.close()
         controller.close()
     results, events = read_rows(tmp_path / "results.jsonl")
     assert_one_row_per_sent_chunk(results, sent)
+    row = {(r["stream"], r["chunk"]): r for r in results}
+    # every chunk held in flight at the kill has its row, written for the dead daemon
+    for sid, seqs in in_flight.items():
+        assert seqs and all(row[sid, c]["status"] == "error" and row[sid, c]["reason"] == f"daemon lost: {victim}"
+                            for c in seqs), (sid, seqs)
     lost = [r for r in results if r["status"] == "error"]
-    # whether a chunk was in flight at the SIGKILL is timing (CI once killed between batches: none was); each one
-    # that was is answered with the error naming the daemon, and every sent chunk has its one row (above)
     assert all(r["reason"] == f"daemon lost: {victim}" and r["stream"] in moved for r in lost)
     assert all(r["status"] == "ok" for r in results if r["stream"] not in moved)  # the other streams lose nothing
     for sid in moved:  # served again after the kill, by the survivor (or the restarted victim)
@@ -181,6 +201,32 @@ def test_placement_follows_affinity_and_a_killed_daemon_loses_no_chunk(local_ray
         mine = [r for r in results if r["stream"] == sid]
         first_on_survivor = min(r["chunk"] for r in mine if r["daemon"] == survivor)
         assert any(r["daemon"] == victim and r["status"] == "ok" and r["chunk"] > first_on_survivor for r in mine)
+
+
+def test_a_killed_daemons_will_says_offline_on_mqtt_and_its_restart_online(local_ray, tmp_path, tiny_backbone_dir,
+                                                                          two_adapters, broker):
+    """The MQTT side of a daemon's death, on its own: it needs a Mosquitto broker, the failover test above does
+    not."""
+    from vlora_va.cluster.controller import Controller
+
+    config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=30, mqtt_port=broker.port)
+    controller = Controller(config, "local", log_level="WARNING")
+    available = Availability(broker.port)
+    try:
+        controller.start()
+        victim = controller.assignment["s0"]
+        survivor = next(n for n in controller.daemons if n != victim)
+        wait(lambda: available.seen[victim][-1:] == ["online"] and available.seen[survivor][-1:] == ["online"],
+             "both daemons online on MQTT", controller)
+        os.kill(controller.daemons[victim].info["pid"], signal.SIGKILL)
+        wait(lambda: available.seen[victim][-1:] == ["offline"], "the victim's will on MQTT", controller)
+        wait(lambda: controller.daemons[victim].alive, "the victim to come back", controller)
+        wait(lambda: available.seen[victim][-1:] == ["online"], "the restarted victim online on MQTT", controller)
+        survivor_said = list(available.seen[survivor])
+        run_until_ended(controller)
+    finally:
+        available.close()
+        controller.close()
     assert "offline" not in survivor_said
 
 
@@ -218,17 +264,24 @@ def test_a_third_daemon_takes_load(local_ray, tmp_path, tiny_backbone_dir, two_a
     assert joined == set(moved)
 
 
-def test_a_restarted_collector_binds_its_address_again_and_rows_keep_coming(local_ray, tmp_path, tiny_backbone_dir,
-                                                                             two_adapters):
+def test_a_restarted_collector_binds_its_address_again_and_loses_only_what_it_held(local_ray, tmp_path,
+                                                                                    tiny_backbone_dir, two_adapters):
+    """docs/cluster.md#the-collector: a restart loses at most the rows the collector held when it died (what reached
+    it in about the last second); rows the daemons wrote while it was down wait in their sockets and arrive, so the
+    gap does not grow with the time the restart takes."""
     from vlora_va.cluster.controller import Controller
 
     config = cluster_config(tmp_path, tiny_backbone_dir, two_adapters, chunks=40)
     controller = Controller(config, "local", log_level="WARNING")
+    path = tmp_path / "results.jsonl"
     try:
         controller.start()
         wait(lambda: rows_seen(controller) >= 8, "rows from the daemons", controller)
         pid = ray.get(controller.collector.pid.remote())
+        written = path.read_text().splitlines()  # in the file before the kill
         os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
         # Ray restarts it with the same arguments: the same address, where the daemons' PUSH sockets reconnect.
         def restarted():
             try:
@@ -236,14 +289,19 @@ def test_a_restarted_collector_binds_its_address_again_and_rows_keep_coming(loca
             except ray.exceptions.ActorUnavailableError:  # restarting
                 return False
         wait(restarted, "the collector to restart", controller)
+        down_s = time.monotonic() - killed_at
         assert ray.get(controller.collector.endpoint.remote()) == controller._collector_at
         wait(lambda: rows_seen(controller) >= 8, "rows in the restarted collector", controller)
         sent = run_until_ended(controller)
     finally:
         controller.close()
-    results, _ = read_rows(tmp_path / "results.jsonl")
+    after = path.read_text().splitlines()
+    assert after[:len(written)] == written  # every row written before the kill is still there, as it was
+    results, _ = read_rows(path)
     keys = collections.Counter((r["stream"], r["chunk"]) for r in results)
     assert max(keys.values()) == 1  # nothing twice
-    for sid, p in sent.items():  # rows lost with the dead collector are a gap; every stream's last chunks arrive
-        last = p["stats"]["chunks_sent"] - 1
-        assert all((sid, c) in keys for c in range(last - 5, last + 1)), sid
+    missing = {sid: sorted(set(range(p["stats"]["chunks_sent"])) - {c for s, c in keys if s == sid})
+               for sid, p in sent.items()}
+    print(f"collector down {down_s:.1f} s; chunks without a row: {missing}")
+    # each stream sends 1 chunk/s: what the collector held is at most 2 chunks per stream, however long it was down
+    assert all(len(m) <= 2 for m in missing.values()), (down_s, missing)

@@ -4,6 +4,8 @@ sending task needs (none at all when every task reuses)."""
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from dataclasses import replace
 
@@ -12,7 +14,8 @@ import cv2
 import numpy as np
 import pytest
 
-from tests.ingest.ingest_helpers import IMAGE_SIZE, stream
+from tests.conftest import PEDESTRIANS
+from tests.ingest.ingest_helpers import IMAGE_SIZE, Receiver, WorkerThread, pipeline, stream
 from vlora_va.contracts.config import TaskConfig
 from vlora_va.contracts.filtering import FilterConfig
 from vlora_va.contracts.wire import decode_message, encode_chunk
@@ -82,9 +85,9 @@ def test_a_change_anywhere_in_the_tasks_frames_sends_them():
 def test_a_dropped_reference_makes_the_next_chunk_send():
     f = FrameFilter(FilterConfig(threshold=2.5, refresh_chunks=100))
     assert f.decide(0, [image(0)]) == -1
-    f.invalidate(5)  # not the reference: nothing changes
+    assert not f.invalidate(5)  # not the reference: nothing changes
     assert f.decide(1, [image(0)]) == 0
-    f.invalidate(0)  # the reference will never reach the daemon
+    assert f.invalidate(0)  # the reference will never reach the daemon
     assert f.decide(2, [image(0)]) == -1
     assert f.decide(3, [image(0)]) == 2
 
@@ -134,3 +137,42 @@ def test_a_task_without_a_filter_sends_every_chunk():
     chunker = Chunker(stream("cam", "x.mp4", fps=2, tasks=(replace(filtered("a", 2), filter=None),)), IMAGE_SIZE)
     assert all(c.header.tasks[0].reuse_chunk == -1 and len(c.frames) == 2
                for c in chunks_of(chunker, [still] * 6, fps=2))
+
+
+@pytest.mark.parametrize("policy", ["drop_newest", "drop_oldest"])
+def test_a_reference_chunk_the_queue_drops_makes_the_next_chunk_send_its_frames(zmq_ctx, caplog, policy):
+    """A real worker behind a slow daemon: its queue drops chunks, some of them a filter's reference. No chunk may
+    name a dropped reference except those already decided when it was dropped (drop_newest drops a chunk as it is
+    made: none; drop_oldest: the send_hwm chunks queued behind it), and the first chunk after those sends frames."""
+    slow = Receiver(zmq_ctx, rcvhwm=1, rcvbuf=64 * 1024)
+    send_hwm = 2
+    # threshold at the feature's maximum: "det" sends frames only first, every 4th chunk, or after a dropped
+    # reference. "act" is not filtered: every message carries a frame, so the slow daemon's socket fills and the
+    # queue drops chunks.
+    det = filtered("det", 1, threshold=255.0)
+    det = replace(det, filter=replace(det.filter, refresh_chunks=4))
+    act = TaskConfig(name="act", adapter="act", frames_per_chunk=1, deadline_ms=1000.0)
+    # paced like a camera, 5 chunks/s, against a daemon that takes 0.4 s per chunk: drops all along the run
+    cfg = pipeline(slow.endpoint, stream("peds", PEDESTRIANS, fps=10, chunk_seconds=0.2, max_chunks=40,
+                                         realtime=True, tasks=(det, act)), send_hwm=send_hwm, drop_policy=policy)
+    with caplog.at_level(logging.DEBUG, logger="vlora_va.ingest.worker"):
+        w = WorkerThread(cfg)
+        w.start()
+        chunks = slow.drain(w, timeout=60, delay=0.4)
+        w.finish()
+    # which dropped chunks were references: the worker says so (the test cannot see a chunk that never came)
+    dropped_refs = [int(m.group(1)) for r in caplog.records
+                    if (m := re.search(r"dropped chunk (\d+) held task det's reference", r.getMessage()))]
+    assert dropped_refs, "no reference was dropped: the scenario did not happen"
+    received = {c.header.seq: c.header.tasks[0].reuse_chunk for c in chunks}  # seq -> the chunk det reuses (-1: none)
+    decided_before = 0 if policy == "drop_newest" else send_hwm
+    checked = 0
+    for d in dropped_refs:
+        assert d not in received
+        assert all(c - d <= decided_before for c, ref in received.items() if ref == d), (d, received)
+        after = [c for c in received if c > d + decided_before]
+        if after:  # the first chunk that arrived after those sends frames, or reuses a newer reference
+            first = min(after)
+            assert received[first] == -1 or received[first] > d, (d, first, received)
+            checked += 1
+    assert checked

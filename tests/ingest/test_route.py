@@ -134,9 +134,13 @@ def test_books_keep_what_was_sent_per_daemon_within_their_window_and_bound():
     for seq in range(2, 6):
         books.sent("a", header(seq, now))
     assert books.count("a") == 3  # at most max_per_daemon: the oldest go
+    books.sent("a", header(9, now, stream="other"))
+    assert books.latest("a") == {"cam": 5, "other": 9} and books.latest("never") == {}
+    assert books.count("a") == 3  # latest() leaves the books as they are
+    books.sent("a", header(6, now))
     taken = books.take("a")
-    assert [c.seq for c in taken] == [3, 4, 5]
-    assert taken[0] == SentChunk("cam", 3, (("det", "det-v1", 2000.0),), (1.5,), now - 0.1, now, 1, 1.5)
+    assert [(c.stream, c.seq) for c in taken] == [("cam", 5), ("other", 9), ("cam", 6)]
+    assert taken[0] == SentChunk("cam", 5, (("det", "det-v1", 2000.0),), (2.5,), now - 0.1, now, 1, 2.5)
     assert books.take("a") == [] and books.count("a") == 0  # handed over once
     assert [c.stream for c in books.take("b")] == ["other"]  # another daemon's books are its own
     assert books.take("never") == []

@@ -196,6 +196,10 @@ class IngestHost:
             time.sleep(0.02)
         return [c.to_json() for c in self.books.take(daemon)]
 
+    def latest_sent(self, daemon: str) -> dict[str, int]:
+        """Per stream, the last chunk seq sent to `daemon` so far (what it owes at most; the books stay)."""
+        return self.books.latest(daemon)
+
     def progress(self) -> dict:
         """Per stream: flushed (everything it made is handed to ZeroMQ), finished (its worker returned), its stats."""
         return {sid: {"flushed": self._flushed[sid].is_set(), "finished": not t.is_alive(),
