@@ -242,7 +242,7 @@ def agreement(ref: list[dict], got: list[dict], threshold: float) -> dict:
     """How GPU rows agree with the CPU reference rows: every box of either side must have a partner on the other
     (IoU > 0.9, same class, score within 0.02), except boxes whose score is within 0.02 of the threshold (the
     other side may fall just below it); activity labels must be equal."""
-    from vlora_va.engine.heads import box_iou
+    from vlora_va.contracts.boxes import iou_matrix
 
     boxes = matched = excused = 0
     unmatched, worst = [], 0.0
@@ -255,8 +255,8 @@ def agreement(ref: list[dict], got: list[dict], threshold: float) -> dict:
         for i, (fr, fg) in enumerate(zip(r["frames"], g["frames"])):
             for side, mine, other in (("cpu", fr["detections"], fg["detections"]), ("gpu", fg["detections"],
                                                                                     fr["detections"])):
-                iou = box_iou(torch.tensor([d["box"] for d in mine]).reshape(-1, 4),
-                              torch.tensor([d["box"] for d in other]).reshape(-1, 4))
+                iou = iou_matrix(torch.tensor([d["box"] for d in mine]).reshape(-1, 4),
+                                 torch.tensor([d["box"] for d in other]).reshape(-1, 4), torch)
                 for k, d in enumerate(mine):
                     boxes += side == "cpu"
                     partners = [j for j in range(len(other)) if iou[k, j] > IOU_MIN and other[j]["class"] == d["class"]

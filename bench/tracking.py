@@ -248,7 +248,7 @@ def views_accuracy(adapter_dir: Path, kinds: list[str]) -> list[dict]:
 def identity_paths(gt: dict, pred: dict) -> dict[str, str]:
     """Per true identity, the track each of its scored frames was best matched to (IoU >= 0.5; "." none): where
     its ID switches happened, by eye."""
-    from vlora_va.training.track_metrics import iou_matrix
+    from vlora_va.contracts.boxes import iou_matrix
 
     out: dict[str, list[str]] = {}
     for t in sorted(gt):

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.pipeline_helpers import Run
 from vlora_va.analytics.tracking import one_box_per_object
-from vlora_va.contracts.geometry import pair_iou
+from vlora_va.contracts.boxes import pair_iou
 from vlora_va.contracts.results import DetectionResult, FrameDetections, JsonlFollower, is_result
 from vlora_va.engine.backbones import DEFAULT_BACKBONE, cache_dir, fetched_ok
 

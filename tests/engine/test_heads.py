@@ -3,13 +3,13 @@ import math
 import pytest
 import torch
 
+from vlora_va.contracts.boxes import iou_matrix
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.engine.heads import (
     ActionHead,
     DetectionHead,
     Features,
     batched_nms,
-    box_iou,
     extend_track,
     link_index_pairs,
     middle_frames,
@@ -23,7 +23,7 @@ def nms_reference(boxes, scores, classes, thr):
     """Plain greedy NMS loop, one class at a time."""
     keep = []
     for i in sorted(range(len(scores)), key=lambda i: -float(scores[i])):
-        if all(classes[i] != classes[j] or box_iou(boxes[i:i + 1], boxes[j:j + 1]).item() <= thr for j in keep):
+        if all(classes[i] != classes[j] or iou_matrix(boxes[i:i + 1], boxes[j:j + 1], torch).item() <= thr for j in keep):
             keep.append(i)
     return keep
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlora_va.contracts.geometry import pair_iou
+from vlora_va.contracts.boxes import pair_iou
 from vlora_va.training.augment import crop_window
 from vlora_va.training.corrections import CorrectionsError, Fix, apply_fix, load_corrections
 from vlora_va.training.frames import Frame

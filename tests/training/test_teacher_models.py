@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlora_va.contracts.geometry import pair_iou
+from vlora_va.contracts.boxes import pair_iou
 from vlora_va.training.frames import read_frames
 from vlora_va.training.teacher_models import (
     NANODET_BINS,

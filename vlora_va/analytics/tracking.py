@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlora_va.analytics.appearance_tracker import AppearanceSettings, AppearanceTracker
+from vlora_va.contracts.boxes import greedy_keep, iou_matrix
 from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections
 from vlora_va.contracts.scene import TrackingConfig
 
@@ -74,29 +75,14 @@ def one_box_per_object(dets: list[Detection], iou: float) -> list[Detection]:
     of the same class were already suppressed by the head). Kept boxes stay in their input order."""
     if len(dets) < 2 or len({d.cls for d in dets}) < 2:
         return list(dets)
-    boxes = np.array([d.box for d in dets], dtype=np.float64)
-    overlap = iou_matrix(boxes, boxes) >= iou
-    cls = np.array([d.cls for d in dets])
-    scores = np.array([d.score for d in dets])
-    order = np.arange(len(dets))
-    # [i, j]: box j is another class's, overlaps box i by `iou`, and is less sure (ties: the later one)
-    beaten = overlap & (cls[:, None] != cls[None, :]) & (
-        (scores[None, :] < scores[:, None]) | ((scores[None, :] == scores[:, None]) & (order[None, :] > order[:, None])))
-    keep = np.ones(len(dets), bool)
-    for i in sorted(range(len(dets)), key=lambda i: -dets[i].score):  # surest first
-        if keep[i]:
-            keep[beaten[i] & keep] = False
+    order = sorted(range(len(dets)), key=lambda i: -dets[i].score)  # surest first; ties: the earlier one
+    boxes = np.array([dets[i].box for i in order], dtype=np.float64)
+    cls = np.array([dets[i].cls for i in order])
+    # [i, j]: the surer box i, when kept, drops box j of another class that it overlaps by `iou`
+    over = np.triu((iou_matrix(boxes, boxes) >= iou) & (cls[:, None] != cls[None, :]), 1)
+    keep = np.zeros(len(dets), bool)
+    keep[order] = greedy_keep(over)
     return [d for d, k in zip(dets, keep) if k]
-
-
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    ix = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
-    iy = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
-    inter = ix * iy
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    union = area_a[:, None] + area_b[None, :] - inter
-    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
 
 
 class TrackIds:

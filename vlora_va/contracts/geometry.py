@@ -48,11 +48,3 @@ def letterbox_geometry(width: int, height: int, size: int) -> tuple[int, int, Le
     new_h = max(1, min(size, round(height * scale)))
     return new_w, new_h, Letterbox(scale=scale, pad_x=float((size - new_w) // 2), pad_y=float((size - new_h) // 2))
 
-
-def pair_iou(a, b) -> float:
-    """IoU of two x1, y1, x2, y2 boxes (plain numbers; `vlora_va.engine.heads.box_iou` is the batched tensor form)."""
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vlora_va.contracts.geometry import pair_iou
+from vlora_va.contracts.boxes import iou_matrix, pair_iou
 from vlora_va.engine import motion
 
 ACTION_LABELS = ["no_person", "standing", "walking_left", "walking_right", "walking_toward", "walking_away", "cycling"]
@@ -38,11 +38,16 @@ STILL_SPEED = motion.STILL_SPEED  # the standing speed person_activities uses un
 
 
 def track(frames: list[list[dict]], min_iou: float = 0.3, max_gap: int = 2) -> list[dict[int, list[float]]]:
-    """Greedy IoU tracker over per-frame person boxes: a list of tracks, each {frame index: box}."""
+    """Greedy IoU tracker over per-frame person boxes: a list of tracks, each {frame index: box}. Best pair first
+    over a whole labelled clip, across gaps of up to `max_gap` frames: teacher labels have no ranking worth keeping
+    and may miss a frame. The engine links best box first (engine.heads.action.link_index_pairs: a person below its
+    threshold must not take a box from one above) and the daemon's tracker follows motion and appearance
+    (analytics/): three rules for three jobs, so the labels these tracks make stay what they were."""
     tracks: list[dict[int, list[float]]] = []
     for i, boxes in enumerate(frames):
         live = [t for t in tracks if i - max(t) <= max_gap + 1]
-        pairs = sorted(((pair_iou(t[max(t)], b["box"]), ti, bi) for ti, t in enumerate(live) for bi, b in enumerate(boxes)),
+        overlap = iou_matrix([t[max(t)] for t in live], [b["box"] for b in boxes])
+        pairs = sorted(((float(overlap[ti, bi]), ti, bi) for ti in range(len(live)) for bi in range(len(boxes))),
                        reverse=True)
         used_t, used_b = set(), set()
         for iou, ti, bi in pairs:

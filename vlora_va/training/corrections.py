@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlora_va.contracts.geometry import pair_iou
+from vlora_va.contracts.boxes import pair_iou
 from vlora_va.training.augment import crop_window
 from vlora_va.training.frames import Frame
 

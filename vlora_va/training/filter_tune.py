@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vlora_va.contracts.boxes import iou_matrix
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.contracts.filtering import FilterConfig
-from vlora_va.contracts.geometry import pair_iou
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.ingest.chunker import letterbox, plan_chunk
@@ -147,17 +147,21 @@ def detection_loss(preds: list[list[list[dict]]], plan: list[int], threshold: fl
 
 def _pairs(got: list[dict], want: list[dict], same_class: bool = True) -> list[tuple[dict, dict]]:
     """Greedy one-to-one matches at IoU >= MATCH_IOU, highest scores first; of the same class unless told not."""
-    def iou(a: dict, b: dict) -> float:  # the same box is the same detection, even a degenerate (zero-area) one
-        return 1.0 if a["box"] == b["box"] else pair_iou(a["box"], b["box"])
-
-    free = sorted(want, key=lambda d: -d["score"])
+    got = sorted(got, key=lambda d: -d["score"])
+    want = sorted(want, key=lambda d: -d["score"])
+    overlap = iou_matrix([d["box"] for d in got], [w["box"] for w in want])
+    for i, d in enumerate(got):  # the same box is the same detection, even a degenerate (zero-area) one
+        for k, w in enumerate(want):
+            if d["box"] == w["box"]:
+                overlap[i, k] = 1.0
+    free = list(range(len(want)))
     pairs = []
-    for d in sorted(got, key=lambda d: -d["score"]):
-        best = max((w for w in free if not same_class or w["class"] == d["class"]), default=None,
-                   key=lambda w: iou(d, w))
-        if best is not None and iou(d, best) >= MATCH_IOU:
+    for i, d in enumerate(got):
+        best = max((k for k in free if not same_class or want[k]["class"] == d["class"]), default=None,
+                   key=lambda k: overlap[i, k])
+        if best is not None and overlap[i, best] >= MATCH_IOU:
             free.remove(best)
-            pairs.append((d, best))
+            pairs.append((d, want[best]))
     return pairs
 
 

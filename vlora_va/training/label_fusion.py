@@ -19,7 +19,7 @@ a class then moves that class's boxes and scores little. The default is equal we
 
 from __future__ import annotations
 
-from vlora_va.contracts.geometry import pair_iou
+from vlora_va.contracts.boxes import pair_iou
 
 
 def fuse_boxes(per_teacher: dict[str, list[dict]], weights: dict[str, dict[str, float]] | None = None,

@@ -23,15 +23,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
-from vlora_va.engine.heads import box_iou
+from vlora_va.contracts.boxes import iou_matrix
 
 
 def match_image(preds: list[dict], refs: list[dict], iou: float = 0.5) -> tuple[list[tuple[float, int]], int]:
     """One class, one image: ([(score, 1 TP / 0 FP)] for counted predictions, number of counted refs)."""
     scored, counted, _ = _match(preds, refs, iou)
     return scored, len(counted)
+
+
+def _boxes(items: list[dict]) -> np.ndarray:
+    """[n, 4] float32 boxes: the precision these reports have always been computed at (a tie at the IoU threshold
+    must not move between versions)."""
+    return np.asarray([x["box"] for x in items], np.float32).reshape(-1, 4)
 
 
 def _match(preds: list[dict], refs: list[dict], iou: float) -> tuple[list[tuple[float, int]], list[dict], list[bool]]:
@@ -41,8 +46,8 @@ def _match(preds: list[dict], refs: list[dict], iou: float) -> tuple[list[tuple[
     ignored = [r for r in refs if r.get("ignore")]
     used = [False] * len(counted)
     out = []
-    iou_c = box_iou(torch.tensor([p["box"] for p in preds]).reshape(-1, 4), torch.tensor([r["box"] for r in counted]).reshape(-1, 4))
-    iou_i = box_iou(torch.tensor([p["box"] for p in preds]).reshape(-1, 4), torch.tensor([r["box"] for r in ignored]).reshape(-1, 4))
+    iou_c = iou_matrix(_boxes(preds), _boxes(counted))
+    iou_i = iou_matrix(_boxes(preds), _boxes(ignored))
     for i, p in enumerate(preds):
         best, j = -1.0, -1
         for k in range(len(counted)):
@@ -299,8 +304,7 @@ def _match_persons_iou(preds: list[dict], refs: list[dict], iou: float) -> tuple
     pairs, and the unmatched predictions that overlap an ignored reference (they count neither way)."""
     counted = [k for k, r in enumerate(refs) if not r.get("ignore")]
     ignored = [k for k, r in enumerate(refs) if r.get("ignore")]
-    m = box_iou(torch.tensor([p["box"] for p in preds], dtype=torch.float32).reshape(-1, 4),
-                torch.tensor([r["box"] for r in refs], dtype=torch.float32).reshape(-1, 4))
+    m = iou_matrix(_boxes(preds), _boxes(refs))
     free, pairs, dropped = set(counted), [], set()
     for i in sorted(range(len(preds)), key=lambda i: -preds[i]["score"]):
         best, j = iou, -1

@@ -25,7 +25,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from vlora_va.contracts.geometry import pair_iou
+from vlora_va.contracts.boxes import pair_iou
 from vlora_va.training.frames import Frame
 from vlora_va.training.label_fusion import fuse_boxes
 from vlora_va.training.teacher_models import (

@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from vlora_va.contracts.boxes import intersection, iou_matrix
+
 ROOT = Path(__file__).resolve().parents[2]
 HUMAN_TRACKS = ROOT / "adapters" / "eval" / "human-v1-tracks.json"
 HUMAN_TRACKS_SHA256 = "96c57b364bf990500d6c3e1e6a34edab6e573e3676cb50219ba9ab08de9cd7f1"  # frozen 2026-11-26
@@ -96,22 +98,6 @@ class TrackScores:
         return out
 
 
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[len(a), len(b)] IoU of [x1, y1, x2, y2] boxes (continuous pixels, no +1)."""
-    a = np.asarray(a, float).reshape(-1, 4)
-    b = np.asarray(b, float).reshape(-1, 4)
-    inter = _intersection(a, b)
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, EPS)
-
-
-def _intersection(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    w = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
-    h = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    return np.clip(w, 0, None) * np.clip(h, 0, None)
-
-
 def _time_key(t: float) -> int:
     """Times compared to the millisecond: a tracker's 55.000000001 is the ground truth's 55.0."""
     return round(float(t) * 1000)
@@ -153,7 +139,7 @@ def keep_off_ignore(gt: np.ndarray, pred: np.ndarray, ignore: np.ndarray,
         if iou[r, c] >= threshold - EPS:
             matched[r], on_gt[r] = True, c < len(gt)
     area = (pred[:, 2] - pred[:, 0]) * (pred[:, 3] - pred[:, 1])
-    mostly_inside = (_intersection(pred, ignore) / area[:, None]).max(axis=1) >= inside
+    mostly_inside = (intersection(pred, ignore) / area[:, None]).max(axis=1) >= inside
     # Matched to a ground-truth box: scored; matched to a region: dropped; matched to nothing: dropped if inside one.
     return on_gt | (~matched & ~mostly_inside)
 

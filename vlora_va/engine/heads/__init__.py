@@ -22,10 +22,10 @@ from vlora_va.engine.heads.action import (
                                           track_activity,
 )
 from vlora_va.engine.heads.base import HEAD_FORMAT, HEAD_FORMAT_VERSION, Clip, Head, build_head
-from vlora_va.engine.heads.detection import DetectionHead, batched_nms, box_iou, local_peaks
+from vlora_va.engine.heads.detection import DetectionHead, batched_nms, local_peaks
 from vlora_va.engine.heads.features import Features
 
 __all__ = ["ACTIVITY_FROM", "BOX_FLOOR", "DECODE_ONLY", "LINK_IOU", "PERSON_FIELDS", "ActionHead", "extend_track",
            "link_index_pairs", "middle_frames", "person_tracks", "track_activity", "HEAD_FORMAT",
-           "HEAD_FORMAT_VERSION", "Clip", "Head", "build_head", "DetectionHead", "batched_nms", "box_iou",
+           "HEAD_FORMAT_VERSION", "Clip", "Head", "build_head", "DetectionHead", "batched_nms",
            "local_peaks", "Features"]

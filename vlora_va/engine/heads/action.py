@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlora_va.contracts.geometry import Letterbox, pair_iou
+from vlora_va.contracts.boxes import iou_matrix
+from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.results import ActivityResult, PersonActivity
 from vlora_va.engine.heads.base import Clip, Head
 from vlora_va.engine.heads.detection import DetectionHead, _first_per_group, local_peaks
@@ -260,15 +261,16 @@ def middle_frames(clips: int, clip_len: int, device: torch.device | None = None)
 def link_index_pairs(first: list, second: list, min_iou: float) -> list[tuple[int | None, int | None]]:
     """Boxes of one frame (best first) and of the next -> one (index in first, index in second) per person: each
     first box in turn takes the free second box it overlaps most (IoU >= min_iou), or none (None); then the
-    second boxes no first box took, each alone."""
+    second boxes no first box took, each alone. Best first, not best pair first (training.actions.track): a box goes
+    to the likelier person, so a person below the threshold never takes one from a person above it."""
+    overlap = iou_matrix(first, second)
     free = set(range(len(second)))
     people: list[tuple[int | None, int | None]] = []
-    for i, box in enumerate(first):
+    for i in range(len(first)):
         best, j = min_iou, None
         for k in sorted(free):
-            o = pair_iou(box, second[k])
-            if o >= best:
-                best, j = o, k
+            if overlap[i, k] >= best:
+                best, j = overlap[i, k], k
         free.discard(j)
         people.append((i, j))
     return people + [(None, k) for k in sorted(free)]
@@ -312,8 +314,8 @@ def extend_track(track: dict[int, list[float]], frames: list[list[tuple]],
         f = min(track) if step < 0 else max(track)
         while 0 <= f + step < len(frames):
             best, pick = LINK_IOU, None
-            for x, (box, _) in enumerate(frames[f + step]):
-                o = pair_iou(track[f], box)
+            overlap = iou_matrix([track[f]], [box for box, _ in frames[f + step]])[0]
+            for x, o in enumerate(overlap):
                 if x not in taken[f + step] and o >= best:
                     best, pick = o, x
             if pick is None:

@@ -2,7 +2,8 @@
 joined by a small convolution branch on the input image, `detail`). Each cell predicts per-class centre scores and
 the distances (left, top, right, bottom) from the cell centre to the box sides in model pixels. Decoding keeps 3×3
 local maxima above the score threshold, then class-wise NMS, then maps boxes back to original-frame pixels through
-the letterbox. The box operations it decodes with (peaks, IoU, NMS) are here too.
+the letterbox. Peak picking and the class-wise NMS it decodes with are here too (on the device; the IoU and the
+greedy suppression they use are contracts.boxes').
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlora_va.contracts.boxes import greedy_keep, iou_matrix
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.results import Detection, DetectionResult, FrameDetections
 from vlora_va.engine.heads.appearance import appearance_embeddings
@@ -164,30 +166,14 @@ def local_peaks(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     return (scores == F.max_pool2d(scores, 3, stride=1, padding=1)) & (scores >= threshold)
 
 
-def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """IoU matrix [len(a), len(b)] of x1y1x2y2 boxes."""
-    area_a = (a[:, 2] - a[:, 0]).clamp(min=0) * (a[:, 3] - a[:, 1]).clamp(min=0)
-    area_b = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
-    lt = torch.maximum(a[:, None, :2], b[None, :, :2])
-    rb = torch.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = (rb - lt).clamp(min=0).prod(-1)
-    return inter / (area_a[:, None] + area_b[None, :] - inter).clamp(min=1e-9)
-
-
 def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou: float) -> torch.Tensor:
     """Indices kept by class-wise greedy NMS, highest score first (torchvision's nms, without torchvision).
     As a plain loop: walk the boxes best first; keep a box unless a kept box of its class overlaps it by more
     than `iou`. Computed on the boxes' device as the fixed point of keep[j] = no kept i < j suppresses j
-    (Cluster-NMS: the same result as the loop, a few matrix steps instead of one host step per box)."""
+    (contracts.boxes.greedy_keep: the same result as the loop, a few matrix steps instead of one host step per box)."""
     order = scores.argsort(descending=True)
     if order.numel() == 0:
         return order
     b, c = boxes[order], classes[order]
-    over = ((box_iou(b, b) > iou) & (c[:, None] == c[None, :])).triu(1)  # over[i, j]: better i would suppress j
-    keep = torch.ones(order.numel(), dtype=torch.bool, device=b.device)
-    for _ in range(order.numel()):
-        new = ~(over & keep[:, None]).any(0)
-        if torch.equal(new, keep):
-            break
-        keep = new
-    return order[keep]
+    over = ((iou_matrix(b, b, torch) > iou) & (c[:, None] == c[None, :])).triu(1)  # better i would suppress j
+    return order[greedy_keep(over)]
