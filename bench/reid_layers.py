@@ -39,7 +39,7 @@ from vlora_va.engine.heads.appearance import box_embeddings, colour_histograms  
 from vlora_va.engine.heads.features import token_grid  # noqa: E402
 from vlora_va.testing.host import cpu_name  # noqa: E402
 from vlora_va.training.evaluate import merged_backbone  # noqa: E402
-from vlora_va.training.frames import model_input, read_frames  # noqa: E402
+from vlora_va.training.frames import letterboxed_batch, read_frames  # noqa: E402
 from vlora_va.training.track_metrics import identity_truth  # noqa: E402
 
 VIDEO = ROOT / "sample_videos" / "pedestrians.mp4"
@@ -84,7 +84,7 @@ def main() -> int:
     with torch.inference_mode():
         for i in range(0, len(frames), 8):
             batch = frames[i:i + 8]
-            pixels, lbs = model_input(batch, SIDE)
+            pixels, lbs = letterboxed_batch(batch, SIDE)
             grids = {l: token_grid(lower(model, pixels, l), SIDE, 14) for l in LAYERS if l != "last"}
             grids["last"] = token_grid(upper(model, lower(model, pixels, 0), 0), SIDE, 14)
             for j, f in enumerate(batch):

@@ -108,7 +108,7 @@ def embed(frames: list, boxes: dict[str, list], layer: int = EMBED_LAYER, side: 
     from vlora_va.engine.backends.torch_eager import lower
     from vlora_va.engine.heads.appearance import appearance_embeddings
     from vlora_va.engine.heads.features import token_grid
-    from vlora_va.training.frames import model_input
+    from vlora_va.training.frames import letterboxed_batch
 
     model = load_backbone("dinov2-small")
     patch = patch_size(model)
@@ -116,7 +116,7 @@ def embed(frames: list, boxes: dict[str, list], layer: int = EMBED_LAYER, side: 
     with torch.inference_mode():
         for i in range(0, len(frames), 8):
             batch = frames[i:i + 8]
-            pixels, lbs = model_input(batch, side)
+            pixels, lbs = letterboxed_batch(batch, side)
             grid = token_grid(lower(model, pixels, layer), side, patch)
             for j, f in enumerate(batch):
                 key = f"{f.t:.1f}"
@@ -206,7 +206,7 @@ def views_accuracy(adapter_dir: Path, kinds: list[str]) -> list[dict]:
     from vlora_va.engine.adapters import load_adapter_dir
     from vlora_va.engine.backbones import load_backbone
     from vlora_va.training.evaluate import detection_predictions, merged_backbone
-    from vlora_va.training.frames import Frame
+    from vlora_va.training.frames import TrainingFrame
     from vlora_va.training.views import EVAL_VIEWS
 
     truth = identity_truth()
@@ -216,7 +216,7 @@ def views_accuracy(adapter_dir: Path, kinds: list[str]) -> list[dict]:
     model = None
     for vname, view in EVAL_VIEWS.items():
         cache = VIEWS_CACHE / f"{vname}-{adapter.sha256[:12]}.json"
-        frames = [Frame(f.video, f.t, view.apply(f.rgb, seed=i)[0], vname) for i, f in enumerate(source)]
+        frames = [TrainingFrame(f.video, f.t, view.apply(f.rgb, seed=i)[0], vname) for i, f in enumerate(source)]
         described = json.loads(json.dumps(view.describe()))  # as the cache holds it (tuples become lists)
         if cache.exists() and json.loads(cache.read_text()).get("view") == described:
             dets = json.loads(cache.read_text())

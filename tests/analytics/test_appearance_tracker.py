@@ -33,11 +33,11 @@ def looks():
     from vlora_va.engine.backends.torch_eager import lower
     from vlora_va.engine.heads.appearance import EMBED_LAYER, appearance_embeddings
     from vlora_va.engine.heads.features import token_grid
-    from vlora_va.training.frames import model_input, read_frames
+    from vlora_va.training.frames import letterboxed_batch, read_frames
 
     model = load_backbone("dinov2-small")
     frames = [f for f in read_frames(PEDESTRIANS, 55.0, 57.05) if round(f.t * 2) == f.t * 2]
-    pixels, lbs = model_input(frames, 336)
+    pixels, lbs = letterboxed_batch(frames, 336)
     with torch.inference_mode():
         grid = token_grid(lower(model, pixels, EMBED_LAYER), 336, 14)
     out = {name: [] for name in CROPS}

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from vlora_va.training.augment import crop_window, zoom_views
-from vlora_va.training.frames import Frame
+from vlora_va.training.frames import TrainingFrame
 
 
 def frame(t=1.0):
     rng = np.random.default_rng(int(t * 10))
-    return Frame("cam", t, rng.integers(0, 255, (120, 160, 3), dtype=np.uint8))
+    return TrainingFrame("cam", t, rng.integers(0, 255, (120, 160, 3), dtype=np.uint8))
 
 
 def test_crops_are_regions_of_the_frame_at_its_aspect_within_the_scale():

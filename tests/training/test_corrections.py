@@ -9,7 +9,7 @@ import pytest
 from vlora_va.contracts.boxes import pair_iou
 from vlora_va.training.augment import crop_window
 from vlora_va.training.corrections import CorrectionsError, Fix, apply_fix, load_corrections
-from vlora_va.training.frames import Frame
+from vlora_va.training.frames import TrainingFrame
 from vlora_va.training.spec import SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ def frame(view=""):
     if view:
         x0, y0, w, h = crop_window(view)
         rgb = rgb[y0:y0 + h, x0:x0 + w]
-    return Frame("cam", 2.5, rgb, view=view)
+    return TrainingFrame("cam", 2.5, rgb, view=view)
 
 
 def label(box, cls="person", score=0.6, ignore=False):
@@ -72,7 +72,7 @@ def test_hand_boxes_under_the_sources_min_height_are_dont_care():
 
 def test_an_unknown_view_has_no_fix():
     with pytest.raises(CorrectionsError, match="no hand fix for a view of kind 'flip'"):
-        apply_fix([], Frame("cam", 2.5, np.zeros((4, 4, 3), np.uint8), view="flip"), Fix(), "person")
+        apply_fix([], TrainingFrame("cam", 2.5, np.zeros((4, 4, 3), np.uint8), view="flip"), Fix(), "person")
 
 
 def write(tmp_path, frames, **top):
@@ -84,9 +84,9 @@ def write(tmp_path, frames, **top):
 def test_the_file_loads_by_frame_time_and_video(tmp_path):
     fixes = load_corrections(write(tmp_path, {"2.5": {"remove": [MERGED], "add": [LEFT, RIGHT]}, "3.0": {}}))
     assert fixes.cls == "person" and set(fixes.frames) == {2.5, 3.0}
-    assert fixes.fix_for(Frame("pedestrians", 2.5, np.zeros((1, 1, 3), np.uint8))).add == (tuple(LEFT), tuple(RIGHT))
-    assert fixes.fix_for(Frame("pedestrians", 3.0, np.zeros((1, 1, 3), np.uint8))) == Fix()
-    assert fixes.fix_for(Frame("bikes", 2.5, np.zeros((1, 1, 3), np.uint8))) is None
+    assert fixes.fix_for(TrainingFrame("pedestrians", 2.5, np.zeros((1, 1, 3), np.uint8))).add == (tuple(LEFT), tuple(RIGHT))
+    assert fixes.fix_for(TrainingFrame("pedestrians", 3.0, np.zeros((1, 1, 3), np.uint8))) == Fix()
+    assert fixes.fix_for(TrainingFrame("bikes", 2.5, np.zeros((1, 1, 3), np.uint8))) is None
 
 
 @pytest.mark.parametrize("frames, words", [
@@ -176,13 +176,13 @@ def test_an_adapter_names_its_corrections_from_its_own_folder_and_eval_finds_the
     from vlora_va.engine.adapters import Adapter
     from vlora_va.training.evaluate import sources_of
     from vlora_va.training.runner import _record_sources
-    from vlora_va.training.spec import Source
+    from vlora_va.training.spec import SourceSpec
 
     fixes = write(tmp_path, {"2.5": {}})
     out = tmp_path / "adapters" / "detect"
     out.mkdir(parents=True)
     (out / "head_config.json").write_text("{}")
-    _record_sources(out, [Source("person", "centernet", ["person"], options={"corrections": str(fixes), "tiles": 2})])
+    _record_sources(out, [SourceSpec("person", "centernet", ["person"], options={"corrections": str(fixes), "tiles": 2})])
     saved = json.loads((out / "head_config.json").read_text())["label_sources"][0]["options"]
     assert saved == {"corrections": "../../fix.json", "tiles": 2}  # no machine path in the adapter
     adapter = Adapter("detect", out, 8, 2.0, {}, torch.nn.Identity(), json.loads((out / "head_config.json").read_text()))

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from vlora_va.training.frame_picking import LEAK_MARGIN_S, away_from, pick_diverse
-from vlora_va.training.frames import Frame
+from vlora_va.training.frames import TrainingFrame
 
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO = ROOT / "sample_videos" / "pedestrians.mp4"
 
 
-def synthetic(n_still: int, n_moving: int) -> list[Frame]:
+def synthetic(n_still: int, n_moving: int) -> list[TrainingFrame]:
     """n_still identical grey frames, then n_moving frames with a white square moving across."""
     frames = []
     for i in range(n_still + n_moving):
@@ -24,7 +24,7 @@ def synthetic(n_still: int, n_moving: int) -> list[Frame]:
         if i >= n_still:
             x = 4 * (i - n_still) % 110
             rgb[20:50, x:x + 16] = 255
-        frames.append(Frame("syn", round(i * 0.25, 3), rgb))
+        frames.append(TrainingFrame("syn", round(i * 0.25, 3), rgb))
     return frames
 
 
@@ -41,7 +41,7 @@ def test_pick_diverse_spends_its_picks_where_the_picture_changes():
 
 
 def test_no_frame_within_a_second_of_a_human_checked_frame():
-    frames = [Frame("v", round(t, 3), np.zeros((2, 2, 3), np.uint8)) for t in np.arange(0, 20, 0.25)]
+    frames = [TrainingFrame("v", round(t, 3), np.zeros((2, 2, 3), np.uint8)) for t in np.arange(0, 20, 0.25)]
     marks = [5.0, 12.5]
     kept = away_from(frames, marks)
     assert all(min(abs(f.t - m) for m in marks) > LEAK_MARGIN_S for f in kept)
@@ -118,7 +118,7 @@ def test_every_spec_training_split_keeps_away_from_human_frames():
     from vlora_va.training.frame_picking import shipped_human_times
     from vlora_va.training.pipeline import away_from_human
 
-    frames = [Frame(v, round(t, 3), np.zeros((2, 2, 3), np.uint8)) for v in ("bikes", "other", "bikes")
+    frames = [TrainingFrame(v, round(t, 3), np.zeros((2, 2, 3), np.uint8)) for v in ("bikes", "other", "bikes")
               for t in np.arange(4, 10, 0.5)]
     kept = away_from_human(frames)
     marks = shipped_human_times("bikes")

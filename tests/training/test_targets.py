@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vlora_va.engine.heads import ActionHead, DetectionHead, Features
-from vlora_va.training.frames import letterbox, letterbox_params, model_input
+from vlora_va.training.frames import letterbox, letterbox_params, letterboxed_batch
 from vlora_va.training.metrics import person_activity_report
 from vlora_va.training.targets import build_targets, detection_loss, middle_frame_targets, person_loss, person_targets
 
@@ -18,7 +18,7 @@ def test_letterbox_is_centred_and_padded_with_114():
     assert out.shape == (224, 224, 3) and lb.scale == 224 / 200 and lb.pad_x == 0 and lb.pad_y == (224 - 112) // 2
     assert (out[0] == 114).all() and (out[112] == 0).all()
     assert letterbox_params(200, 100, 224) == lb
-    x, _ = model_input([type("F", (), {"rgb": img})()], 224)
+    x, _ = letterboxed_batch([type("F", (), {"rgb": img})()], 224)
     assert x.shape == (1, 3, 224, 224)
 
 

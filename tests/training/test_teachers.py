@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from vlora_va.training.frames import Frame
+from vlora_va.training.frames import TrainingFrame
 from vlora_va.training.teachers import (
     COCO80,
     CenterNetTeacher,
@@ -31,14 +31,14 @@ class CountingTeacher(Teacher):
 
 
 def frames(n=3):
-    return [Frame("vid", i * 0.5, np.zeros((8, 8, 3), np.uint8)) for i in range(n)]
+    return [TrainingFrame("vid", i * 0.5, np.zeros((8, 8, 3), np.uint8)) for i in range(n)]
 
 
 def _label_into(root, first, n):
     """One process of several labelling into one cache (seeds trained side by side): save after every frame."""
     cache = LabelCache(root, "shared")
     for i in range(first, first + n):
-        cache.put(Frame("vid", i * 0.1, np.zeros((1, 1, 3), np.uint8)), [{"i": i}])
+        cache.put(TrainingFrame("vid", i * 0.1, np.zeros((1, 1, 3), np.uint8)), [{"i": i}])
         cache.save()
 
 

@@ -15,16 +15,16 @@ from vlora_va.engine.heads import Features
 from vlora_va.training import train as T
 from vlora_va.training.evaluate import merged_backbone
 from vlora_va.training.features import FeatureCache, full_hidden, lower_hidden, upper_hidden
-from vlora_va.training.frames import Frame, model_input
+from vlora_va.training.frames import TrainingFrame, letterboxed_batch
 from vlora_va.training.pipeline import Split, train_detection
-from vlora_va.training.spec import LoraSpec, Source, Spec, TrainSpec
+from vlora_va.training.spec import LoraSpec, SourceSpec, Spec, TrainSpec
 
 SIDE = 56
 
 
 def frames(n=6):
     rng = np.random.default_rng(0)
-    return [Frame("synthetic", i / 10, rng.integers(0, 255, (60, 80, 3), dtype=np.uint8)) for i in range(n)]
+    return [TrainingFrame("synthetic", i / 10, rng.integers(0, 255, (60, 80, 3), dtype=np.uint8)) for i in range(n)]
 
 
 class OpensAFile:
@@ -44,14 +44,14 @@ def labelled_split(fr):
 
 def spec_for(tmp_path, backbone, layers, epochs=2):
     return Spec(name="tiny", task="detection", output=tmp_path / "out", backbone=backbone, image_size=SIDE,
-                sources=[Source("person", "centernet", ["person"])], cache_dir=tmp_path / "cache",
+                sources=[SourceSpec("person", "centernet", ["person"])], cache_dir=tmp_path / "cache",
                 lora=LoraSpec(rank=4, alpha=8, layers=layers),
                 opts=TrainSpec(epochs=epochs, batch=4, ckpt_every=1, threads=1))
 
 
 def test_split_forward_equals_full_forward(tiny_backbone):
     model = T.build_model(tiny_backbone, LoraSpec(layers=[]))
-    x, _ = model_input(frames(2), SIDE)
+    x, _ = letterboxed_batch(frames(2), SIDE)
     with torch.no_grad():
         ref = model(pixel_values=x).last_hidden_state
         assert torch.allclose(upper_hidden(model, lower_hidden(model, x, 1), 1), ref, atol=1e-5)
@@ -176,7 +176,7 @@ def test_train_resume_save_load_and_merge(tiny_backbone, tmp_path):
     adapter = load_adapter_dir("tiny", out, 32)
     assert adapter.head_config["classes"] == ["person"] and adapter.head.score_threshold == 0.3
     # the merged backbone (what eval and the engine's merged mode serve) equals peft's unmerged forward
-    x, _ = model_input(split.frames[:2], SIDE)
+    x, _ = letterboxed_batch(split.frames[:2], SIDE)
     with torch.no_grad():
         peft_out = upper_hidden(first.model, lower_hidden(first.model, x, 1), 1)
         merged_out = full_hidden(merged_backbone(tiny_backbone, adapter), x)
@@ -237,7 +237,7 @@ def test_action_training_with_persons_saves_a_head_that_reloads(tiny_backbone, t
                    persons=[walker, still, walker, []], seen=[[], [], [], [[10, 10, 30, 50]]], frame_boxes=frame_boxes,
                    side=SIDE)
     spec = Spec(name="tiny-act", task="action", output=tmp_path / "out", backbone=tiny_backbone, image_size=SIDE,
-                clip_len=2, sources=[Source("activity", "activity")], cache_dir=tmp_path / "cache",
+                clip_len=2, sources=[SourceSpec("activity", "activity")], cache_dir=tmp_path / "cache",
                 lora=LoraSpec(rank=4, alpha=8, layers=[1]), opts=TrainSpec(epochs=2, batch=2, ckpt_every=1),
                 head={"motion": True, "width": 4, "spatial": "local", "persons": True,
                       **({"boxes": boxes, "box_width": 8} if boxes else {}), **({"detail": detail} if detail else {})})
@@ -291,7 +291,7 @@ def test_reversed_clips_add_the_rare_classes_played_backwards(tiny_backbone, tmp
     labels = _action_labels(cs, persons=True, reverse=True)
     assert {"walking_away", "walking_right", "walking_toward", "walking_left"} <= set(labels)
     spec = Spec(name="tiny-rev", task="action", output=tmp_path / "out", backbone=tiny_backbone, image_size=SIDE,
-                clip_len=2, sources=[Source("activity", "activity")], cache_dir=tmp_path / "cache",
+                clip_len=2, sources=[SourceSpec("activity", "activity")], cache_dir=tmp_path / "cache",
                 lora=LoraSpec(layers=[]), opts=TrainSpec(epochs=1, batch=1, reverse=True, flip=False),
                 head={"motion": True, "width": 4, "spatial": "local", "persons": True})
     P.cache_clip_features(spec, cs, 2, flip=False, progress=False)
@@ -310,7 +310,7 @@ def test_training_under_either_naming_writes_the_same_adapter(tiny_backbone, tmp
     from vlora_va.training.pipeline import save_detection
 
     files, outputs = {}, {}
-    x, _ = model_input(frames(2), SIDE)
+    x, _ = letterboxed_batch(frames(2), SIDE)
     for naming in ("canonical", "legacy"):
         def backbone(name, naming=naming):
             return as_naming(load_backbone(name), naming)
@@ -346,7 +346,7 @@ def test_frozen_layers_then_the_norm_equal_the_upper_layers(tiny_backbone):
     from vlora_va.training.features import frozen_layers
 
     model = T.build_model(tiny_backbone, LoraSpec(layers=[]))
-    x, _ = model_input(frames(3), SIDE)
+    x, _ = letterboxed_batch(frames(3), SIDE)
     with torch.no_grad():
         lower = lower_hidden(model, x, 1)
         last = num_blocks(model)
@@ -377,7 +377,7 @@ def test_frozen_lora_and_box_head_stay_as_loaded_while_the_activity_branches_lea
                    frame_boxes=[[[[10, 10, 30, 50]]] * 2, [[[40, 5, 60, 45]]] * 2, [[], []]], side=SIDE)
     frozen = dataclasses.replace(lora, init_from=str(tmp_path / "det"))
     spec = Spec(name="tiny-frozen", task="action", output=tmp_path / "out", backbone=tiny_backbone, image_size=SIDE,
-                clip_len=2, sources=[Source("activity", "activity")], cache_dir=tmp_path / "cache", lora=frozen,
+                clip_len=2, sources=[SourceSpec("activity", "activity")], cache_dir=tmp_path / "cache", lora=frozen,
                 opts=TrainSpec(epochs=2, batch=2, ckpt_every=1, flip=False, freeze=["lora", "box_head"]),
                 head={"motion": True, "width": 4, "spatial": "local", "persons": True, "boxes": 2, "box_width": 8},
                 box_head_from=tmp_path / "det")

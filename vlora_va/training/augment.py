@@ -14,11 +14,11 @@ import zlib
 
 import numpy as np
 
-from vlora_va.training.frames import Frame
+from vlora_va.training.frames import TrainingFrame
 
 
-def zoom_views(frames: list[Frame], per_frame: int, scale: tuple[float, float] = (0.4, 0.7),
-               seed: int = 0) -> list[Frame]:
+def zoom_views(frames: list[TrainingFrame], per_frame: int, scale: tuple[float, float] = (0.4, 0.7),
+               seed: int = 0) -> list[TrainingFrame]:
     """`per_frame` crops of each frame, each `s` × the frame's width and height (s uniform in `scale`, so the
     aspect ratio and the letterbox stay those of the video) at a uniform random position. Deterministic per
     (frame, seed): the same crops, teacher labels and cached features come back on every run."""
@@ -34,12 +34,12 @@ def zoom_views(frames: list[Frame], per_frame: int, scale: tuple[float, float] =
             cw, ch = max(1, round(w * s)), max(1, round(h * s))
             x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
             crop = np.ascontiguousarray(f.rgb[y0:y0 + ch, x0:x0 + cw])
-            views.append(Frame(f.video, f.t, crop, view=f"crop{x0},{y0},{cw}x{ch}"))
+            views.append(TrainingFrame(f.video, f.t, crop, view=f"crop{x0},{y0},{cw}x{ch}"))
     return views
 
 
-def camera_views(frames: list[Frame], labels: dict[str, dict[str, list[dict]]], per_frame: int,
-                 seed: int = 0) -> tuple[list[Frame], dict[str, dict[str, list[dict]]]]:
+def camera_views(frames: list[TrainingFrame], labels: dict[str, dict[str, list[dict]]], per_frame: int,
+                 seed: int = 0) -> tuple[list[TrainingFrame], dict[str, dict[str, list[dict]]]]:
     """`per_frame` views of each frame through a random other camera (views.random_view), and every source's
     labels carried through the view's geometry: the teacher labelled the clean frame, where it sees best; asked
     on a dark, noisy view it would miss people, and the student would learn to miss them too. A box with less
@@ -47,14 +47,14 @@ def camera_views(frames: list[Frame], labels: dict[str, dict[str, list[dict]]], 
     a false alarm). Deterministic per (frame, seed, i). Returns (view frames, {source: {view key: labels}})."""
     from vlora_va.training.views import random_view
 
-    out_frames: list[Frame] = []
+    out_frames: list[TrainingFrame] = []
     out_labels: dict[str, dict[str, list[dict]]] = {name: {} for name in labels}
     for f in frames:
         for i in range(per_frame):
             rng = np.random.default_rng([zlib.crc32(f.key.encode()), seed, i])
             view = random_view(rng)
             rgb, _, _ = view.apply(f.rgb, None, seed=int(rng.integers(1 << 31)))
-            vf = Frame(f.video, f.t, rgb, view=f"cam{seed}-{i}")
+            vf = TrainingFrame(f.video, f.t, rgb, view=f"cam{seed}-{i}")
             out_frames.append(vf)
             for name, per_key in labels.items():
                 out_labels[name][vf.key] = _carried(per_key.get(f.key, []), view, f.size)

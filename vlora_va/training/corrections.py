@@ -26,7 +26,7 @@ from pathlib import Path
 
 from vlora_va.contracts.boxes import pair_iou
 from vlora_va.training.augment import crop_window
-from vlora_va.training.frames import Frame
+from vlora_va.training.frames import TrainingFrame
 
 REMOVE_IOU = 0.9  # a "remove" entry names one teacher box of the whole frame, copied from the teacher's output
 CROP_MATCH_IOU = 0.4  # on a crop the teacher sees people larger: its box for a fixed person is only near ours
@@ -50,7 +50,7 @@ class Corrections:
     cls: str
     frames: dict[float, Fix]  # media time (s) -> the fix of that frame
 
-    def fix_for(self, frame: Frame) -> Fix | None:
+    def fix_for(self, frame: TrainingFrame) -> Fix | None:
         if frame.video != self.video:
             return None
         return self.frames.get(round(frame.t, 3))
@@ -93,7 +93,7 @@ def _label(box, cls: str, ignore: bool) -> dict:
     return {"box": [float(v) for v in box], "class": cls, "score": 1.0, "ignore": ignore, "hand": True}
 
 
-def apply_fix(labels: list[dict], frame: Frame, fix: Fix, cls: str, min_height: float = 0.0) -> list[dict]:
+def apply_fix(labels: list[dict], frame: TrainingFrame, fix: Fix, cls: str, min_height: float = 0.0) -> list[dict]:
     """`labels` (one source's labels of `frame`, with ignore flags) with the hand fix applied.
 
     Whole frame: each "remove" box must match one teacher box of `cls` (IoU >= REMOVE_IOU), or the file was

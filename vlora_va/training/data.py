@@ -10,8 +10,8 @@ import numpy as np
 from vlora_va.ingest.chunker import spread
 from vlora_va.training.actions import main_subject, person_activities
 from vlora_va.training.corrections import apply_fix, load_corrections
-from vlora_va.training.frames import Frame, iter_frames, read_frames
-from vlora_va.training.spec import Range, Source, Spec
+from vlora_va.training.frames import TrainingFrame, iter_frames, read_frames
+from vlora_va.training.spec import Range, SourceSpec, Spec
 from vlora_va.training.teachers import (
     HaarTeacher,
     HogPeopleTeacher,
@@ -27,7 +27,7 @@ def label_cache_dir(spec: Spec) -> Path:
     return spec.cache_dir / "labels" if spec.cache_dir else default_cache_dir()
 
 
-def make_teacher(source: Source, spec: Spec) -> Teacher:
+def make_teacher(source: SourceSpec, spec: Spec) -> Teacher:
     """The detector behind a source, filtering at `ignore_below` (weaker boxes are dropped entirely)."""
     o = source.options
     if source.kind in ("centernet", "nanodet", "fused", "activity"):
@@ -46,7 +46,7 @@ def make_teacher(source: Source, spec: Spec) -> Teacher:
     raise ValueError(f"source {source.name!r}: kind {source.kind!r} has no teacher")
 
 
-def mark_ignore(labels: list[dict], source: Source) -> list[dict]:
+def mark_ignore(labels: list[dict], source: SourceSpec) -> list[dict]:
     """Boxes below the source's score threshold or min height become "don't care" regions."""
     out = []
     for lab in labels:
@@ -55,11 +55,11 @@ def mark_ignore(labels: list[dict], source: Source) -> list[dict]:
     return out
 
 
-def frames_of(ranges: list[Range]) -> list[Frame]:
+def frames_of(ranges: list[Range]) -> list[TrainingFrame]:
     return [f for r in ranges for f in read_frames(r.video, r.start, r.end, r.step)]
 
 
-def detection_labels(source: Source, frames: list[Frame], spec: Spec, progress: bool = True) -> dict[str, list[dict]]:
+def detection_labels(source: SourceSpec, frames: list[TrainingFrame], spec: Spec, progress: bool = True) -> dict[str, list[dict]]:
     """{frame key: labels of this source's classes, with ignore flags}."""
     if source.kind == "coco":
         data = load_coco_json(Path(source.options["path"]), source.classes or None)
@@ -87,10 +87,10 @@ def merge_labels(*per_source: dict[str, list[dict]]) -> dict[str, list[dict]]:
 
 
 @dataclass
-class Clip:
+class LabelledClip:
     video: str
     start: float
-    frames: list[Frame]  # the clip_len frames the model sees
+    frames: list[TrainingFrame]  # the clip_len frames the model sees
     label: str  # the main subject's activity (actions.py)
     info: dict
     persons: list[dict] = field(default_factory=list)  # every labelled person: activity + mean box (original px)
@@ -110,7 +110,7 @@ def pick(n: int, k: int) -> list[int]:
     return list(spread(n, k)) if n >= k else [min(i, n - 1) for i in range(k)]
 
 
-def activity_clips(source: Source, ranges: list[Range], spec: Spec, progress: bool = True) -> list[Clip]:
+def activity_clips(source: SourceSpec, ranges: list[Range], spec: Spec, progress: bool = True) -> list[LabelledClip]:
     """1-s clips every `step` seconds (default 1) of each range, labelled by the tracking rule in actions.py."""
     teacher = make_teacher(source, spec)
     clips = []
@@ -130,29 +130,29 @@ def activity_clips(source: Source, ranges: list[Range], spec: Spec, progress: bo
                 picked = pick(len(window), spec.clip_len)
                 frame_boxes = [[b["box"] for b in boxes[i]
                                 if b["class"] == "person" and b["score"] >= source.score_threshold] for i in picked]
-                clips.append(Clip(window[0].video, t0, [window[i] for i in picked], info.pop("label"), info, people,
+                clips.append(LabelledClip(window[0].video, t0, [window[i] for i in picked], info.pop("label"), info, people,
                                   seen, frame_boxes))
             t0 = round(t0 + step, 6)
         del frames  # only the clips' frames keep their pixels
     return clips
 
 
-def manifest_clips(source: Source, ranges: list[Range], spec: Spec) -> list[Clip]:
+def manifest_clips(source: SourceSpec, ranges: list[Range], spec: Spec) -> list[LabelledClip]:
     """Clips from a JSON-Lines manifest, restricted to the given ranges' videos and times."""
     clips = []
     for c in load_clip_manifest(Path(source.options["path"])):
         for r in ranges:
             if r.video.stem == c["video"] and c["start"] >= r.start and (r.end is None or c["end"] <= r.end):
                 frames = read_frames(r.video, c["start"], c["end"])
-                clips.append(Clip(c["video"], c["start"], [frames[i] for i in pick(len(frames), spec.clip_len)],
+                clips.append(LabelledClip(c["video"], c["start"], [frames[i] for i in pick(len(frames), spec.clip_len)],
                                   c["label"], {}))
     return clips
 
 
-def frame_lookup(clips: list[Clip]) -> tuple[list[Frame], list[list[int]]]:
+def frame_lookup(clips: list[LabelledClip]) -> tuple[list[TrainingFrame], list[list[int]]]:
     """Unique frames of the clips (for feature caching) and each clip's indices into them."""
     index: dict[str, int] = {}
-    frames: list[Frame] = []
+    frames: list[TrainingFrame] = []
     per_clip = []
     for c in clips:
         ids = []

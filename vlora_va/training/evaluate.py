@@ -41,7 +41,7 @@ from vlora_va.training.data import (
     pick,
 )
 from vlora_va.training.features import full_hidden
-from vlora_va.training.frames import Frame, iter_frames, model_input
+from vlora_va.training.frames import TrainingFrame, iter_frames, letterboxed_batch
 from vlora_va.training.metrics import (
     action_report,
     detection_report,
@@ -49,7 +49,7 @@ from vlora_va.training.metrics import (
     person_activity_iou_report,
     person_activity_report,
 )
-from vlora_va.training.spec import Range, Source, Spec
+from vlora_va.training.spec import Range, SourceSpec, Spec
 from vlora_va.training.teachers import frame_key
 
 HUMAN_SET = Path(__file__).resolve().parents[2] / "adapters" / "eval" / "human-v1.json"
@@ -67,11 +67,11 @@ def merged_backbone(backbone: str, adapter: Adapter) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def features(model: torch.nn.Module, frames: list[Frame], side: int, batch: int = 8, keep_pixels: bool = False):
+def features(model: torch.nn.Module, frames: list[TrainingFrame], side: int, batch: int = 8, keep_pixels: bool = False):
     """Features of frames at side px; keep_pixels also keeps the model input (a head's detail branch reads it)."""
     out_cls, out_grid, out_pixels, lbs = [], [], [], []
     for i in range(0, len(frames), batch):
-        pixels, lb = model_input(frames[i:i + batch], side)
+        pixels, lb = letterboxed_batch(frames[i:i + batch], side)
         f = Features.from_hidden(full_hidden(model, pixels), side, patch_size(model))
         out_cls.append(f.cls)
         out_grid.append(f.grid)
@@ -81,16 +81,16 @@ def features(model: torch.nn.Module, frames: list[Frame], side: int, batch: int 
     return Features(torch.cat(out_cls), torch.cat(out_grid), torch.cat(out_pixels) if keep_pixels else None), lbs
 
 
-def sources_of(adapter: Adapter) -> list[Source]:
+def sources_of(adapter: Adapter) -> list[SourceSpec]:
     """The adapter's label sources; a hand corrections file is named from the adapter's folder (runner._record_sources)."""
-    sources = [Source(**s) for s in adapter.head_config.get("label_sources", [])]
+    sources = [SourceSpec(**s) for s in adapter.head_config.get("label_sources", [])]
     for s in sources:
         if s.options.get("corrections"):
             s.options = {**s.options, "corrections": str((adapter.path / s.options["corrections"]).resolve())}
     return sources
 
 
-def detection_predictions(adapter: Adapter, model: torch.nn.Module, frames: list[Frame]) -> dict[str, list[dict]]:
+def detection_predictions(adapter: Adapter, model: torch.nn.Module, frames: list[TrainingFrame]) -> dict[str, list[dict]]:
     """{frame key: every detection scoring >= 0.05} (the full ranking AP needs; F1 is read at a threshold)."""
     side = int(adapter.head_config.get("image_size", 224))
     head = adapter.head
@@ -103,7 +103,7 @@ def detection_predictions(adapter: Adapter, model: torch.nn.Module, frames: list
     return {f.key: p for f, p in zip(frames, preds)}
 
 
-def evaluate_detection_adapter(adapter: Adapter, backbone: str, frames: list[Frame], spec: Spec,
+def evaluate_detection_adapter(adapter: Adapter, backbone: str, frames: list[TrainingFrame], spec: Spec,
                                threshold: float | None = None, draw: Path | None = None,
                                model: torch.nn.Module | None = None) -> dict:
     sources = sources_of(adapter)
@@ -249,7 +249,7 @@ def load_human_set(path: str | Path = HUMAN_SET) -> HumanSet:
                     list(data.get("activities", [])))
 
 
-def human_frames(hs: HumanSet, r: Range) -> list[Frame]:
+def human_frames(hs: HumanSet, r: Range) -> list[TrainingFrame]:
     """The decoded frames of the set inside the range (decoded once, kept only where the set has labels)."""
     keys = set(hs.frame_keys(r))
     if not keys:
@@ -258,13 +258,13 @@ def human_frames(hs: HumanSet, r: Range) -> list[Frame]:
     return [f for f in iter_frames(r.video, r.start, last + 1e-3) if f.key in keys]
 
 
-def human_clip_frames(hs: HumanSet, r: Range, clip_len: int) -> tuple[list[dict], list[list[Frame]]]:
+def human_clip_frames(hs: HumanSet, r: Range, clip_len: int) -> tuple[list[dict], list[list[TrainingFrame]]]:
     """The set's clips inside the range and, per clip, the `clip_len` frames an adapter sees of its 1-s window
     (spread as in training and `vlora-va eval`: data.pick). Only the picked frames stay decoded."""
     clips = sorted(hs.clips_in(r), key=lambda c: c["start"])
     if not clips:
         return [], []
-    window: list[list[Frame]] = [[] for _ in clips]
+    window: list[list[TrainingFrame]] = [[] for _ in clips]
     for f in iter_frames(r.video, clips[0]["start"], max(c["end"] for c in clips)):
         for i, c in enumerate(clips):
             if c["start"] - 1e-6 <= f.t < c["end"] - 1e-6:
@@ -344,7 +344,7 @@ def _teacher_rule_persons(clips: list[dict], r: Range, spec: Spec) -> dict:
     the set's clips, scored like an adapter's persons (they all have score 1)."""
     from vlora_va.training.actions import PERSON_ACTIVITIES
 
-    source = Source(name="activity", kind="activity", score_threshold=TEACHER_LABEL_THRESHOLD)
+    source = SourceSpec(name="activity", kind="activity", score_threshold=TEACHER_LABEL_THRESHOLD)
     starts = sorted({c["start"] for c in clips})
     if all(abs((s - starts[0]) - round(s - starts[0])) < 1e-6 for s in starts):  # one decode for a 1-s grid
         ranged = [Range(r.video, starts[0], max(c["end"] for c in clips), 1.0)]

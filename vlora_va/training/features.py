@@ -17,7 +17,7 @@ from torch import nn
 from tqdm import tqdm
 
 from vlora_va.engine.backends.torch_eager import lower, middle, upper
-from vlora_va.training.frames import Frame, model_input
+from vlora_va.training.frames import TrainingFrame, letterboxed_batch
 
 
 @torch.no_grad()
@@ -51,11 +51,11 @@ class FeatureCache:
         self.tag = f"{Path(backbone_name).name}-s{image_size}-l{split}"
         self.image_size, self.split = image_size, split
 
-    def _file(self, frames: list[Frame], flip: bool) -> Path:
+    def _file(self, frames: list[TrainingFrame], flip: bool) -> Path:
         digest = hashlib.sha256("|".join(f.key for f in frames).encode()).hexdigest()[:16]
         return self.root / self.tag / f"{'flip-' if flip else ''}{digest}.pt"
 
-    def get(self, model: nn.Module, frames: list[Frame], flip: bool = False, batch: int = 8,
+    def get(self, model: nn.Module, frames: list[TrainingFrame], flip: bool = False, batch: int = 8,
             progress: bool = True) -> torch.Tensor:
         """[N, tokens, D] fp16 lower-layer features of frames, computed (and saved) if missing."""
         f = self._file(frames, flip)
@@ -64,7 +64,7 @@ class FeatureCache:
         out = []
         for i in tqdm(range(0, len(frames), batch), desc=f"caching {self.tag}{' flip' if flip else ''}",
                       disable=not progress):
-            pixels, _ = model_input(frames[i:i + batch], self.image_size, flip=flip)
+            pixels, _ = letterboxed_batch(frames[i:i + batch], self.image_size, flip=flip)
             out.append(lower_hidden(model, pixels, self.split).half())
         feats = torch.cat(out)
         f.parent.mkdir(parents=True, exist_ok=True)

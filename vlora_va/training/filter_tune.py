@@ -44,7 +44,7 @@ from vlora_va.engine.backbones import load_backbone
 from vlora_va.ingest.chunker import letterbox, plan_chunk
 from vlora_va.ingest.filtering import FrameFilter
 from vlora_va.training.evaluate import detection_predictions, features, merged_backbone
-from vlora_va.training.frames import Frame, iter_frames
+from vlora_va.training.frames import TrainingFrame, iter_frames
 
 # In the filter's unit (vlora_va/ingest/filtering.py: the most-changed block's mean grey difference): sensor noise
 # is about 0.5-2 on the sample cameras, a person a second apart 8 or more.
@@ -85,7 +85,7 @@ def stream_chunks(config: PipelineConfig, stream_id: str, start: float, end: flo
     send, per_task = plan_chunk(stream.frames_per_chunk, stream.tasks)
     picks = {t.name: [send[p] for p in positions] for t, positions in zip(stream.tasks, per_task)}
     n = stream.frames_per_chunk
-    chunk: list[Frame] = []
+    chunk: list[TrainingFrame] = []
     for f in iter_frames(stream.source, start, end, step=1.0 / stream.fps):
         chunk.append(f)
         if len(chunk) == n:
@@ -213,7 +213,7 @@ class TaskModel:
         self.threshold = float(head.score_threshold)
 
     @torch.no_grad()
-    def result(self, frames: list[Frame]):
+    def result(self, frames: list[TrainingFrame]):
         head = self.adapter.head
         if self.kind == "detection":
             by_key = detection_predictions(self.adapter, self.model, frames)

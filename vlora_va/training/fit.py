@@ -33,7 +33,7 @@ from vlora_va.training.frame_picking import (
     pick_diverse,
     shipped_human_times,
 )
-from vlora_va.training.frames import Frame
+from vlora_va.training.frames import TrainingFrame
 
 TRAIN_END, VAL_END = 0.7, 0.8  # fractions of the footage's time: train | validation | held out
 # Below this many validation frames the score threshold and NMS stay those of the adapter fit started from (chosen
@@ -73,9 +73,9 @@ class FitParts:
 
     video: str
     duration: float
-    train: list[Frame]
-    val: list[Frame]
-    held_out: list[Frame]
+    train: list[TrainingFrame]
+    val: list[TrainingFrame]
+    held_out: list[TrainingFrame]
     human: dict[str, list[dict]] = field(default_factory=dict)  # --human boxes of this video, by frame key
     human_times: list[float] = field(default_factory=list)
     candidates: int = 0
@@ -123,7 +123,7 @@ def _spec(opts: FitOptions, general):
     import re
 
     from vlora_va.engine.adapters import canonical_module_names, read_lora
-    from vlora_va.training.spec import LoraSpec, Source, Spec, TrainSpec
+    from vlora_va.training.spec import LoraSpec, SourceSpec, Spec, TrainSpec
 
     rank, scale, _, weights = read_lora(opts.start_from)
     cfg = general.head_config
@@ -131,7 +131,7 @@ def _spec(opts: FitOptions, general):
     layers = sorted({int(m.group(1)) for n in names if (m := re.search(r"layer\.(\d+)\.", n))})
     modules = sorted({n.rsplit(".", 1)[1] for n in names})
     head = {k: v for k, v in cfg["params"].items() if k not in ("image_size", "score_threshold", "nms_iou")}
-    source = Source("fused", "fused", list(cfg["classes"]), score_threshold=0.4, ignore_below=0.2, min_height=12,
+    source = SourceSpec("fused", "fused", list(cfg["classes"]), score_threshold=0.4, ignore_below=0.2, min_height=12,
                     options={"tiles": opts.tiles})
     return Spec(name=f"fit-{opts.out.name}", task="detection", output=opts.out, backbone=opts.backbone,
                 image_size=int(cfg["image_size"]), sources=[source],

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlora_va.training.frames import Frame, iter_frames
+from vlora_va.training.frames import TrainingFrame, iter_frames
 
 THUMB = (64, 36)  # width, height of the thumbnails compared (enough for motion, cheap to diff)
 LEAK_MARGIN_S = 1.0
@@ -29,13 +29,13 @@ def thumbnail(rgb: np.ndarray) -> np.ndarray:
     return cv2.resize(cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY), THUMB, interpolation=cv2.INTER_AREA).astype(np.float32)
 
 
-def change_between(frames: list[Frame]) -> np.ndarray:
+def change_between(frames: list[TrainingFrame]) -> np.ndarray:
     """[n]: the mean absolute grey-level change from each frame's predecessor (0 for the first)."""
     thumbs = [thumbnail(f.rgb) for f in frames]
     return np.array([0.0] + [float(np.abs(b - a).mean()) for a, b in zip(thumbs, thumbs[1:])])
 
 
-def pick_diverse(frames: list[Frame], n: int, min_gap_s: float = 0.5) -> list[Frame]:
+def pick_diverse(frames: list[TrainingFrame], n: int, min_gap_s: float = 0.5) -> list[TrainingFrame]:
     """About `n` frames (never more), in time order, with equal cumulative change between picks and at least
     `min_gap_s` between any two. The first frame is always picked. Deterministic."""
     if n < 1:
@@ -53,7 +53,7 @@ def pick_diverse(frames: list[Frame], n: int, min_gap_s: float = 0.5) -> list[Fr
     return picked
 
 
-def away_from(frames: list[Frame], times: list[float], margin_s: float = LEAK_MARGIN_S) -> list[Frame]:
+def away_from(frames: list[TrainingFrame], times: list[float], margin_s: float = LEAK_MARGIN_S) -> list[TrainingFrame]:
     """The frames more than `margin_s` seconds from every time in `times` (human-checked frames of this video)."""
     if not times:
         return list(frames)
@@ -89,7 +89,7 @@ def is_live(source: str) -> bool:
     return "://" in source and not source.startswith("file://")
 
 
-def candidates(source: str, start: float, end: float | None, fps: float, minutes: float | None = None) -> list[Frame]:
+def candidates(source: str, start: float, end: float | None, fps: float, minutes: float | None = None) -> list[TrainingFrame]:
     """Frames of a file (start <= t < end) or of a live stream (its first `minutes`), `fps` per second."""
     if fps <= 0:
         raise ValueError(f"fps: expected > 0, got {fps}")
@@ -102,14 +102,14 @@ def candidates(source: str, start: float, end: float | None, fps: float, minutes
     return _record(source, minutes * 60.0, fps)
 
 
-def _record(url: str, seconds: float, fps: float) -> list[Frame]:
+def _record(url: str, seconds: float, fps: float) -> list[TrainingFrame]:
     """`seconds` of a live stream, `fps` frames per second kept; times count from its first frame."""
     import av
     from tqdm import tqdm
 
     name = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in url.split("://", 1)[1]).strip("-")[:60]
     options = {"rtsp_transport": "tcp"} if url.startswith("rtsp") else {}
-    out: list[Frame] = []
+    out: list[TrainingFrame] = []
     with av.open(url, options=options, timeout=20) as container, \
             tqdm(total=round(seconds), desc=f"recording {url}", unit="s") as bar:
         stream = container.streams.video[0]
@@ -125,6 +125,6 @@ def _record(url: str, seconds: float, fps: float) -> list[Frame]:
             bar.n = min(round(t), round(seconds))
             bar.refresh()
             if next_t is None or t >= next_t - 1e-6:
-                out.append(Frame(name, round(t, 3), frame.to_ndarray(format="rgb24")))
+                out.append(TrainingFrame(name, round(t, 3), frame.to_ndarray(format="rgb24")))
                 next_t = t + 1.0 / fps
     return out

@@ -18,7 +18,7 @@ from vlora_va.ingest.chunker import letterbox, letterbox_geometry
 
 
 @dataclass
-class Frame:
+class TrainingFrame:
     video: str  # file name stem, e.g. "pedestrians"
     t: float  # media time in seconds
     rgb: np.ndarray  # original frame, uint8 [H, W, 3]
@@ -38,20 +38,20 @@ def letterbox_params(width: int, height: int, side: int) -> Letterbox:
     return letterbox_geometry(width, height, side)[2]
 
 
-def letterboxed(frames: list[Frame], side: int, flip: bool = False) -> tuple[torch.Tensor, list[Letterbox]]:
+def letterboxed(frames: list[TrainingFrame], side: int, flip: bool = False) -> tuple[torch.Tensor, list[Letterbox]]:
     """uint8 [N, side, side, 3]: the frames letterboxed as ingest does; flip=True mirrors them (augmentation)."""
     boxed = [letterbox(f.rgb, side) for f in frames]
     imgs = np.stack([b[0][:, ::-1] if flip else b[0] for b in boxed])
     return torch.from_numpy(np.ascontiguousarray(imgs)), [b[1] for b in boxed]
 
 
-def model_input(frames: list[Frame], side: int, flip: bool = False) -> tuple[torch.Tensor, list[Letterbox]]:
+def letterboxed_batch(frames: list[TrainingFrame], side: int, flip: bool = False) -> tuple[torch.Tensor, list[Letterbox]]:
     """Letterboxed, normalised batch; flip=True mirrors the letterboxed image (training augmentation)."""
     imgs, lbs = letterboxed(frames, side, flip)
     return normalise(imgs), lbs
 
 
-def read_frames(path: str | Path, start: float = 0.0, end: float | None = None, step: float | None = None) -> list[Frame]:
+def read_frames(path: str | Path, start: float = 0.0, end: float | None = None, step: float | None = None) -> list[TrainingFrame]:
     """Decode frames with start <= t < end, keeping one every `step` seconds (None: every frame)."""
     return list(iter_frames(path, start, end, step))
 
@@ -72,6 +72,6 @@ def iter_frames(path: str | Path, start: float = 0.0, end: float | None = None, 
                 break
             if step is not None and t < next_t - 1e-6:
                 continue
-            yield Frame(path.stem, round(t, 3), frame.to_ndarray(format="rgb24"))
+            yield TrainingFrame(path.stem, round(t, 3), frame.to_ndarray(format="rgb24"))
             while step is not None and next_t <= t + 1e-6:
                 next_t += step

@@ -31,7 +31,7 @@ from vlora_va.training.data import (
     people_there,
 )
 from vlora_va.training.features import FeatureCache, frozen_layers
-from vlora_va.training.frames import Frame, letterbox_params, letterboxed
+from vlora_va.training.frames import TrainingFrame, letterbox_params, letterboxed
 from vlora_va.training.metrics import (
     action_report,
     best_f1_threshold,
@@ -39,7 +39,7 @@ from vlora_va.training.metrics import (
     mean_f1,
     person_activity_report,
 )
-from vlora_va.training.spec import LoraSpec, Source, Spec, target_names
+from vlora_va.training.spec import LoraSpec, SourceSpec, Spec, target_names
 from vlora_va.training.targets import build_targets, middle_frame_targets, person_targets
 
 
@@ -51,7 +51,7 @@ def cache_root(spec: Spec) -> Path:
 class Split:
     """One data split (train / val / test) of a detection spec."""
 
-    frames: list[Frame]
+    frames: list[TrainingFrame]
     labels: dict[str, dict[str, list[dict]]]  # source name -> frame key -> labels
     lower: torch.Tensor | None = None
     lower_flip: torch.Tensor | None = None
@@ -63,7 +63,7 @@ class Split:
 
     side: int = 224
 
-    def refs(self, sources: list[Source]) -> dict[str, list[dict]]:
+    def refs(self, sources: list[SourceSpec]) -> dict[str, list[dict]]:
         return merge_labels(*(self.labels[s.name] for s in sources))
 
 
@@ -85,7 +85,7 @@ def detection_split(spec: Spec, ranges, name: str, progress: bool = True) -> Spl
     return Split(frames, labels, side=spec.image_size)
 
 
-def away_from_human(frames: list[Frame]) -> list[Frame]:
+def away_from_human(frames: list[TrainingFrame]) -> list[TrainingFrame]:
     """The frames more than 1 s from every human-checked frame of their video (adapters/eval/human-v1.json)."""
     from vlora_va.training.frame_picking import away_from, shipped_human_times
 
@@ -102,14 +102,14 @@ def cache_features(spec: Spec, split: Split, layer: int, flip: bool, progress: b
         split.images = letterboxed(split.frames, spec.image_size)[0]
 
 
-def classes_of(sources: list[Source]) -> list[str]:
+def classes_of(sources: list[SourceSpec]) -> list[str]:
     out: list[str] = []
     for s in sources:
         out += [c for c in s.classes if c not in out]
     return out
 
 
-def train_detection(spec: Spec, train: Split, sources: list[Source], lora: LoraSpec, deadline: float,
+def train_detection(spec: Spec, train: Split, sources: list[SourceSpec], lora: LoraSpec, deadline: float,
                     warm: tuple | None = None, tag: str = "", progress: bool = True) -> T.RunResult:
     """Train (or continue training `warm` = (model, head)) one detection adapter on `sources`."""
     classes = classes_of(sources)
@@ -150,7 +150,7 @@ def checkpoint_path(spec: Spec, tag: str, fingerprint: str) -> Path:
     return cache_root(spec) / "checkpoints" / spec.task / f"{tag or 'run'}-{fingerprint}.pt"
 
 
-def _label_identity(source: Source) -> dict:
+def _label_identity(source: SourceSpec) -> dict:
     out = asdict(source)
     out["options"] = {k: v for k, v in out["options"].items() if k != "corrections"}  # its digest stays
     return out
@@ -167,7 +167,7 @@ def _split_outputs(spec: Spec, model, head, split: Split, lora: LoraSpec) -> tup
 
 
 def calibrate_detection(head, raw: tuple[torch.Tensor, torch.Tensor], val: Split,
-                        sources: list[Source]) -> tuple[float, float]:
+                        sources: list[SourceSpec]) -> tuple[float, float]:
     """(score threshold, NMS IoU) with the best mean F1 on the validation split (`raw`: the head's output on it,
     `_split_outputs`); both are set on `head`. Side-by-side people overlap: NMS at 0.5 can drop the second of
     two correct boxes, so its IoU is chosen too, never on test data."""
@@ -185,7 +185,7 @@ def calibrate_detection(head, raw: tuple[torch.Tensor, torch.Tensor], val: Split
     return best[1], best[2]
 
 
-def evaluate_detection(spec: Spec, result_model, head, split: Split, sources: list[Source], lora: LoraSpec,
+def evaluate_detection(spec: Spec, result_model, head, split: Split, sources: list[SourceSpec], lora: LoraSpec,
                        threshold: float | None = None) -> tuple[dict, float, list[list[dict]]]:
     """(per-class report, threshold used, predictions) with the head's NMS. threshold None: calibrate the
     threshold and NMS on this split first (`calibrate_detection`; validation data only)."""
@@ -197,7 +197,7 @@ def evaluate_detection(spec: Spec, result_model, head, split: Split, sources: li
     return detection_report(pred_map, split.refs(sources), classes_of(sources), threshold), threshold, preds
 
 
-def save_detection(spec: Spec, out: Path, result: T.RunResult, lora: LoraSpec, sources: list[Source],
+def save_detection(spec: Spec, out: Path, result: T.RunResult, lora: LoraSpec, sources: list[SourceSpec],
                    threshold: float, metrics: dict, card: str) -> Path:
     head = result.head
     head.score_threshold = threshold
@@ -216,7 +216,7 @@ def save_detection(spec: Spec, out: Path, result: T.RunResult, lora: LoraSpec, s
 
 @dataclass
 class ClipSet:
-    frames: list[Frame]
+    frames: list[TrainingFrame]
     clips: list[list[int]]
     labels: list[str]
     starts: list[tuple[str, float]] = field(default_factory=list)

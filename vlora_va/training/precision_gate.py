@@ -41,7 +41,7 @@ from vlora_va.engine.modes import PREMERGED, LoRAMode
 from vlora_va.ingest.chunker import letterbox
 from vlora_va.training import paired
 from vlora_va.training.evaluate import HUMAN_SET, human_clip_frames, human_frames, load_human_set
-from vlora_va.training.frames import Frame, iter_frames
+from vlora_va.training.frames import TrainingFrame, iter_frames
 from vlora_va.training.metrics import human_detection_report
 from vlora_va.training.spec import Range
 
@@ -82,7 +82,7 @@ class Scorer:
         self.slot, self.size, self.head = engine.slots[name], engine.sizes[name], self.adapter.head
         self._cache: dict[str, tuple] = {}
 
-    def features(self, frames: list[Frame], batch: int = 8) -> tuple[Features, list]:
+    def features(self, frames: list[TrainingFrame], batch: int = 8) -> tuple[Features, list]:
         """Backbone features of the frames (cached by frame key), and their letterboxes."""
         todo = list({f.key: f for f in frames if f.key not in self._cache}.values())
         side = self.engine.image_size
@@ -103,7 +103,7 @@ class Scorer:
         return (Features(torch.cat([p[0].cls for p in parts]), torch.cat([p[0].grid for p in parts]), pixels),
                 [p[1] for p in parts])
 
-    def detections(self, frames: list[Frame]) -> dict[str, list[dict]]:
+    def detections(self, frames: list[TrainingFrame]) -> dict[str, list[dict]]:
         """{frame key: detections scoring >= 0.05} (AP needs the ranking; F1 reads it at the threshold)."""
         feats, lbs = self.features(frames)
         thr, self.head.score_threshold = self.head.score_threshold, 0.05
@@ -115,7 +115,7 @@ class Scorer:
             self.head.score_threshold = thr
         return {f.key: [d.to_json() for d in ds] for f, ds in zip(frames, dets)}
 
-    def clips(self, clips: list[list[Frame]], clip_len: int) -> list[dict]:
+    def clips(self, clips: list[list[TrainingFrame]], clip_len: int) -> list[dict]:
         out = []
         for frames in clips:
             feats, lbs = self.features(frames)
@@ -194,7 +194,7 @@ def load_reference(path: Path = REFERENCE) -> dict:
     return raw.get("adapters", {}) if raw.get("format") == REFERENCE_FORMAT else {}
 
 
-def _held_out_frames(keys: set[str]) -> dict[str, Frame]:
+def _held_out_frames(keys: set[str]) -> dict[str, TrainingFrame]:
     """The frames of HELD_OUT named by `keys`, decoded once (GateError where one is not in the video)."""
     frames = {f.key: f for f in iter_frames(HELD_OUT.video, HELD_OUT.start, HELD_OUT.end + 1.0) if f.key in keys}
     missing = keys - set(frames)
@@ -213,7 +213,7 @@ def detect_data(teacher: dict[str, list[dict]], teacher_keys: list[str], hs) -> 
             "human": {f.key: hs.boxes[f.key] for f in hframes}, "human_keys": [f.key for f in hframes]}
 
 
-def clip_data(clips: list[list[Frame]], labels: list, persons: list, starts: list, hs, human: bool,
+def clip_data(clips: list[list[TrainingFrame]], labels: list, persons: list, starts: list, hs, human: bool,
               clip_len: int) -> dict:
     """An activity adapter's held-out data: its clips (the frames it sees) with their labels and persons and, for a
     per-person head (human), the human-checked clips at `clip_len` frames."""

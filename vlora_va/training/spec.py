@@ -33,7 +33,7 @@ class Range:
 
 
 @dataclass
-class Source:
+class SourceSpec:
     name: str
     kind: str  # one of SOURCE_KINDS
     classes: list[str] = field(default_factory=list)  # detection: the classes this source teaches
@@ -107,7 +107,7 @@ class Spec:
     train: list[Range] = field(default_factory=list)
     val: list[Range] = field(default_factory=list)  # for the score threshold and fusion decisions
     test: list[Range] = field(default_factory=list)  # held out: only ever evaluated
-    sources: list[Source] = field(default_factory=list)
+    sources: list[SourceSpec] = field(default_factory=list)
     requirements: dict[str, float] = field(default_factory=dict)  # task (class or "action") -> min val accuracy
     fusion: bool = False
     lora: LoraSpec = field(default_factory=LoraSpec)
@@ -181,8 +181,8 @@ def load_spec(path: str | Path) -> Spec:
     for i, s in enumerate(raw.get("sources") or []):
         if not isinstance(s, dict) or s.get("kind") not in SOURCE_KINDS:
             raise SpecError(f"sources[{i}].kind: expected one of {', '.join(SOURCE_KINDS)}")
-        opts = {k: v for k, v in s.items() if k not in Source.__dataclass_fields__}
-        src = Source(**{k: v for k, v in s.items() if k in Source.__dataclass_fields__ and k != "options"},
+        opts = {k: v for k, v in s.items() if k not in SourceSpec.__dataclass_fields__}
+        src = SourceSpec(**{k: v for k, v in s.items() if k in SourceSpec.__dataclass_fields__ and k != "options"},
                      options={**s.get("options", {}), **opts})
         if src.options.get("corrections"):
             src.options["corrections"] = str((root / src.options["corrections"]).resolve())
@@ -253,7 +253,7 @@ def load_spec(path: str | Path) -> Spec:
     return spec
 
 
-def _check_corrections(spec: Spec, source: Source, i: int) -> None:
+def _check_corrections(spec: Spec, source: SourceSpec, i: int) -> None:
     """A source's hand corrections (training/corrections.py) fix a teacher's boxes of one of its classes, on
     frames the spec trains or validates on: a corrected test frame would be tuning on held-out data. The file's
     digest joins the source's options, so a run on other corrections is another run (checkpoints, cards)."""

@@ -26,7 +26,7 @@ import cv2
 import numpy as np
 
 from vlora_va.contracts.boxes import pair_iou
-from vlora_va.training.frames import Frame
+from vlora_va.training.frames import TrainingFrame
 from vlora_va.training.label_fusion import fuse_boxes
 from vlora_va.training.teacher_models import (
     NANODET_SIZE,
@@ -137,10 +137,10 @@ class LabelCache:
             self._data[video] = self._read(video)
         return self._data[video]
 
-    def get(self, frame: Frame) -> list | None:
+    def get(self, frame: TrainingFrame) -> list | None:
         return self._load(frame.video).get(frame.key)
 
-    def put(self, frame: Frame, raw: list) -> None:
+    def put(self, frame: TrainingFrame, raw: list) -> None:
         self._load(frame.video)[frame.key] = raw
 
     def save(self) -> None:
@@ -165,7 +165,7 @@ class Teacher:
     def _raw(self, rgb: np.ndarray) -> list[dict]:
         raise NotImplementedError
 
-    def label(self, frames: list[Frame], cache_dir: Path | None = None, progress: bool = True) -> dict[str, list[dict]]:
+    def label(self, frames: list[TrainingFrame], cache_dir: Path | None = None, progress: bool = True) -> dict[str, list[dict]]:
         """{frame key: labels}, computing only frames missing from the cache (saved every 25 frames)."""
         from tqdm import tqdm
 
@@ -286,7 +286,7 @@ class FusedTeacher(Teacher):
             m.classes, m.score_threshold = classes, 0.1
         self.cache_name = "fused-" + "+".join(m.cache_name for m in members)
 
-    def label(self, frames: list[Frame], cache_dir: Path | None = None, progress: bool = True) -> dict[str, list[dict]]:
+    def label(self, frames: list[TrainingFrame], cache_dir: Path | None = None, progress: bool = True) -> dict[str, list[dict]]:
         per = {m.name: m.label(frames, cache_dir, progress) for m in self.members}
         return {f.key: self.filter(fuse_boxes({name: labs[f.key] for name, labs in per.items()}, self.weights,
                                               self.iou)) for f in frames}
