@@ -49,7 +49,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from soak import percentile, pipeline  # noqa: E402
+from soak import latency_ms, pipeline  # noqa: E402
 
 from vlora_va.contracts.results import is_result  # noqa: E402
 from vlora_va.engine.precision import AVX2_ENV, VNNI_NO_BF16_ENV  # noqa: E402
@@ -118,7 +118,7 @@ def summarise(out: dict, rows: list[dict], deadlines: dict[str, float]) -> dict:
             "deadline_ms": deadline_ms, "rows": len(mine), "ok": len(ok),
             "shed": sum(r["status"] == "shed" for r in mine), "errors": sum(r["status"] == "error" for r in mine),
             "misses": sum(not r["deadline_met"] for r in ok),
-            "latency_p50_ms": percentile(lat, 0.5), "latency_p99_ms": percentile(lat, 0.99),
+            "latency_p50_ms": latency_ms(lat, 0.5), "latency_p99_ms": latency_ms(lat, 0.99),
             "latency_max_ms": lat[-1] if lat else None,
             "later_than_2x": sum(r["latency_ms"]["total"] > 2 * r["deadline_ms"] for r in mine),
             "shed_reasons": dict(collections.Counter(r.get("reason", "")[:60] for r in mine if r["status"] == "shed")),

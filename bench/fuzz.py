@@ -33,7 +33,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ import zmq  # noqa: E402
 
 from vlora_va.common.logs import THROTTLE_PERIOD_S  # noqa: E402
 from vlora_va.contracts.results import is_result  # noqa: E402
+from vlora_va.testing.harness import free_port  # noqa: E402
 from vlora_va.testing.messages import (  # noqa: E402
     ERROR_ROWS,
     KINDS,
@@ -154,12 +154,6 @@ def scrape(port: int) -> dict[str, float]:
         if name == "vlora_sink_rows_total" and m:
             out[f"sink_rows_{m.group(1)}"] += float(value)
     return dict(out)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- the run

@@ -25,13 +25,11 @@ Writes OUT/gpu_streams.json after every point.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlora_va.contracts.results import JsonlFollower, is_result  # noqa: E402
+from vlora_va.testing.harness import Child, percentile, stop_all, wait_daemon_ready  # noqa: E402
 
 VIDEO = ROOT / "sample_videos" / "pedestrians.mp4"
 FPS = 10
@@ -101,75 +100,6 @@ def daemon_section(endpoint: str, backbone: str, device: str, max_batch: int, pr
     # every new stream count), which a smoke run may skip with fp32
     return {"endpoint": endpoint, "backbone": backbone, "image_size": 336, "device": device,
             "max_batch_images": max_batch, "http_port": 0, "log_every_s": 5, "precision": precision}
-
-
-# ---------------------------------------------------------------- processes
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child only calls into it
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: killed when the bench process dies, so a bench killed by its time cap leaves no
-    daemon or ingest worker behind (the CLI's daemon and ingest commands have no parent watch of their own; and a
-    daemon told SIGTERM during start-up would finish measuring and warming up first). Nobody reads the results then."""
-    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-class Child:
-    """A `python -m vlora_va.cli ...` process, its stderr (the log) in a file."""
-
-    def __init__(self, args: list[str], log: Path, env: dict | None = None):
-        """env: variables added to this process's environment (e.g. an ISA cap for the daemon)."""
-        self.log = log
-        self._file = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "vlora_va.cli", *args], cwd=ROOT,
-                                     env={**child_env(), **(env or {})},
-                                     stdout=subprocess.DEVNULL, stderr=self._file, preexec_fn=_die_with_parent)
-
-    def terminate(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-
-    def reap(self, deadline: float) -> int:
-        """Wait until the monotonic deadline, then kill. Returns the exit code (negative: the signal)."""
-        try:
-            self.proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._file.close()
-        return self.proc.returncode
-
-    def text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-
-
-def stop_all(children: list[Child], timeout_s: float) -> list[int]:
-    for c in children:
-        c.terminate()
-    deadline = time.monotonic() + timeout_s
-    return [c.reap(deadline) for c in children]
-
-
-def wait_daemon_ready(daemon: Child, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if "daemon ready" in daemon.text():
-            return
-        if daemon.proc.poll() is not None:
-            raise RuntimeError(f"the daemon exited {daemon.proc.returncode} before it was ready:\n"
-                               + "\n".join(daemon.text().splitlines()[-20:]))
-        time.sleep(POLL_S)
-    raise RuntimeError(f"the daemon was not ready within {timeout_s:.0f} s")
 
 
 # ---------------------------------------------------------------- what the machine did meanwhile
@@ -268,13 +198,6 @@ def captured_wall(row: dict) -> float | None:
     if not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def books(rows: list[dict], ids: list[str], t0: float, t1: float) -> dict:

@@ -35,10 +35,7 @@ import queue
 import random
 import re
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -57,6 +54,7 @@ from vlora_va.contracts.config import DaemonConfig  # noqa: E402
 from vlora_va.contracts.geometry import Letterbox  # noqa: E402
 from vlora_va.contracts.results import is_result  # noqa: E402
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest, encode_chunk  # noqa: E402
+from vlora_va.testing.harness import Child, free_port, stop_all, wait_daemon_ready  # noqa: E402
 
 POLICIES = ["vlora", "edf", "merge-only", "unmerge-only", "dlora"]
 BASELINES = [p for p in POLICIES if p != "vlora"]
@@ -69,6 +67,8 @@ DEFAULT_PREMERGE_MB = DaemonConfig.premerge_max_mb
 CEILING_S = 2.0  # how long the generator's ceiling is measured
 GENERATOR_HEADROOM = 0.8  # a point needing more than this share of the generator's ceiling is generator-limited
 SEND_HWM = 64
+DAEMON_READY_S = 600.0  # it builds its engine and measures (or loads) its cost profile first
+DAEMON_STOP_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -160,12 +160,6 @@ def build_adapters(b: Backbone, backbone_id: str, n: int, work: Path) -> dict[st
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_config(path: Path, b: Backbone, backbone_id: str, adapters: dict[str, str], policy: str,
                  results: Path, endpoint: str, metrics_port: int, threads: int, device: str = "cpu",
                  premerge_max_mb: int | None = None, max_batch_images: int = 16, profile_cache: str = "") -> None:
@@ -188,35 +182,6 @@ def write_config(path: Path, b: Backbone, backbone_id: str, adapters: dict[str, 
         "sinks": [{"type": "jsonl", "path": str(results)}],
     }
     path.write_text(json.dumps(cfg))
-
-
-# ---------------------------------------------------------------- the daemon process
-class DaemonProcess:
-    def __init__(self, config: Path, log: Path):
-        self.log = log
-        self._log_file = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "vlora_va.cli", "daemon", str(config)], cwd=ROOT,
-                                     stderr=self._log_file, stdout=subprocess.DEVNULL)
-
-    def wait_ready(self, timeout: float = 600) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.log.read_text()
-            if "daemon ready" in text:
-                return text
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.proc.returncode}:\n{text[-3000:]}")
-            time.sleep(0.2)
-        raise RuntimeError("daemon did not become ready")
-
-    def stop(self) -> str:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(300)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._log_file.close()
-        return self.log.read_text()
 
 
 def profile_base(log_text: str, image_size: int) -> list[tuple[int, float]]:
@@ -488,9 +453,10 @@ def run_point(b: Backbone, backbone_id: str, adapters: dict, policy: str, w: Wor
     cfg = point / "pipeline.json"
     write_config(cfg, b, backbone_id, {k: adapters[k] for k in list(adapters)[:w.adapters]}, policy, results,
                  endpoint, port, threads, device, premerge_max_mb, max_batch_images, profile_cache)
-    daemon = DaemonProcess(cfg, point / "daemon.log")
+    daemon = Child(["daemon", str(cfg)], point / "daemon.log")
     try:
-        log_text = daemon.wait_ready()
+        wait_daemon_ready(daemon, DAEMON_READY_S)
+        log_text = daemon.text()
         capacity = capacity or profile_capacity(log_text, b.image_size, device)
         batch_s = max_batch_images / capacity  # a full batch in merged mode (on CUDA: the profile's largest)
         if deadline_batches > 0:
@@ -500,7 +466,8 @@ def run_point(b: Backbone, backbone_id: str, adapters: dict, policy: str, w: Wor
         sent = replay(endpoint, plan, make_frames(b.image_size, seed), b, deadline_ms, senders, frame_seed=seed)
         n_switches = switches(port)
     finally:
-        log_text = daemon.stop()
+        stop_all([daemon], DAEMON_STOP_S)
+        log_text = daemon.text()
     rows = [r for line in results.read_text().splitlines() if is_result(r := json.loads(line))] \
         if results.exists() else []
     counted_after = {(f"s{stream}", seq) for t, stream, seq, _ in plan if t >= WARMUP_S}
@@ -536,10 +503,10 @@ def sustained_capacity(b: Backbone, backbone_id: str, adapter: str, duration: fl
     cfg = point / "pipeline.json"
     write_config(cfg, replace(b, deadline_ms=SUSTAINED_DEADLINE_MS), backbone_id, {"a0": adapter}, "merge-only",
                  results, endpoint, port, threads, device, premerge_max_mb, max_batch_images, profile_cache)
-    daemon = DaemonProcess(cfg, point / "daemon.log")
+    daemon = Child(["daemon", str(cfg)], point / "daemon.log")
     ctx = zmq.Context()
     try:
-        daemon.wait_ready()
+        wait_daemon_ready(daemon, DAEMON_READY_S)
         sock = _push(ctx, endpoint, block=True)
         frames = make_frames(b.image_size, 0)
         seq = 0
@@ -572,7 +539,7 @@ def sustained_capacity(b: Backbone, backbone_id: str, adapter: str, duration: fl
         sock.close(linger=0)
     finally:
         ctx.destroy(linger=0)
-        daemon.stop()
+        stop_all([daemon], DAEMON_STOP_S)
         shutil.rmtree(point, ignore_errors=True)
     return {"images_per_s": statuses.get("ok", 0) / duration, "rows": statuses, "seconds": duration}
 

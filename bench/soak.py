@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import re
@@ -43,6 +42,7 @@ from vlora_va.contracts.results import (
     JsonlFollower,  # noqa: E402
     is_result,  # noqa: E402
 )
+from vlora_va.testing.harness import percentile  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -88,12 +88,13 @@ def window(rows: list[dict]) -> dict:
             "errors": sum(r["status"] == "error" for r in rows),
             "misses": sum(not r["deadline_met"] for r in ok),
             "ingest_dropped": sum(r.get("dropped_before", 0) for r in rows),
-            "latency_p50_ms": percentile(lat, 0.5), "latency_p95_ms": percentile(lat, 0.95)}
+            "latency_p50_ms": latency_ms(lat, 0.5), "latency_p95_ms": latency_ms(lat, 0.95)}
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of sorted values."""
-    return round(values[max(0, math.ceil(q * len(values)) - 1)], 1) if values else None
+def latency_ms(values: list[float], q: float) -> float | None:
+    """A latency percentile (harness.percentile: nearest rank) to 0.1 ms; None without values."""
+    p = percentile(values, q)
+    return None if p is None else round(p, 1)
 
 
 def slope_per_hour(ts: list[float], ys: list[float]) -> float:

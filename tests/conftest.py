@@ -6,13 +6,14 @@ import functools
 import os
 import select
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from vlora_va.testing.harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_videos"
@@ -27,12 +28,6 @@ _GST_PROBE = ("import gi; gi.require_version('Gst', '1.0'); gi.require_version('
               "from gi.repository import Gst, GstRtspServer; Gst.init(None); "
               "missing = [e for e in ('filesrc', 'qtdemux', 'h264parse', 'rtph264pay') if not Gst.ElementFactory.find(e)]; "
               "assert not missing, f'missing GStreamer elements: {missing}'")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @functools.cache

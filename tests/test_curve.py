@@ -23,6 +23,7 @@ from vlora_va.contracts.security import CurveConfig, bind_warning, create_keys, 
 from vlora_va.outputs.sinks import ZmqPubSink
 from vlora_va.serving.control import control_endpoint, request
 from vlora_va.serving.transport import Transport
+from vlora_va.testing.harness import free_port
 from vlora_va.testing.messages import make_seeing_detector, payload_difference, reference_payloads
 from vlora_va.testing.tiny import TINY_IMAGE
 
@@ -160,7 +161,7 @@ def test_a_client_without_the_key_is_refused_on_every_daemon_socket(tmp_path, ti
 
 
 def test_sockets_reachable_from_the_network_without_authentication_are_warned_about(tmp_path, keys, caplog):
-    port = _free_port()
+    port = free_port()
     assert is_local_endpoint("tcp://127.0.0.1:5555") and is_local_endpoint("ipc:///tmp/x") and \
         is_local_endpoint("tcp://[::1]:5555") and is_local_endpoint("tcp://localhost:1")
     assert not is_local_endpoint("tcp://*:5555") and not is_local_endpoint("tcp://0.0.0.0:5555") and \
@@ -182,11 +183,3 @@ def test_sockets_reachable_from_the_network_without_authentication_are_warned_ab
     problems = input_warnings(cfg)
     assert any(p.startswith("daemon.endpoint binds tcp://*:5555") for p in problems)
     assert any(p.startswith("daemon.http_host is 0.0.0.0, not loopback") for p in problems)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -9,7 +9,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from vlora_va.analytics.tracking import one_box_per_object
 from vlora_va.contracts.boxes import pair_iou
 from vlora_va.contracts.results import DetectionResult, FrameDetections, JsonlFollower, is_result
 from vlora_va.engine.backbones import DEFAULT_BACKBONE, cache_dir, fetched_ok
+from vlora_va.testing.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "vlora_va.cli"]
@@ -353,12 +353,6 @@ def summary(seconds: list[float]) -> str:
     ordered = sorted(seconds)
     return (f"median {ordered[len(ordered) // 2]:.3f} s, p99 {ordered[int(0.99 * (len(ordered) - 1))]:.3f} s, "
             f"max {ordered[-1]:.3f} s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def results_in_metrics(port: int) -> tuple[dict[tuple[str, str, str], int], float]:

@@ -41,15 +41,10 @@ from vlora_va.outputs.dashboard import url_for
 from vlora_va.outputs.dashboard.hub import RECENT_EVENTS, Hub, person_label
 from vlora_va.outputs.dashboard.server import HttpServer, readiness, snapshot_file, start_http
 from vlora_va.serving.daemon import Daemon
+from vlora_va.testing.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> tuple[int, dict, bytes]:

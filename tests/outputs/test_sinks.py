@@ -26,6 +26,7 @@ from vlora_va.contracts.sinks import SinkEntry, SinkOptions
 from vlora_va.outputs.sinks import JsonlSink, QueuedSink, Sink, WebhookSink, ZmqPubSink, make_sink
 from vlora_va.outputs.sinks.jsonl import JsonlOptions
 from vlora_va.serving.prometheus import DaemonMetrics
+from vlora_va.testing.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -414,7 +415,7 @@ def test_zmq_pub_publishes_and_an_endpoint_in_use_is_counted_not_fatal(tmp_path,
     sub.setsockopt(zmq.RCVTIMEO, 5000)
     with ZmqPubSink(endpoint) as pub:
         # a TCP port already bound (ipc binds replace each other)
-        with ZmqPubSink(f"tcp://127.0.0.1:{_free_port()}") as other, ZmqPubSink(other.endpoint) as clash:
+        with ZmqPubSink(f"tcp://127.0.0.1:{free_port()}") as other, ZmqPubSink(other.endpoint) as clash:
             clash.write(records(0, 3))
             assert clash.stats() == {"written": 0, "dropped": 3, "errors": 1, "queue": 0}
         sub.connect(endpoint)
@@ -446,12 +447,6 @@ def subscribed(pub, sub, timeout: float = 10.0) -> int:
             assert json.loads(sub.recv_multipart()[1])["chunk"] == PROBE_CHUNK
             return sent
     raise AssertionError(f"the subscriber received none of {sent} probes in {timeout} s")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- config and metrics
