@@ -333,17 +333,14 @@ def end_to_end_s(row: dict) -> float:
     return row[READ_AT] - datetime.fromisoformat(row["captured_at"]).timestamp()
 
 
-def served_on_time(rows: list[dict], min_served: int, p99_by_daemon: bool = False) -> None:
+def served_on_time(rows: list[dict], min_served: int) -> None:
     """The real-time contract, measured from outside the daemon: served rows are read from the sink within their
-    deadline at the 99th percentile, and none later than twice it; at least min_served rows were served.
-    p99_by_daemon: the 99th percentile by the daemon's own figure (to the row's write), for overload: there the
-    scheduler fills each deadline to its edge, and the sink's leg (its writer thread, this test's read) comes after
-    the budget it keeps (seen once at 1.04x the deadline read from the sink: issue 32 keeps that open)."""
+    deadline at the 99th percentile (the scheduler keeps the measured sink leg out of its budget:
+    serving/sink_leg.py), and none later than twice it; at least min_served rows were served."""
     ok = [r for r in rows if r["status"] == "ok"]
     assert len(ok) >= min_served, f"{len(ok)} rows served, expected at least {min_served}"
     late = sorted(end_to_end_s(r) * 1000 / r["deadline_ms"] for r in ok)
-    p99 = sorted(r["latency_ms"]["total"] / r["deadline_ms"] for r in ok) if p99_by_daemon else late
-    assert p99[int(0.99 * (len(p99) - 1))] <= 1.0, p99[-5:]
+    assert late[int(0.99 * (len(late) - 1))] <= 1.0, late[-5:]
     assert late[-1] <= 2.0, late[-5:]
 
 
@@ -439,11 +436,18 @@ def test_below_half_its_capacity_every_row_is_served_on_time(tmp_path):
     assert len(people) >= 10  # people walk through every second of this scene
 
 
-OVERLOAD_MIN = 1.3  # the offered load the overload test must reach (seconds of compute per second)
+UNSERVED_MIN = 0.2  # overloaded: at least this share of the images ingest sent for the heavy streams is not served
 OVERLOAD_AIM = 1.8  # the estimate the copies aim at: five copies of 1 detection frame offered ~1.7 s/s on the EPYC
 # the test was made on, ~0.97 on a 2-core Xeon with AMX (OpenVINO bf16), which never overloaded it
 COPIES = 5  # heavier copies rather than more: 12 copies made ingest drop a chunk there (the test counts them all)
 RSS_GROWTH_MAX_MB = 300  # the daemon's RSS under overload may exceed its RSS when serving began by at most this
+
+
+def images_served(row: dict, frames: int) -> int:
+    """The frames a served row's request was served with: all `frames` of its task, or fewer where overload
+    thinned the clip ("degraded": "overload: 4 of 8 frames")."""
+    m = re.search(r"(\d+) of \d+ frames", row.get("degraded") or "")
+    return int(m.group(1)) if m else frames
 
 
 def detect_frames_to_overload(tmp_path: Path, cfg: dict, copy: dict) -> int:
@@ -499,32 +503,37 @@ def test_overload_sheds_per_stream_and_full_service_resumes_when_it_ends(tmp_pat
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg))
     heavy_ids = {s["id"] for s in heavy}
-    seen = {"offered": 0.0, "counts": None}
+    seen = {"counts": None}
 
     def watch(live: Run, rows: list[dict]) -> None:
-        """The daemon's offered load, all along; its counts once every heavy chunk has its rows (18 chunks, two
-        tasks: check_rows below says no chunk was dropped), while the light stream runs on."""
-        if "daemon ready" not in live.log():
+        """The daemon's counts once every heavy chunk has its rows (18 chunks, two tasks: check_rows below says no
+        chunk was dropped), while the light stream runs on."""
+        if "daemon ready" not in live.log() or seen["counts"] is not None:
             return
-        try:
-            counts, offered = results_in_metrics(port)
-        except OSError:  # its HTTP server may start a moment after it says ready
-            return
-        seen["offered"] = max(seen["offered"], offered)
-        if seen["counts"] is None and all(sum(r["stream"] == sid for r in rows) == 2 * 18 for sid in heavy_ids):
-            seen["counts"] = counts  # scraped after those rows were read: they were counted before written
+        if all(sum(r["stream"] == sid for r in rows) == 2 * 18 for sid in heavy_ids):
+            try:
+                seen["counts"], _ = results_in_metrics(port)  # scraped after those rows were read: counted before
+            except OSError:  # its HTTP server may start a moment after it says ready
+                return
 
     live = follow(path, during=watch)
     rows = live.rows
     served = [r for r in rows if r["status"] == "ok"]
     base = next(kb for t, kb in live.rss_kb if t >= rows[0][READ_AT])  # once serving began
     peak = max(kb for _, kb in live.rss_kb)
-    print(f"\noffered up to {seen['offered']:.2f} s/s; {len(served)} of {len(rows)} rows served; capture to sink "
-          f"read: {summary([end_to_end_s(r) for r in served])}; daemon RSS {base // 1024} MB when serving began, "
+    # Overloaded, by the test's own books: of the images ingest sent for the heavy streams, the share not served
+    sent = ingest_sent(live.log)
+    frames = {t["name"]: t["frames_per_chunk"] for t in copy["tasks"]}
+    offered = sum(sent[sid] for sid in heavy_ids) * sum(frames.values())
+    served_images = sum(images_served(r, frames[r["task"]]) for r in served if r["stream"] in heavy_ids)
+    unserved = 1.0 - served_images / offered
+    print(f"\n{offered} images sent for the heavy streams, {served_images} served ({unserved:.0%} not); "
+          f"{len(served)} of {len(rows)} rows served; capture to sink read: "
+          f"{summary([end_to_end_s(r) for r in served])}; daemon RSS {base // 1024} MB when serving began, "
           f"peak {peak // 1024} MB")
     check_rows(rows, cfg)
-    served_on_time(rows, min_served=len(rows) // 4, p99_by_daemon=True)
-    assert seen["offered"] >= OVERLOAD_MIN, f"the daemon measured at most {seen['offered']:.2f} s/s offered"
+    served_on_time(rows, min_served=len(rows) // 4)
+    assert unserved >= UNSERVED_MIN, f"only {unserved:.0%} of the heavy streams' images were not served"
     assert "overload:" in live.log
     # per stream and task, the rows say what the daemon counted (shed above all)
     counts = seen["counts"]

@@ -156,6 +156,23 @@ def test_served_deadline_met_compares_the_end_with_the_deadline(compute_end, met
     assert rec.to_json()["latency_ms"]["total"] == total_ms
 
 
+@pytest.mark.parametrize("handed_at, met, handoff_ms", [
+    (101.5, True, 250.0),
+    (102.0, True, 750.0),  # handed exactly at the deadline is in time
+    (102.05, False, 800.0),  # computed in time, handed to the sinks after it: late
+])
+def test_a_row_is_judged_where_it_is_handed_to_the_sinks(handed_at, met, handoff_ms):
+    """docs/results.md#deadline_met: compute ends at 101.25 (in time for 102.0); the row is judged at its hand-off."""
+    rec = ResultRecord.served(request(), DETECTIONS, compute_start=100.5, compute_end=101.25, batch_images=1,
+                              mode="merged")
+    handed = rec.handed(handed_at)
+    assert handed.deadline_met is met and rec.deadline_met is True
+    assert handed.to_json()["latency_ms"] == {"queue": 250.0, "compute": 750.0,
+                                              "total": round((handed_at - 100.0) * 1000, 1), "handoff": handoff_ms}
+    shed = ResultRecord.not_served(request(), "shed", "late", now=101.0)
+    assert shed.handed(101.5).deadline_met is False  # a row not served never meets its deadline, wherever judged
+
+
 def test_served_marks_untrained_adapters_degraded_requests_and_extras():
     req = request(degraded="overload: 4 of 8 frames")
     rec = ResultRecord.served(req, DETECTIONS, compute_start=100.5, compute_end=101.0, batch_images=2, mode="mixture",

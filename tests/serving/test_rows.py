@@ -16,8 +16,8 @@ from vlora_va.serving.scheduling import make_plan
 from vlora_va.testing.tiny import TINY_IMAGE
 
 
-def test_a_held_tracked_row_reaches_the_sinks_and_the_served_observers_once_its_predecessor_is_written(
-        tmp_path, tiny_backbone_dir, tiny_adapters):
+def tracked_rows(tmp_path, tiny_backbone_dir, tiny_adapters) -> tuple[Rows, Engine]:
+    """Rows of a pipeline with one tracked detection task (stream cam, task det), and the engine serving it."""
     cfg = parse_config(f"""
 daemon: {{backbone: {tiny_backbone_dir}, image_size: {TINY_IMAGE}}}
 adapters: {{detect: {tiny_adapters["detect"]}}}
@@ -30,6 +30,12 @@ streams:
     engine = Engine(load_backbone(str(tiny_backbone_dir)), {"detect": load_adapter_dir(
         "detect", tiny_adapters["detect"], 32)}, TINY_IMAGE)
     rows = Rows(cfg, engine, DaemonMetrics())
+    return rows, engine
+
+
+def test_a_held_tracked_row_reaches_the_sinks_and_the_served_observers_once_its_predecessor_is_written(
+        tmp_path, tiny_backbone_dir, tiny_adapters):
+    rows, engine = tracked_rows(tmp_path, tiny_backbone_dir, tiny_adapters)
 
     class Sink:  # the sink interface's one call rows make while serving
         def __init__(self):
@@ -51,3 +57,36 @@ streams:
     rows.refuse([(reqs[0], "shed", "cannot meet its deadline (test)", None)])
     assert [(r.chunk, r.status) for r in sink.written] == [(0, "shed"), (1, "ok")]
     assert heard == [1]  # the observer heard of chunk 1 when it left, with the row the sinks got
+
+
+def test_a_row_is_judged_when_it_is_handed_to_the_sinks_not_when_its_compute_ended(tmp_path, tiny_backbone_dir,
+                                                                                   tiny_adapters):
+    """docs/results.md#deadline_met: a tracked row held behind its stream's earlier chunk is handed over later;
+    its deadline, total and hand-off latency are those of the hand-off."""
+    import dataclasses
+
+    rows, engine = tracked_rows(tmp_path, tiny_backbone_dir, tiny_adapters)
+    written = []
+
+    class Sink:
+        def write(self, records):
+            written.extend(records)
+
+    rows.attach([Sink()])
+    now = time.time()
+    reqs = [decode_chunk([bytes(memoryview(p)) for p in chunk_parts("cam", seq, [("det", "detect")])])
+            .requests(now)[0] for seq in (0, 1)]
+    held = dataclasses.replace(reqs[1], ready=now - 1.0, deadline=now)  # its deadline: now, 1 s after its capture
+    rows.expect([(r.stream, r.task, r.seq) for r in reqs])
+    plan = make_plan([held], LoRAMode(UNMERGED), engine.catalog())
+    compute_end = now - 0.5  # in time when its compute ended...
+    rows.served(plan, engine.execute(plan), now - 0.6, compute_end, "unmerged", engine.catalog())
+    assert written == []  # ... held behind chunk 0
+    rows.refuse([(reqs[0], "shed", "cannot meet its deadline (test)", None)])
+    handed_at = time.time()
+    row = written[1]
+    assert row.chunk == 1 and row.status == "ok"
+    assert row.deadline_met is False  # ... handed over after it: late
+    assert row.latency.total_s >= handed_at - held.ready - 0.5 and row.latency.total_s > 1.0
+    assert row.latency.handoff_s == row.latency.total_s - (compute_end - held.ready)
+    assert row.to_json()["latency_ms"]["handoff"] >= 500.0

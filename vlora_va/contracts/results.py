@@ -18,7 +18,7 @@ Example rows (JSON Lines, one object per line)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Union
 
@@ -111,10 +111,14 @@ Payload = Union[DetectionResult, ActivityResult]
 class Latency:
     queue_s: float = 0.0  # received -> batch start
     compute_s: float = 0.0  # the batch's engine time
-    total_s: float = 0.0  # chunk ready at the source -> result ready (the real-time figure)
+    total_s: float = 0.0  # chunk ready at the source -> the row handed to the sinks (the real-time figure)
+    handoff_s: float | None = None  # result ready -> handed to the sinks (analytics, ordering): set at the hand-off
 
     def to_json(self) -> dict:
-        return {"queue": _ms(self.queue_s), "compute": _ms(self.compute_s), "total": _ms(self.total_s)}
+        out = {"queue": _ms(self.queue_s), "compute": _ms(self.compute_s), "total": _ms(self.total_s)}
+        if self.handoff_s is not None:
+            out["handoff"] = _ms(self.handoff_s)
+        return out
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,18 @@ class ResultRecord:
             frame_ts=tuple(req.frame_ts), latency=Latency(0.0, 0.0, now - req.ready), deadline_ms=req.deadline_ms,
             deadline_met=False, dropped_before=req.dropped_before, outage_before_s=req.outage_before_s,
             captured_at=req.ready, provenance=provenance)
+
+    def handed(self, now: float) -> "ResultRecord":
+        """This row as it is handed to the sinks at `now` (daemon clock): its total latency runs to now, and its
+        deadline is judged now, where the row leaves for a local sink (docs/results.md#deadline_met). A row without
+        a capture time (a test's own) is returned as it is."""
+        if self.captured_at is None:
+            return self
+        total = now - self.captured_at
+        latency = Latency(self.latency.queue_s, self.latency.compute_s, max(total, self.latency.total_s),
+                          max(0.0, total - self.latency.total_s))
+        met = self.deadline_met and total * 1000.0 <= self.deadline_ms
+        return replace(self, latency=latency, deadline_met=met)
 
     def to_json(self) -> dict:
         row = {"v": RESULT_VERSION, "type": "result", "stream": self.stream, "chunk": self.chunk, "task": self.task,

@@ -124,6 +124,8 @@ class Daemon:
         t2 = spent("intake", t1)
         now = time.time()
         if self.scheduler.ready(now, stopping):
+            self.scheduler.reserve_s = self.rows.sink_leg.reserve_s(self.rows.sinks)
+            self.metrics.sink_leg.set(self.scheduler.reserve_s)
             plan, shed = self.scheduler.next_plan(now)
             self.rows.shed(shed)
             t2 = spent("planning", t2)

@@ -91,6 +91,8 @@ class DaemonMetrics:
         self._sink_queue = Gauge("vlora_sink_queue_rows", "Rows accepted by a sink and not yet delivered", ["sink"],
                                  registry=r)
         self.sinks: dict[str, dict] = {}  # sink name -> its last stats()
+        self.sink_leg = Gauge("vlora_sink_leg_seconds", "Seconds kept out of every deadline budget for a row's way "
+                              "from its compute to a local sink (p99 hand-off + p99 local sink lag)", registry=r)
         self._reused = Counter("vlora_results_reused", "Result rows answered from an earlier chunk: the task's frames "
                                "were filtered at ingest (nothing new)", ["stream", "task"], registry=r)
         self._events = Counter("vlora_events", "Event rows written, by event name", ["stream", "event"], registry=r)

@@ -2,8 +2,8 @@
 
     served plan + payloads ─┐
     refused (admission)     ├─► ResultRecord (+ provenance) ─► analytics (tracked tasks: in chunk order, track
-    shed (scheduler)        │   ids, line/zone events; streams going offline) ─► counted (prometheus)
-    errors (adapters, engine)┘  ─► every sink ─► observers
+    shed (scheduler)        │   ids, line/zone events; streams going offline) ─► handed off (deadline judged) ─►
+    errors (adapters, engine)┘  counted (prometheus) ─► every sink ─► observers
 
 Every request the daemon accepted ends here exactly once: `served` (the engine's result), or not (`refuse`, `shed`:
 shed or error, with the reason). Each row says what produced it (`provenance`). A tracked task's row may wait for
@@ -31,6 +31,7 @@ from vlora_va.engine.plan import BatchPlan, Catalog
 from vlora_va.serving.prometheus import DaemonMetrics
 from vlora_va.serving.reuse import Reuse, reused_row
 from vlora_va.serving.scheduling import Shed
+from vlora_va.serving.sink_leg import SinkLeg
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class Rows:
         self._log_errors = Throttle(log, "error rows")
         self._provenance = self._make_provenance()
         self.analytics = Analytics(config)
+        self.sink_leg = SinkLeg()  # measured after each served batch; the scheduler keeps it out of its budget
         # Rows of filtered frames are an earlier chunk's result (serving/reuse.py): kept only where a task filters,
         # so a pipeline without filters pays nothing for it (and a chunk's path stays as short as it was).
         self.reuse: Reuse | None = Reuse() if any(t.filter for s in config.streams for t in s.tasks) else None
@@ -102,6 +104,7 @@ class Rows:
                                        provenance=self.provenance(r.adapter))
                    for r, p in zip(plan.requests, payloads)]
         self._write([(rec, None, req) for rec, req in zip(records, plan.requests)])
+        self.sink_leg.handed_off(time.time() - ended)
         return records
 
     def refuse(self, refused: list[tuple[Request, str, str, str | None]]) -> None:
@@ -176,6 +179,8 @@ class Rows:
         """Rows ready to go (tracked already): counted, to every sink, then to the observers."""
         if not rows:
             return rows
+        now = time.time()  # the hand-off: where each result row's deadline is judged
+        rows = [(rec.handed(now) if rec.type == "result" else rec, cause, req) for rec, cause, req in rows]
         for rec, cause, _ in rows:
             if rec.type != "result":
                 continue

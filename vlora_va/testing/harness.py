@@ -7,7 +7,6 @@ The free port is the product's own (the cluster picks its daemons' ports with it
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 from vlora_va.cluster.hosts import free_port as free_port_on
+from vlora_va.common.percentile import percentile  # noqa: F401 - the benches' percentile is the project's one
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout the benches run from
 POLL_S = 0.25
@@ -24,14 +24,6 @@ POLL_S = 0.25
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on `host` now (loopback unless told): cluster.hosts.free_port."""
     return free_port_on(host)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The nearest-rank q-quantile of values in any order (0 < q <= 1): the smallest value with at least q of them at
-    or below it. None when there are none (a figure that was not measured, not a 0)."""
-    if not values:
-        return None
-    return sorted(values)[max(0, math.ceil(q * len(values)) - 1)]
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child only calls into it

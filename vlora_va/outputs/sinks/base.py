@@ -40,6 +40,14 @@ class Sink(abc.ABC):
     `__exit__` ends it, delivering what it holds within its close timeout."""
 
     name: str  # for logs and the Prometheus `sink` label: never holds credentials
+    # A local sink (a file, standard output) is where a row's deadline ends: the daemon keeps its measured delivery
+    # lag (`delivery_lags`) out of the deadline budget. A network sink (webhook, MQTT) is asynchronous: its delivery
+    # depends on the far side and is not part of the deadline (docs/results.md#deadline_met).
+    local: bool = False
+
+    def delivery_lags(self) -> list[float]:
+        """Seconds from write() to delivered of recent batches (a sink that delivers within write: none)."""
+        return []
 
     @classmethod
     def from_config(cls, cfg: SinkConfig) -> "Sink":

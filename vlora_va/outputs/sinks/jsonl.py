@@ -63,6 +63,8 @@ class JsonlSink(QueuedSink):
     are on disk before the sink takes the next ones), "interval" = at most fsync_interval_s after a row is
     written, "never" = the OS decides; files are also fsynced when rotated and closed (except "never")."""
 
+    local = True  # the row's deadline ends here (base.py)
+
     def __init__(self, path: str | Path, *, rotate_mb: float = 0.0, rotate_s: float = 0.0, keep: int = 10,
                  fsync: str = "interval", fsync_interval_s: float = 1.0, queue_max: int = 10_000,
                  close_timeout_s: float = CLOSE_TIMEOUT_S, name: str | None = None):

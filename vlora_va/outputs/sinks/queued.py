@@ -16,6 +16,7 @@ from vlora_va.outputs.sinks.base import Sink
 log = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 30.0  # a sink that keeps failing or dropping says so again at most this often
+LAGS_KEPT = 256  # recent batches whose delivery lag is kept
 TICK_S = 0.5  # an idle sink thread wakes this often (time rotation, interval fsync, drop reports)
 CLOSE_TIMEOUT_S = 5.0  # default time a sink gets on exit to deliver what it holds
 
@@ -48,6 +49,10 @@ class QueuedSink(Sink):
         self._failing_since: float | None = None
         self._last_fail_log = 0.0
         self._reported_drops, self._last_drop_log = 0, 0.0
+        # seconds from write() to delivered, per recent batch (its oldest row): a local sink's share of the row's
+        # way to its reader, which the daemon keeps out of its deadline budget (serving/sink_leg.py)
+        self._lags: deque[float] = deque(maxlen=LAGS_KEPT)
+        self._batch_arrival = 0.0
 
     # ------------------------------------------------------------------ daemon side
     def __enter__(self):
@@ -75,6 +80,11 @@ class QueuedSink(Sink):
     def stats(self) -> dict:
         with self._cv:
             return self._stats_locked()
+
+    def delivery_lags(self) -> list[float]:
+        """Seconds from write() to delivered of the recent batches (their oldest row), oldest first."""
+        with self._cv:
+            return list(self._lags)
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything queued has been delivered (or dropped); False if timeout came first."""
@@ -158,6 +168,7 @@ class QueuedSink(Sink):
                     due = self._queue[0][0] + self.flush_interval_s
                     if len(self._queue) >= self.batch_max or self._closing or now >= due:
                         n = min(len(self._queue), self.batch_max)
+                        self._batch_arrival = self._queue[0][0]
                         self._inflight = [self._queue.popleft()[1] for _ in range(n)]
                         self._batch_seq += 1
                         return list(self._inflight)
@@ -177,6 +188,8 @@ class QueuedSink(Sink):
                 return
             n = len(self._inflight) if n is None else n
             del self._inflight[:n]
+            if n and not self._inflight:  # the batch is out (perhaps in parts): its lag
+                self._lags.append(time.monotonic() - self._batch_arrival)
             self._written += n
             if self._failing_since is not None and not self._inflight:
                 log.warning("sink %s: recovered after %.1f s", self.name, time.monotonic() - self._failing_since)

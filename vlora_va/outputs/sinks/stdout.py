@@ -26,6 +26,8 @@ class StdoutOptions(SinkOptions):
 class StdoutSink(QueuedSink):
     """One row per line on standard output (logs go to standard error), flushed after every batch."""
 
+    local = True  # the row's deadline ends here (base.py)
+
     def __init__(self, *, queue_max: int = 10_000, close_timeout_s: float = CLOSE_TIMEOUT_S, stream=None,
                  name: str = "stdout"):
         super().__init__(name, queue_max=queue_max, batch_max=JSONL_BATCH_MAX, close_timeout_s=close_timeout_s)

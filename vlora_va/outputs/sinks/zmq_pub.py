@@ -20,6 +20,8 @@ class ZmqPubSink(Sink):
     daemon's thread; rows refused at the high-water mark are counted as dropped. An endpoint that cannot
     be bound is reported and its rows counted as dropped; the daemon keeps serving."""
 
+    local = True  # sent within write(): the hand-off is the delivery (no lag of its own)
+
     def __init__(self, endpoint: str, curve: CurveConfig | None = None):
         """curve: the daemon's CURVE keys (security.curve): only authorised subscribers receive, encrypted."""
         self.endpoint, self.curve = endpoint, curve

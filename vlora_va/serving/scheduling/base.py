@@ -87,6 +87,9 @@ class Scheduler:
         self.queue: list[Request] = []
         self.weights_slot = weights_slot  # what the engine's base weights hold after the last plan
         self._alone: dict[int, tuple[float, float]] | None = None  # next_plan's alone estimates, by request
+        # seconds a row needs after its compute to reach a local sink (serving/sink_leg.py, set by the daemon):
+        # live work is planned to end this much before its deadline
+        self.reserve_s = 0.0
 
     # ------------------------------------------------------------------ the queue
     def add(self, request: Request) -> None:
@@ -220,7 +223,8 @@ class Scheduler:
 
     def batch_limit_s(self, requests: list[Request] | None = None) -> float:
         """The longest batch the queue (or `requests`, what may still be served) allows."""
-        live = [r.deadline - r.ready for r in (self.queue if requests is None else requests) if not r.best_effort]
+        live = [r.deadline - self.reserve_s - r.ready for r in (self.queue if requests is None else requests)
+                if not r.best_effort]
         return self.settings.batch_share * min(live) if live else float("inf")
 
     def fill(self, candidates: list[Request], mode: LoRAMode, now: float) -> Option:
@@ -247,7 +251,7 @@ class Scheduler:
             images += r.num_images
         need = self.option(mode, head).est_s * self.costs.margin
         lowest = min(r.priority for r in candidates)
-        roomy = [r for r in candidates if due(r) >= now + need or r.priority > lowest]
+        roomy = [r for r in candidates if self.finish_by(r) >= now + need or r.priority > lowest]
         # the skipped requests' short budgets no longer limit the batch: the roomy ones' do
         alt = self.fill_in_order(roomy, mode, now, self.batch_limit_s(roomy))
         return alt if alt.images > best.images else best
@@ -267,10 +271,10 @@ class Scheduler:
                 continue  # a request larger than a whole batch still runs, alone
             trial = self.option(mode, chosen + [r])
             finish = now + trial.est_s * self.costs.margin
-            if finish > min(earliest, due(r)) or (chosen and trial.est_s > limit):
+            if finish > min(earliest, self.finish_by(r)) or (chosen and trial.est_s > limit):
                 continue
             chosen.append(r)
-            best, images, earliest = trial, images + r.num_images, min(earliest, due(r))
+            best, images, earliest = trial, images + r.num_images, min(earliest, self.finish_by(r))
         return best
 
     def follow(self, option: Option, modes: list[LoRAMode]) -> float:
@@ -305,17 +309,21 @@ class Scheduler:
         """Predicted seconds to serve `request` alone now, with the cost model's margin."""
         return self.alone_s(request)[0] * self.costs.margin
 
+    def finish_by(self, request: Request) -> float:
+        """When its compute must end: its deadline less the sink leg (reserve_s), or never for best-effort work."""
+        return due(request) - self.reserve_s
+
     def late(self, request: Request, now: float) -> bool:
         """Cannot meet its deadline even started now, alone, at the fastest speed plausible (no margin)."""
-        return not request.best_effort and now + self.alone_s(request)[1] * self.costs.fastest > request.deadline
+        return now + self.alone_s(request)[1] * self.costs.fastest > self.finish_by(request)
 
     def doubtful(self, request: Request, now: float) -> bool:
         """Only the estimate says it would miss its deadline (started now, alone, with the margin)."""
-        return not request.best_effort and now + self.need(request) > request.deadline
+        return now + self.need(request) > self.finish_by(request)
 
     def pressed(self, request: Request, now: float, limit: float) -> bool:
         """It could not wait for one more batch of at most `limit` predicted seconds."""
-        return not request.best_effort and now + self.need(request) + limit * self.costs.margin > request.deadline
+        return now + self.need(request) + limit * self.costs.margin > self.finish_by(request)
 
     def lowest_priority(self) -> int:
         return min(r.priority for r in self.queue)
@@ -342,7 +350,7 @@ class Scheduler:
         return shed
 
     def hopeless_reason(self, request: Request, now: float, above: int | None = None) -> str:
-        need, left = self.need(request) * 1000, max(0.0, request.deadline - now) * 1000
+        need, left = self.need(request) * 1000, max(0.0, self.finish_by(request) - now) * 1000
         reason = f"cannot meet its deadline: needs ~{need:.0f} ms, {left:.0f} ms left"
         if above is not None and above > request.priority:
             reason += f"; priority {above} work goes first"
