@@ -17,11 +17,10 @@ This process never imports torch: its two cores belong to decoding and to the da
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Union
 
 import cv2
@@ -30,9 +29,11 @@ import zmq
 from vlora_va.contracts.config import PipelineConfig, StreamConfig
 from vlora_va.contracts.security import curve_client
 from vlora_va.contracts.wire import HEARTBEAT_S, SourceStatus, encode_chunk
-from vlora_va.ingest.chunker import Chunker, ReadyChunk, plan_chunk
+from vlora_va.ingest.chunk_queue import ChunkQueue, StreamStats
+from vlora_va.ingest.chunker import Chunker, plan_chunk
 from vlora_va.ingest.route import Books, Route
 from vlora_va.ingest.source import FrameSource, SourceError
+from vlora_va.ingest.stream_position import StreamPosition
 
 if TYPE_CHECKING:
     import multiprocessing.synchronize
@@ -52,104 +53,6 @@ FINAL_HEARTBEAT_WAIT_S = 10.0  # the streams' final state waits this long for ro
 HEARTBEAT_HWM = 4  # heartbeats queued in zmq at most (a newer one says more than an older one)
 
 
-@dataclass
-class StreamStats:
-    chunks_made: int = 0
-    chunks_sent: int = 0
-    chunks_dropped: int = 0
-    errors: int = 0
-    reconnects: int = 0  # successful RTSP reopenings
-    outages: int = 0  # chunks that came after missing media (a reconnect, or a stall)
-    outage_s: float = 0.0  # media seconds missing in those outages, in all
-    last_error: str | None = None
-    state: str = "live"  # what the heartbeat says (wire.SOURCE_STATES): live, ended (by itself) or failed
-    last_frame: float = 0.0  # time.monotonic() the source last delivered a frame (or the stream started)
-    waiting: bool = False  # the stream thread waits for room in the queue (the daemon is slow), not for its source
-
-
-class ChunkQueue:
-    """A bounded FIFO of ReadyChunks shared by a worker's streams, with a named drop policy."""
-
-    def __init__(self, maxsize: int, policy: str, stats: dict[str, StreamStats]):
-        if policy not in ("drop_oldest", "drop_newest", "block"):
-            raise ValueError(f"unknown drop policy {policy!r}")
-        self.maxsize, self.policy, self.stats = maxsize, policy, stats
-        self._items: collections.deque[ReadyChunk] = collections.deque()
-        self._cond = threading.Condition()
-        self._lost_outage: dict[str, float] = {}  # outage_s of dropped chunks, owed to the stream's next sent one
-        # stream -> its tasks' frame filters: a dropped chunk that a filter took as its reference is no reference
-        self.filters: dict[str, dict] = {}
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, chunk: ReadyChunk, stop: threading.Event) -> bool:
-        """Queue a chunk; False when it was dropped (drop_newest) or the wait was stopped (block)."""
-        with self._cond:
-            if len(self._items) >= self.maxsize:
-                if self.policy == "drop_newest":
-                    self._dropped(chunk)
-                    return False
-                if self.policy == "drop_oldest":
-                    self._dropped(self._items.popleft())
-                else:  # block: wait for room, looking at the stop event now and then
-                    while len(self._items) >= self.maxsize:
-                        if stop.is_set():
-                            self._dropped(chunk)
-                            return False
-                        self._cond.wait(POLL_S)
-            self._items.append(chunk)
-            self._cond.notify_all()
-            return True
-
-    def get(self, timeout: float) -> ReadyChunk | None:
-        with self._cond:
-            if not self._items:
-                self._cond.wait(timeout)
-            if not self._items:
-                return None
-            chunk = self._items.popleft()
-            self._cond.notify_all()
-            return chunk
-
-    def take_lost_outage(self, stream: str) -> float:
-        """The outage seconds of this stream's chunks dropped since the last call (the next sent chunk reports them)."""
-        with self._cond:
-            return self._lost_outage.pop(stream, 0.0)
-
-    def _dropped(self, chunk: ReadyChunk) -> None:
-        h = chunk.header
-        self.stats[h.stream].chunks_dropped += 1
-        for task, f in self.filters.get(h.stream, {}).items():
-            if f.invalidate(h.seq):
-                log.debug("stream %s: dropped chunk %d held task %s's reference frames; its next chunk sends them",
-                          h.stream, h.seq, task)
-        if h.outage_s:
-            self._lost_outage[h.stream] = self._lost_outage.get(h.stream, 0.0) + h.outage_s
-        log.debug("stream %s: dropped chunk %d (%s)", h.stream, h.seq, self.policy)
-
-
-class Resume:
-    """Where a stream stands, kept by a supervisor across worker restarts in a shared array of floats
-    (`Resume.new(ctx)`: a multiprocessing array; a plain list works within one process).
-
-        [0] the next chunk's seq   [1] the last seq handed to ZeroMQ   [2] media time after the last chunk
-        [3] wall time of the last chunk's last frame                    [4] 1 once the stream has ended
-
-    A worker started on a state that has chunks continues the stream like a camera that reconnected: chunk
-    numbers go on from [0], media time goes on from [2] with the time the stream was down as an outage
-    (`outage_s` of the first chunk), and the chunks the previous worker made but never sent show as
-    `dropped_before`. A stream that ended is not started again."""
-
-    @staticmethod
-    def new(ctx) -> "list[float]":
-        return ctx.Array("d", [0.0, -1.0, 0.0, 0.0, 0.0], lock=False)
-
-    @staticmethod
-    def started(state) -> bool:
-        return state is not None and state[0] > 0
-
-
 def plan_workers(config: PipelineConfig) -> list[list[str]]:
     """Stream ids grouped IngestConfig.streams_per_worker at a time, in config order: one list per worker."""
     ids = [s.id for s in config.streams]
@@ -164,14 +67,14 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     `stop` (a threading or multiprocessing Event) is set; then flush the queue for up to FLUSH_TIMEOUT_S.
     Once flushed, sets `flushed` and keeps the socket connected until `release` is set (or, without
     `release`, for IngestConfig.close_grace_s): see _hold_connection.
-    resume: stream id -> its `Resume` state (a supervisor's, kept across restarts of this worker).
+    resume: stream id -> its StreamPosition (a supervisor's, kept across restarts of this worker).
     route, books (cluster mode, vlora_va/ingest/route.py): where the chunks go now (followed before each send) and
     the books of what was sent to which daemon.
     Returns per stream: chunks_sent, chunks_dropped, errors, reconnects, outages, outage_s, state (and chunks_made,
     last_error)."""
     streams = [config.stream(sid) for sid in stream_ids] if stream_ids is not None else list(config.streams)
     resume = resume or {}
-    ended = [s.id for s in streams if resume.get(s.id) is not None and resume[s.id][4]]
+    ended = [s.id for s in streams if resume.get(s.id) is not None and resume[s.id].ended]
     if ended:
         log.info("ingest worker: stream(s) %s already ended; not started again", ", ".join(ended))
         streams = [s for s in streams if s.id not in ended]
@@ -193,7 +96,7 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
         _send_loop(link, queue, stats, clock, beat, resume)
         halt.set()
         for t in threads:  # once flushed is said, no stream thread makes another chunk (a supervisor may start
-            t.join(timeout=5.0)  # a new worker on their Resume states then)
+            t.join(timeout=5.0)  # a new worker on their positions then)
         daemon_there = any(st.chunks_sent for st in stats.values())  # nothing reached it otherwise
         if daemon_there:  # the streams' last word (an ended file is not offline)
             beat.send(wait_s=FINAL_HEARTBEAT_WAIT_S)
@@ -296,9 +199,9 @@ def _chunk_bytes(stream: StreamConfig, image_size: int) -> int:
 
 
 def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue, stats: StreamStats,
-                 halt: threading.Event, state=None) -> None:
+                 halt: threading.Event, state: StreamPosition | None = None) -> None:
     """Decode, chunk and queue one stream until it ends, fails, reaches max_chunks or halt is set. state: its
-    `Resume` array (continued where a previous worker left it, and kept current)."""
+    position (continued where a previous worker left it, and kept current)."""
     stats.last_frame = time.monotonic()  # from the start: a source that never delivers goes offline too
     # Tasks that look at no more than half of a chunk's frames do not need the frames nothing refers to.
     sent = len(plan_chunk(stream.frames_per_chunk, stream.tasks)[0])
@@ -310,7 +213,7 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
     try:
         chunker = Chunker(stream, config.daemon.image_size, snapshots=config.snapshots)
         queue.filters[stream.id] = chunker.filters
-        frames = _resumed(source, stream, chunker, state) if Resume.started(state) else source
+        frames = _resumed(source, stream, chunker, state) if state is not None and state.started else source
         for frame in frames:
             stats.reconnects = source.reconnects
             stats.last_frame = time.monotonic()
@@ -326,7 +229,7 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
             # What ingest did for this stream so far travels with the chunk: the daemon exports it per stream.
             chunk.header = replace(chunk.header, reconnects=source.reconnects, decoded=source.decoded)
             if state is not None:
-                state[0], state[2], state[3] = chunker.seq, frame.ts + 1.0 / stream.fps, frame.wall
+                state.made(chunker.seq, frame.ts + 1.0 / stream.fps, frame.wall)
             stats.waiting = True  # waiting for the daemon (block policy), not for the source: not an outage
             queue.put(chunk, halt)
             stats.waiting = False
@@ -350,24 +253,24 @@ def _stream_main(stream: StreamConfig, config: PipelineConfig, queue: ChunkQueue
         if not halt.is_set():
             stats.state = "ended"  # a file that ended is not offline
             if state is not None:
-                state[4] = 1.0  # ended by itself (end of file, max_chunks): a restarted worker leaves it alone
+                state.ended = True  # by itself (end of file, max_chunks): a restarted worker leaves it alone
     finally:
         stats.reconnects = source.reconnects
         log.debug("stream %s: thread ends after %d chunks", stream.id, stats.chunks_made)
 
 
-def _resumed(source, stream: StreamConfig, chunker: Chunker, state):
+def _resumed(source, stream: StreamConfig, chunker: Chunker, state: StreamPosition):
     """The source's frames placed after where the stream's previous worker stopped: chunk numbers go on, and
     media time goes on with the wall time the stream was down as an outage on the first frame."""
-    chunker.seq = int(state[0])
+    chunker.seq = state.next_seq
     shift = None
     for frame in source:
         if shift is None:
             step = 1.0 / stream.fps
-            down = max(0.0, frame.wall - state[3] - step)
-            shift = state[2] + down - frame.ts
+            down = max(0.0, frame.wall - state.last_wall - step)
+            shift = state.media_end + down - frame.ts
             log.warning("stream %s: resumed by a new ingest worker at chunk %d after %.1f s down (%d chunk(s) made "
-                        "but not sent before)", stream.id, chunker.seq, down, max(0, int(state[0] - state[1] - 1)))
+                        "but not sent before)", stream.id, chunker.seq, down, max(0, state.next_seq - state.last_sent - 1))
             frame = replace(frame, ts=round(frame.ts + shift, 6), outage_s=round(frame.outage_s + down, 3))
         else:
             frame = replace(frame, ts=round(frame.ts + shift, 6))
@@ -415,7 +318,7 @@ def _send_loop(link: _Link, queue: ChunkQueue, stats: dict[str, StreamStats], cl
     """Send queued chunks until the worker is finishing and the queue is empty (or the flush time is up)."""
     resume = resume or {}
     # seq of each stream's last sent chunk (a resumed stream: the previous worker's)
-    last_sent = {sid: int(resume[sid][1]) if sid in resume else -1 for sid in stats}
+    last_sent = {sid: resume[sid].last_sent if sid in resume else -1 for sid in stats}
     next_log = time.monotonic() + LOG_EVERY_S
     window = {sid: 0 for sid in stats}
     while True:
@@ -446,7 +349,7 @@ def _send_loop(link: _Link, queue: ChunkQueue, stats: dict[str, StreamStats], cl
         log.debug("stream %s: sent chunk %d (%d frames)", h.stream, h.seq, len(chunk.frames))
         last_sent[h.stream] = h.seq
         if h.stream in resume:
-            resume[h.stream][1] = h.seq
+            resume[h.stream].last_sent = h.seq
         stats[h.stream].chunks_sent += 1
         window[h.stream] += 1
 

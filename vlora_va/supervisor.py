@@ -6,7 +6,7 @@
 
 Supervision (Frigate's per-camera watchdog): a child that dies is started again with backoff (RESTART_INITIAL_S
 doubling to RESTART_MAX_S; a child that ran STABLE_S starts afresh). A restarted ingest worker continues its
-streams where the dead one left them (`vlora_va.ingest.worker.Resume`: chunk numbers go on, the time down is reported as
+streams where the dead one left them (`vlora_va.ingest.stream_position`: chunk numbers go on, the time down is reported as
 an outage, chunks it made but never sent as `dropped_before`). A restarted daemon is reconnected to by the
 running workers on their own (ZeroMQ); meanwhile their queues apply the drop policy, and the first chunk each
 stream sends afterwards says how many were dropped. What was in flight when a child died is lost: at most
@@ -190,7 +190,7 @@ class Supervisor:
         self.path, self.log_level = str(config_path), log_level
         self.config = load_config(self.path)
         self.ctx = mp.get_context("spawn")  # no fork: torch and zmq state must not be copied into children
-        self.resume: dict[str, object] = {}  # stream id -> vlora_va.ingest.worker.Resume state
+        self.resume: dict[str, object] = {}  # stream id -> its StreamPosition (vlora_va/ingest/stream_position.py)
         self.workers: list[WorkerChild] = []
         self.daemon = DaemonChild("daemon")
         self.signals = 0
@@ -225,11 +225,11 @@ class Supervisor:
         log.info("daemon started (pid %d)", d.process.pid)
 
     def _start_worker(self, w: WorkerChild) -> None:
-        from vlora_va.ingest.worker import Resume
+        from vlora_va.ingest.stream_position import StreamPosition
 
         for sid in w.streams:
             if sid not in self.resume:
-                self.resume[sid] = Resume.new(self.ctx)
+                self.resume[sid] = StreamPosition.shared(self.ctx)
         w.stop, w.flushed, w.release = self.ctx.Event(), self.ctx.Event(), self.ctx.Event()
         w.restart_at, w.started = None, time.monotonic()
         w.process = self.ctx.Process(
@@ -379,7 +379,7 @@ class Supervisor:
         touched = set(removed) | set(changed)
         for sid in changed:  # a changed stream is a new stream under the same id: it may run again
             if sid in self.resume:
-                self.resume[sid][4] = 0.0
+                self.resume[sid].ended = False
         for w in [w for w in self.workers if not w.retiring and set(w.streams) & touched]:
             self._retire(w)
             keep = [sid for sid in w.streams if sid not in removed]
