@@ -71,7 +71,7 @@ def children(log: str, run_pid: int) -> dict[str, int]:
     return out
 
 
-class Rows:
+class ResultsFollower:
     """The results file read as it grows."""
 
     def __init__(self, path: Path):
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     log_file = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "vlora_va.cli", "run", str(path)], cwd=ROOT, stderr=log_file,
                             stdout=subprocess.DEVNULL, start_new_session=True)
-    rows = Rows(tmp / "results.jsonl")
+    rows = ResultsFollower(tmp / "results.jsonl")
     samples: list[dict] = []
     all_rows: list[dict] = []
     t0 = time.monotonic()

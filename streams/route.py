@@ -1,16 +1,16 @@
-"""Where a stream's chunks go, and the books of what went where (cluster mode).
+"""Where a stream's chunks go, and the ledger of what went where (cluster mode).
 
-    controller ─► Route.set(endpoint, daemon)  ─► the worker's send loop re-points its sockets before the next send
-    send loop  ─► Books.sent(daemon, header)   ─► controller: Books.take(lost daemon) when a daemon dies
+    controller ─► Route.set(endpoint, daemon)      ─► the worker's send loop re-points its sockets before its next send
+    send loop  ─► SentLedger.sent(daemon, header)  ─► controller: SentLedger.take(lost daemon) when a daemon dies
 
 A plain `vlora-va run` has one daemon and needs neither: its workers connect to daemon.endpoint for good. In cluster
 mode the controller moves streams between daemons (one died, one joined, one is overloaded), so a worker must follow
 without restarting its source (a file would start over). Chunks still waiting in the worker's queue go to the new
 daemon; those already handed to ZeroMQ go where they were sent (a live daemon answers them: the old socket lingers;
-a dead one cannot: its books say which, and the controller writes their rows).
+a dead one cannot: the ledger says which, and the controller writes their rows).
 
-The books keep every sent chunk for BOOKS_WINDOW_S (a daemon answers a chunk within its deadline, a few seconds, or
-is lost), bounded by BOOKS_MAX per daemon: what they answer is known to the collector, not here.
+The ledger keeps every sent chunk for LEDGER_WINDOW_S (a daemon answers a chunk within its deadline, a few seconds, or
+is lost), bounded by LEDGER_MAX_PER_DAEMON: what the daemons answer is known to the collector, not here.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from vlora_va.contracts.wire import ChunkHeader
 
-BOOKS_WINDOW_S = 120.0  # a chunk unanswered this long after it was sent is past any deadline: forgotten
-BOOKS_MAX = 100_000  # sent chunks kept per daemon at most (memory bound)
+LEDGER_WINDOW_S = 120.0  # a chunk unanswered this long after it was sent is past any deadline: forgotten
+LEDGER_MAX_PER_DAEMON = 100_000  # sent chunks kept per daemon at most (memory bound)
 
 
 class Route:
@@ -48,7 +48,7 @@ class Route:
             self._followed = version
 
     def followed(self) -> bool:
-        """The worker has followed the latest set(): every chunk sent to an earlier endpoint is in the books."""
+        """The worker has followed the latest set(): every chunk sent to an earlier endpoint is in the ledger."""
         with self._lock:
             return self._followed == self._version
 
@@ -89,11 +89,11 @@ class SentChunk:
                    float(d["outage_s"]))
 
 
-class Books:
-    """Per daemon name, the chunks sent to it in the last BOOKS_WINDOW_S (thread-safe: the send loops write, the
+class SentLedger:
+    """Per daemon name, the chunks sent to it in the last LEDGER_WINDOW_S (thread-safe: the send loops write, the
     controller reads)."""
 
-    def __init__(self, window_s: float = BOOKS_WINDOW_S, max_per_daemon: int = BOOKS_MAX):
+    def __init__(self, window_s: float = LEDGER_WINDOW_S, max_per_daemon: int = LEDGER_MAX_PER_DAEMON):
         self.window_s = window_s
         self._lock = threading.Lock()
         self._sent: dict[str, collections.deque[SentChunk]] = collections.defaultdict(
@@ -119,7 +119,7 @@ class Books:
             return len(self._sent.get(daemon, ()))
 
     def latest(self, daemon: str) -> dict[str, int]:
-        """Per stream, the highest chunk seq sent to `daemon` in the window (the books are left as they are)."""
+        """Per stream, the highest chunk seq sent to `daemon` in the window (the ledger is left as it is)."""
         with self._lock:
             latest: dict[str, int] = {}
             for c in self._sent.get(daemon, ()):

@@ -31,7 +31,7 @@ from vlora_va.contracts.security import curve_client
 from vlora_va.contracts.wire import HEARTBEAT_S, SourceStatus, encode_chunk
 from vlora_va.ingest.chunk_queue import ChunkQueue, StreamStats
 from vlora_va.ingest.chunker import Chunker, plan_chunk
-from vlora_va.ingest.route import Books, Route
+from vlora_va.ingest.route import Route, SentLedger
 from vlora_va.ingest.source import FrameSource, SourceError
 from vlora_va.ingest.stream_position import StreamPosition
 
@@ -62,14 +62,14 @@ def plan_workers(config: PipelineConfig) -> list[list[str]]:
 
 def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop: StopEvent | None = None,
                flushed: StopEvent | None = None, release: StopEvent | None = None,
-               resume: dict | None = None, route: Route | None = None, books: Books | None = None) -> dict:
+               resume: dict | None = None, route: Route | None = None, ledger: SentLedger | None = None) -> dict:
     """Run one ingest worker for `stream_ids` (default: all streams) until every stream has ended or
     `stop` (a threading or multiprocessing Event) is set; then flush the queue for up to FLUSH_TIMEOUT_S.
     Once flushed, sets `flushed` and keeps the socket connected until `release` is set (or, without
     `release`, for IngestConfig.close_grace_s): see _hold_connection.
     resume: stream id -> its StreamPosition (a supervisor's, kept across restarts of this worker).
-    route, books (cluster mode, vlora_va/ingest/route.py): where the chunks go now (followed before each send) and
-    the books of what was sent to which daemon.
+    route, ledger (cluster mode, vlora_va/ingest/route.py): where the chunks go now (followed before each send) and
+    the ledger of what was sent to which daemon.
     Returns per stream: chunks_sent, chunks_dropped, errors, reconnects, outages, outage_s, state (and chunks_made,
     last_error)."""
     streams = [config.stream(sid) for sid in stream_ids] if stream_ids is not None else list(config.streams)
@@ -83,7 +83,7 @@ def run_ingest(config: PipelineConfig, stream_ids: list[str] | None = None, stop
     queue = ChunkQueue(config.ingest.send_hwm, config.ingest.drop_policy, stats)
     halt = threading.Event()  # tells stream threads to finish; set from the caller's stop or on our exit
     ctx = zmq.Context(io_threads=1)
-    link = _Link(ctx, config, streams, route, books)
+    link = _Link(ctx, config, streams, route, ledger)
     beat = Heartbeat(link, stats)
     log.info("ingest worker: %d stream(s) %s -> %s (queue %d chunks, %s)", len(streams),
              ", ".join(s.id for s in streams), link.endpoint, queue.maxsize, queue.policy)
@@ -145,8 +145,8 @@ class _Link:
     socket holds lingers for the route's linger_s (a live daemon still answers it), the heartbeats do not."""
 
     def __init__(self, ctx: zmq.Context, config: PipelineConfig, streams: list[StreamConfig], route: Route | None,
-                 books: Books | None):
-        self.ctx, self.config, self.streams, self.route, self.books = ctx, config, streams, route, books
+                 ledger: SentLedger | None):
+        self.ctx, self.config, self.streams, self.route, self.ledger = ctx, config, streams, route, ledger
         self.version, self.endpoint, self.daemon, _ = route.current() if route else (0, config.daemon.endpoint, "", 0)
         self._open()
         if route is not None:
@@ -173,8 +173,8 @@ class _Link:
         return True
 
     def sent(self, header) -> None:
-        if self.books is not None:
-            self.books.sent(self.daemon, header)
+        if self.ledger is not None:
+            self.ledger.sent(self.daemon, header)
 
     def close(self, linger_s: float) -> None:
         self.sock.close(linger=int(linger_s * 1000))

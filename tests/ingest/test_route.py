@@ -1,6 +1,6 @@
 """Cluster mode's routing of a stream (vlora_va/ingest/route.py) and the worker following it (vlora_va/ingest/worker.py,
-`_Link`): a real ingest worker on a sample video, moved between two real PULL sockets while it runs, and the books
-of what went where. Route and Books on their own too.
+`_Link`): a real ingest worker on a sample video, moved between two real PULL sockets while it runs, and the ledger
+of what went where. Route and SentLedger on their own too.
 
 Every wait is on a condition, with a generous time-out: never a fixed sleep."""
 
@@ -12,24 +12,24 @@ from tests.conftest import BIKES
 from tests.ingest.ingest_helpers import QUIET_S, Receiver, WorkerThread, pipeline, stream
 from vlora_va.contracts.geometry import Letterbox
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest
-from vlora_va.ingest.route import Books, Route, SentChunk
+from vlora_va.ingest.route import Route, SentChunk, SentLedger
 
 WAIT_S = 60.0
 
 
 class RoutedWorker(WorkerThread):
-    """run_ingest in a thread, as cluster mode runs it: with a Route and Books."""
+    """run_ingest in a thread, as cluster mode runs it: with a Route and a SentLedger."""
 
-    def __init__(self, config, route: Route, books: Books):
+    def __init__(self, config, route: Route, ledger: SentLedger):
         super().__init__(config)
-        self.route, self.books = route, books
+        self.route, self.ledger = route, ledger
 
     def run(self) -> None:
         from vlora_va.ingest.worker import run_ingest
 
         try:
             self.stats = run_ingest(self.config, None, self.stop_event, self.flushed, self.release, route=self.route,
-                                    books=self.books)
+                                    ledger=self.ledger)
         except BaseException as e:  # surfaced by finish()
             self.error = e
 
@@ -63,20 +63,20 @@ def seqs(r: Receiver) -> list[int]:
     return [c.header.seq for c in r.chunks]
 
 
-def test_a_moved_stream_continues_at_the_new_daemon_with_no_gap_and_books_of_what_went_where(zmq_ctx):
+def test_a_moved_stream_continues_at_the_new_daemon_with_no_gap_and_a_ledger_of_what_went_where(zmq_ctx):
     a, b = Receiver(zmq_ctx), Receiver(zmq_ctx)
     n = 12  # 0.5-s chunks, paced like a camera: 6 s in all, time enough to move it in the middle
     cfg = pipeline(a.endpoint, stream("cam", BIKES, fps=10, chunk_seconds=0.5, realtime=True, max_chunks=n),
                    drop_policy="block")
-    route, books = Route(a.endpoint, "a"), Books()
-    w = RoutedWorker(cfg, route, books)
+    route, ledger = Route(a.endpoint, "a"), SentLedger()
+    w = RoutedWorker(cfg, route, ledger)
     w.start()
     try:
         receive_both(a, b, lambda: len(a.chunks) >= 3)
         route.set(b.endpoint, "b", linger_s=1.0)
         receive_both(a, b, route.followed)  # the worker's sockets now point at b
         moved = time.time()
-        sent_to_a = books.count("a")  # from now on nothing more goes to a
+        sent_to_a = ledger.count("a")  # from now on nothing more goes to a
         drain_both(a, b, w)
     finally:
         stats = w.finish(timeout=30)
@@ -88,14 +88,14 @@ def test_a_moved_stream_continues_at_the_new_daemon_with_no_gap_and_books_of_wha
     # the heartbeats moved too: a heard them until the move, b after it
     assert a.statuses and all(s.sent_wall < moved for s in a.statuses)
     assert b.statuses and {s.stream for s in b.statuses} == {"cam"}
-    # the books hold what was handed to ZeroMQ for each daemon (a's lingering socket delivered all of it)
+    # the ledger holds what was handed to ZeroMQ for each daemon (a's lingering socket delivered all of it)
     assert sent_to_a == len(got_a)
-    assert [c.seq for c in books.take("a")] == got_a
-    assert [c.seq for c in books.take("b")] == got_b
-    assert books.take("a") == [] and books.count("b") == 0  # taken: handed over once
+    assert [c.seq for c in ledger.take("a")] == got_a
+    assert [c.seq for c in ledger.take("b")] == got_b
+    assert ledger.take("a") == [] and ledger.count("b") == 0  # taken: handed over once
 
 
-def test_without_a_route_the_worker_keeps_no_books_and_stays_on_its_daemon(receiver):
+def test_without_a_route_the_worker_keeps_no_ledger_and_stays_on_its_daemon(receiver):
     cfg = pipeline(receiver.endpoint, stream("cam", BIKES, fps=10, max_chunks=3))
     w = WorkerThread(cfg)
     w.start()
@@ -124,26 +124,26 @@ def header(seq: int, sent_wall: float, stream: str = "cam") -> ChunkHeader:
                        sent_wall=sent_wall, dropped_before=seq % 2, outage_s=0.5 * seq)
 
 
-def test_books_keep_what_was_sent_per_daemon_within_their_window_and_bound():
+def test_the_ledger_keeps_what_was_sent_per_daemon_within_its_window_and_bound():
     now = time.time()
-    books = Books(window_s=10.0, max_per_daemon=3)
-    books.sent("a", header(0, now - 60))  # sent long ago: past any deadline
-    books.sent("a", header(1, now))  # ... forgotten when the next one is booked
-    books.sent("b", header(0, now, stream="other"))
-    assert books.count("a") == 1 and books.count("b") == 1
+    ledger = SentLedger(window_s=10.0, max_per_daemon=3)
+    ledger.sent("a", header(0, now - 60))  # sent long ago: past any deadline
+    ledger.sent("a", header(1, now))  # ... forgotten when the next one is booked
+    ledger.sent("b", header(0, now, stream="other"))
+    assert ledger.count("a") == 1 and ledger.count("b") == 1
     for seq in range(2, 6):
-        books.sent("a", header(seq, now))
-    assert books.count("a") == 3  # at most max_per_daemon: the oldest go
-    books.sent("a", header(9, now, stream="other"))
-    assert books.latest("a") == {"cam": 5, "other": 9} and books.latest("never") == {}
-    assert books.count("a") == 3  # latest() leaves the books as they are
-    books.sent("a", header(6, now))
-    taken = books.take("a")
+        ledger.sent("a", header(seq, now))
+    assert ledger.count("a") == 3  # at most max_per_daemon: the oldest go
+    ledger.sent("a", header(9, now, stream="other"))
+    assert ledger.latest("a") == {"cam": 5, "other": 9} and ledger.latest("never") == {}
+    assert ledger.count("a") == 3  # latest() leaves the ledger as it is
+    ledger.sent("a", header(6, now))
+    taken = ledger.take("a")
     assert [(c.stream, c.seq) for c in taken] == [("cam", 5), ("other", 9), ("cam", 6)]
     assert taken[0] == SentChunk("cam", 5, (("det", "det-v1", 2000.0),), (2.5,), now - 0.1, now, 1, 2.5)
-    assert books.take("a") == [] and books.count("a") == 0  # handed over once
-    assert [c.stream for c in books.take("b")] == ["other"]  # another daemon's books are its own
-    assert books.take("never") == []
+    assert ledger.take("a") == [] and ledger.count("a") == 0  # handed over once
+    assert [c.stream for c in ledger.take("b")] == ["other"]  # another daemon's entries are its own
+    assert ledger.take("never") == []
 
 
 def test_a_sent_chunk_survives_json_on_its_way_to_the_controller():

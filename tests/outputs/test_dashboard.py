@@ -154,7 +154,7 @@ def test_health_readiness_metrics_and_events(tmp_path, tiny_backbone_dir, tiny_a
         thread.join(60)
         server.close()
     assert refused(port)
-    assert not daemon.rows.observers  # the server took its observers away
+    assert not daemon.row_writer.observers  # the server took its observers away
 
 
 def test_server_from_config_on_loopback_via_metrics_port_alias(tmp_path, tiny_backbone_dir, tiny_adapters):
@@ -205,7 +205,7 @@ def test_a_taken_port_is_logged_and_the_daemon_serves_without_http(tmp_path, tin
         with caplog.at_level(logging.ERROR, logger="vlora_va.outputs.dashboard.server"):
             assert start_http(daemon) is None
     assert f"cannot bind 127.0.0.1:{port}" in caplog.text
-    assert not daemon.rows.observers
+    assert not daemon.row_writer.observers
 
 
 def test_a_persons_label_shows_the_score_behind_its_activity():

@@ -700,7 +700,7 @@ def test_daemon_with_an_unwritable_sink_serves_everything_to_the_working_one(tmp
     assert len(rows) == 24 and all(r["status"] == "ok" for r in rows)
     assert sorted((r["stream"], r["task"], r["chunk"]) for r in rows) == sorted(
         (s, t, q) for s in ("a", "b") for t in ("det", "act") for q in range(6))
-    good, failing = d.daemon.rows.sinks
+    good, failing = d.daemon.row_writer.sinks
     assert good.stats() == {"written": 24, "dropped": 0, "errors": 0, "queue": 0}
     assert failing.stats()["written"] == 0 and failing.stats()["dropped"] == 24 and failing.stats()["errors"] >= 1
     assert d.daemon.metrics.sinks[f"jsonl:{bad}"]["written"] == 0

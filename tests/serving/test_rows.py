@@ -11,12 +11,12 @@ from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.executor import Engine
 from vlora_va.engine.modes import UNMERGED, LoRAMode
 from vlora_va.serving.prometheus import DaemonMetrics
-from vlora_va.serving.rows import Rows
+from vlora_va.serving.rows import RowWriter
 from vlora_va.serving.scheduling import make_plan
 from vlora_va.testing.tiny import TINY_IMAGE
 
 
-def tracked_rows(tmp_path, tiny_backbone_dir, tiny_adapters) -> tuple[Rows, Engine]:
+def tracked_rows(tmp_path, tiny_backbone_dir, tiny_adapters) -> tuple[RowWriter, Engine]:
     """Rows of a pipeline with one tracked detection task (stream cam, task det), and the engine serving it."""
     cfg = parse_config(f"""
 daemon: {{backbone: {tiny_backbone_dir}, image_size: {TINY_IMAGE}}}
@@ -29,7 +29,7 @@ streams:
 """, "t.yaml", tmp_path)
     engine = Engine(load_backbone(str(tiny_backbone_dir)), {"detect": load_adapter_dir(
         "detect", tiny_adapters["detect"], 32)}, TINY_IMAGE)
-    rows = Rows(cfg, engine, DaemonMetrics())
+    rows = RowWriter(cfg, engine, DaemonMetrics())
     return rows, engine
 
 

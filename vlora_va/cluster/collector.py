@@ -2,13 +2,13 @@
 
     daemon ─► CollectorSink (PUSH) ─┐
     daemon ─► CollectorSink (PUSH) ─┼─► PULL (one thread) ─► once per (stream, task, chunk) ─► counts carried across
-    controller: lost(daemon, books) ┘                         daemons ─► "daemon" stamped ─► the configured sinks
+    controller: lost(daemon, sent)  ┘                         daemons ─► "daemon" stamped ─► the configured sinks
 
 - **Once.** A result row is keyed (stream, task, chunk); a second row for a key is dropped and counted. That happens
   when a daemon's row arrives after the controller wrote the chunk's "daemon lost" row (a dead daemon's last
   packets), so the sinks still see exactly one row per chunk and task.
 - **Nothing vanishes.** When a daemon dies, the controller hands over what ingest sent it (`SentChunk`s, ingest's
-  books); every (chunk, task) with no row yet gets one: status error, reason "daemon lost: <name>".
+  sent ledger); every (chunk, task) with no row yet gets one: status error, reason "daemon lost: <name>".
 - **Counts continue.** A line's or zone's running totals live in the daemon that tracks the stream; when the stream
   moves, the new daemon counts from zero. Each counter epoch is (daemon, counts_since); an event's cumulative totals
   are the sum of the latest totals of every epoch of its stream's rule, and its counts_since the earliest. "inside"
@@ -39,7 +39,7 @@ from vlora_va.outputs.attach import configured_sinks
 
 log = logging.getLogger(__name__)
 
-ANSWERED_WINDOW_S = 300.0  # keys of answered chunks are kept this long (longer than ingest's books, 120 s)
+ANSWERED_WINDOW_S = 300.0  # keys of answered chunks are kept this long (longer than ingest's sent ledger, 120 s)
 ANSWERED_MAX = 2_000_000  # ...and at most this many (memory bound, about 200 MB at worst)
 POLL_MS = 100
 CUMULATIVE = ("in", "out", "entered", "left")  # count fields that add up across daemons ("inside" does not)

@@ -210,7 +210,7 @@ class Controller:
         self._collect("settle", name)
         chunks = []
         for actor in set(self.ingest.values()):
-            chunks += self._ingest(actor, "take_books", name) or []
+            chunks += self._ingest(actor, "take_sent", name) or []
         written = self._collect("lost", name, chunks)
         log.warning("daemon %s: %d chunk(s) it was sent, %s row(s) written for those it never answered; failover "
                     "took %.2f s", name, len(chunks), written, time.time() - t0)

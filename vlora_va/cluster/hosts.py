@@ -4,7 +4,7 @@ controller (controller.py) makes Ray actors of them, so each can also be tested 
     DaemonHost   one inference daemon: free ports on its node, rows to the collector, adapters loaded and unloaded on
                  the controller's word, streams released when they move away
     IngestHost   each of its streams in its own ingest worker (run_ingest) with a Route the controller can change,
-                 and the books of what was sent to which daemon
+                 and the ledger of what was sent to which daemon
     CollectorHost the collector (collector.py) on a port of its node
 
 Frames go ingest → daemon over ZeroMQ, never through Ray: Ray places the actors, restarts them and carries the
@@ -166,10 +166,10 @@ class IngestHost:
         worker, so one stream can follow its daemon without disturbing the others."""
         setup_logging(log_level, "ingest")
         load_plugins(config.plugins)
-        from vlora_va.ingest.route import Books, Route
+        from vlora_va.ingest.route import Route, SentLedger
         from vlora_va.ingest.worker import run_ingest
 
-        self.books = Books()
+        self.ledger = SentLedger()
         self.routes = {sid: Route(endpoint, daemon) for sid, (endpoint, daemon) in routes.items()}
         self._stop, self._release = threading.Event(), threading.Event()
         self._flushed = {sid: threading.Event() for sid in routes}
@@ -178,7 +178,7 @@ class IngestHost:
         for sid in routes:
             def run(sid=sid):
                 stats = run_ingest(config, [sid], self._stop, self._flushed[sid], self._release,
-                                   route=self.routes[sid], books=self.books)
+                                   route=self.routes[sid], ledger=self.ledger)
                 self._stats[sid] = stats.get(sid)
             self._threads[sid] = threading.Thread(target=run, name=f"ingest-{sid}", daemon=True)
             self._threads[sid].start()
@@ -186,19 +186,19 @@ class IngestHost:
     def move(self, stream: str, endpoint: str, daemon: str, linger_s: float) -> None:
         self.routes[stream].set(endpoint, daemon, linger_s)
 
-    def take_books(self, daemon: str, timeout_s: float = 2.0) -> list[dict]:
+    def take_sent(self, daemon: str, timeout_s: float = 2.0) -> list[dict]:
         """What was sent to `daemon` (it died), once every stream has followed its latest route (a chunk sent to the
-        dead daemon a moment ago is in the books then)."""
+        dead daemon a moment ago is in the ledger then)."""
         deadline = time.monotonic() + timeout_s
         while not all(r.followed() for sid, r in self.routes.items() if not self._flushed[sid].is_set()):
             if time.monotonic() > deadline:
                 break
             time.sleep(0.02)
-        return [c.to_json() for c in self.books.take(daemon)]
+        return [c.to_json() for c in self.ledger.take(daemon)]
 
     def latest_sent(self, daemon: str) -> dict[str, int]:
-        """Per stream, the last chunk seq sent to `daemon` so far (what it owes at most; the books stay)."""
-        return self.books.latest(daemon)
+        """Per stream, the last chunk seq sent to `daemon` so far (what it owes at most; the ledger keeps them)."""
+        return self.ledger.latest(daemon)
 
     def progress(self) -> dict:
         """Per stream: flushed (everything it made is handed to ZeroMQ), finished (its worker returned), its stats."""

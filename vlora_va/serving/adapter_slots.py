@@ -27,16 +27,16 @@ from vlora_va.engine.executor import Engine
 from vlora_va.engine.plan import Catalog
 from vlora_va.serving.control import Operation
 from vlora_va.serving.prometheus import DaemonMetrics
-from vlora_va.serving.rows import Rows
+from vlora_va.serving.rows import RowWriter
 from vlora_va.serving.scheduling import Scheduler
 
 log = logging.getLogger(__name__)
 
 
 class AdapterSlots:
-    def __init__(self, engine: Engine, scheduler: Scheduler, rows: Rows, metrics: DaemonMetrics,
+    def __init__(self, engine: Engine, scheduler: Scheduler, row_writer: RowWriter, metrics: DaemonMetrics,
                  failed: dict[str, str]):
-        self.engine, self.scheduler, self.rows, self.metrics = engine, scheduler, rows, metrics
+        self.engine, self.scheduler, self.row_writer, self.metrics = engine, scheduler, row_writer, metrics
         self.catalog: Catalog = engine.catalog()  # replaced whole on a load or unload, never changed in place
         self.failed = dict(failed)  # adapter name -> why it could not be loaded
         self.operations: queue.Queue[Operation] = queue.Queue()  # prepared on the control thread, applied here
@@ -76,7 +76,7 @@ class AdapterSlots:
     def refuse_held(self, reason: str) -> None:
         """Every held request shed with `reason` (the daemon stops)."""
         held, self._held = self._held, []
-        self.rows.refuse([(r, "shed", reason, "drain") for r in held])
+        self.row_writer.refuse([(r, "shed", reason, "drain") for r in held])
 
     def shed_late(self) -> None:
         """Held requests past their deadline are shed."""
@@ -84,7 +84,7 @@ class AdapterSlots:
         late = [r for r in self._held if now > r.deadline]
         if late:
             self._held = [r for r in self._held if now <= r.deadline]
-            self.rows.refuse([(r, "shed", f"adapter {r.adapter!r} was still loading at its deadline", "deadline")
+            self.row_writer.refuse([(r, "shed", f"adapter {r.adapter!r} was still loading at its deadline", "deadline")
                               for r in late])
 
     def _release_held(self, name: str, reply: dict) -> None:
@@ -95,7 +95,7 @@ class AdapterSlots:
         if reply.get("ok"):
             self.scheduler.extend(held)
         else:
-            self.rows.errors(held, f"adapter {name!r} failed to load: {reply.get('error')}")
+            self.row_writer.errors(held, f"adapter {name!r} failed to load: {reply.get('error')}")
 
     # ------------------------------------------------------------------ operations
     def apply_operations(self) -> None:
@@ -195,7 +195,7 @@ class AdapterSlots:
         self._last_used.pop(name, None)
         held = [r for r in self._held if r.adapter == name]  # held while it compiled: told too
         self._held = [r for r in self._held if r.adapter != name]
-        self.rows.errors(self.scheduler.drop_adapter(name) + held, reason)
+        self.row_writer.errors(self.scheduler.drop_adapter(name) + held, reason)
         self._changed()
         log.info("%s (slot %d freed)", reason, slot)
         return slot
@@ -209,4 +209,4 @@ class AdapterSlots:
         self.metrics.slots_used.set(len(self.engine.slots))
         self.catalog = self.engine.catalog()
         self.scheduler.use_catalog(self.catalog)
-        self.rows.adapters_changed()
+        self.row_writer.adapters_changed()

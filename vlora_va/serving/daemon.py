@@ -36,7 +36,7 @@ from vlora_va.serving.capacity import estimate
 from vlora_va.serving.control import ControlServer, control_endpoint
 from vlora_va.serving.costs import CostModel
 from vlora_va.serving.prometheus import DaemonMetrics, Totals
-from vlora_va.serving.rows import Rows
+from vlora_va.serving.rows import RowWriter
 from vlora_va.serving.scheduling import Settings
 from vlora_va.serving.startup import build_engine, cost_model, warm_up
 from vlora_va.serving.status import Status
@@ -65,8 +65,8 @@ class Daemon:
         settings = Settings(self._batch_cap(d.max_batch_images), d.max_wait_ms / 1000.0, d.starvation_ms / 1000.0)
         self.scheduler = POLICIES.load(d.policy)(engine.catalog(), self.costs, settings, engine.weights_slot)
         self.admission = Admission(self.costs, d.degrade)
-        self.rows = Rows(config, engine, self.metrics)
-        self.adapters = AdapterSlots(engine, self.scheduler, self.rows, self.metrics, failed)
+        self.row_writer = RowWriter(config, engine, self.metrics)
+        self.adapters = AdapterSlots(engine, self.scheduler, self.row_writer, self.metrics, failed)
         self.status_report = Status(self)
         self.estimate = estimate(config, self.catalog, self.costs) if self.catalog.adapters else None
         self.warmed: set = set()
@@ -112,7 +112,7 @@ class Daemon:
         self.heartbeat = time.monotonic()
         self.adapters.apply_operations()
         while not self._released.empty():
-            self.rows.release(self._released.get())
+            self.row_writer.release(self._released.get())
         self.adapters.shed_late()
         now = time.time()
         spent = self.status_report.spent  # where the loop's time goes (the log line's shares)
@@ -124,16 +124,16 @@ class Daemon:
         t2 = spent("intake", t1)
         now = time.time()
         if self.scheduler.ready(now, stopping):
-            self.scheduler.reserve_s = self.rows.sink_leg.reserve_s(self.rows.sinks)
+            self.scheduler.reserve_s = self.row_writer.sink_leg.reserve_s(self.row_writer.sinks)
             self.metrics.sink_leg.set(self.scheduler.reserve_s)
             plan, shed = self.scheduler.next_plan(now)
-            self.rows.shed(shed)
+            self.row_writer.shed(shed)
             t2 = spent("planning", t2)
             if plan is not None:
                 self._execute(plan)
                 t2 = spent("engine", t2)
         transport.hold(self.scheduler.queued_images)
-        self.rows.tick(time.time(), deaf=transport.backlogged)
+        self.row_writer.tick(time.time(), deaf=transport.backlogged)
         self.status_report.tick()
         spent("rows", t2)
         return len(items)
@@ -146,23 +146,24 @@ class Daemon:
             return
         if isinstance(item, Heard):
             s = item.status
-            self.rows.analytics.heard(s.stream, s.state, s.frame_age_s, item.received)
+            self.row_writer.analytics.heard(s.stream, s.state, s.frame_age_s, item.received)
             return
         self._count(item)
         if item.requests:
             first = item.requests[0]
-            self.rows.analytics.frames(item.stream, first.ready, max(first.frame_ts, default=0.0))
+            self.row_writer.analytics.frames(item.stream, first.ready, max(first.frame_ts, default=0.0))
         # Filtered frames (a task that reuses an earlier chunk's result) cost no compute: straight to their rows.
         fresh = [r for r in item.requests if r.reuse_chunk < 0]
         for r in fresh:
-            r.embed = self.rows.analytics.wants_embeddings(r.stream, r.task)
-        self.rows.expect([(r.stream, r.task, r.seq) for r in item.requests], [(r.stream, r.task, r.seq) for r in fresh])
+            r.embed = self.row_writer.analytics.wants_embeddings(r.stream, r.task)
+        self.row_writer.expect([(r.stream, r.task, r.seq) for r in item.requests],
+                               [(r.stream, r.task, r.seq) for r in fresh])
         if len(fresh) < len(item.requests):
-            self.rows.reused([r for r in item.requests if r.reuse_chunk >= 0])
+            self.row_writer.reused([r for r in item.requests if r.reuse_chunk >= 0])
         admitted = self.admission.admit(fresh, self.catalog, self.adapters.failed, self.adapters.waiting,
                                         time.time(), self.scheduler.queue, self.adapters.busy_share())
         self.adapters.hold(admitted.held)
-        self.rows.refuse(admitted.refused)
+        self.row_writer.refuse(admitted.refused)
         self.scheduler.extend(admitted.queue)
 
     def _count(self, item: Received) -> None:
@@ -185,7 +186,7 @@ class Daemon:
         except Exception as e:  # a bad batch must not take the daemon down
             log.exception("engine failed on a batch of %d requests", len(plan.requests))
             self.scheduler.weights_now(self.engine.weights_slot)
-            self.rows.errors(plan.requests, f"inference failed: {type(e).__name__}: {e}")
+            self.row_writer.errors(plan.requests, f"inference failed: {type(e).__name__}: {e}")
             return
         t1 = time.time()
         self.costs.observe(plan.raw_s, t1 - t0)
@@ -193,7 +194,7 @@ class Daemon:
         self.metrics.batch(label, plan.images, t1 - t0, switched=before != self.engine.weights_slot)
         self.adapters.used({r.adapter for r in plan.requests}, t1)
         self.status_report.batch(label, plan.images, len(plan.requests), plan.est_s, t0, t1)
-        self.rows.served(plan, payloads, t0, t1, label, self.catalog)
+        self.row_writer.served(plan, payloads, t0, t1, label, self.catalog)
 
     def _mode_label(self, mode: LoRAMode) -> str:
         if mode.slot is None:
@@ -229,7 +230,7 @@ class Daemon:
         control = self._control()
         try:
             with ExitStack() as stack:
-                self.rows.attach(open_sinks(stack) if open_sinks is not None else [])
+                self.row_writer.attach(open_sinks(stack) if open_sinks is not None else [])
                 transport.start()
                 if control is not None:
                     control.start()
@@ -287,5 +288,5 @@ class Daemon:
             if not reading and not self.scheduler.queue and self.adapters.held:
                 self.adapters.refuse_held("the daemon stopped while its adapter was still loading")
                 break
-        self.rows.finish()
+        self.row_writer.finish()
         self.status_report.log_progress(force=True)

@@ -1,4 +1,4 @@
-"""Rows: the one row every request gets, the events they make, and where they go.
+"""RowWriter: the one row every request gets, the events they make, and where they go.
 
     served plan + payloads ─┐
     refused (admission)     ├─► ResultRecord (+ provenance) ─► analytics (tracked tasks: in chunk order, track
@@ -39,7 +39,7 @@ ServedObserver = Callable[[Request, ResultRecord], None]
 RowObserver = Callable[[list[ResultRecord]], None]
 
 
-class Rows:
+class RowWriter:
     def __init__(self, config: PipelineConfig, engine: Engine, metrics: DaemonMetrics):
         self.config, self.engine, self.metrics = config, engine, metrics
         self.sinks: list = []  # set by attach() while the daemon serves

@@ -77,7 +77,7 @@ class Status:
         m.offered_load.set(self.offered_load)
         for tier, f in d.admission.overload.fractions.items():
             m.degraded.labels(str(tier)).set(f)
-        for sink in d.rows.sinks:
+        for sink in d.row_writer.sinks:
             m.sink_stats(sink.name, sink.stats())
         self.log_progress()
 

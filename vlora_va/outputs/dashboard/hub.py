@@ -178,7 +178,8 @@ class Hub:
             st.scene_seq = self._seq
 
     def frame(self, req: Request, rec: ResultRecord) -> None:
-        """A served request (Rows.observe_served): keep one of its frames, with what was found on it, at a reduced rate."""
+        """A served request (RowWriter.observe_served): keep one of its frames, with what was found on it, at a reduced
+        rate."""
         if rec.result is None or not req.frames:
             return
         detection = isinstance(rec.result, DetectionResult)

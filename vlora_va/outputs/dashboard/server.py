@@ -65,7 +65,7 @@ def sink_problems(daemon) -> dict[str, str]:
     """Sink name -> why it cannot write, for every sink that cannot. A sink object that has `health()` says it
     (None = fine, else a sentence); otherwise a file sink is checked for a writable path."""
     problems = {}
-    sinks = daemon.rows.sinks or list(daemon.config.sinks)  # not serving yet: the configured ones
+    sinks = daemon.row_writer.sinks or list(daemon.config.sinks)  # not serving yet: the configured ones
     for s in sinks:
         where = getattr(s, "options", s)  # a configured sink (SinkConfig): its own keys name its file or URL
         name = getattr(s, "name", None) or f"{s.type}:{getattr(where, 'path', '') or getattr(where, 'url', '')}"
@@ -245,12 +245,12 @@ class HttpServer(_Threaded):
             self._tasks.append(asyncio.get_running_loop().create_task(self._ticker()))
 
     def _attach(self) -> None:
-        self.daemon.rows.observe_served(self.hub.frame)
-        self.daemon.rows.observe_rows(self.hub.rows)
+        self.daemon.row_writer.observe_served(self.hub.frame)
+        self.daemon.row_writer.observe_rows(self.hub.rows)
 
     def _detach(self) -> None:
-        self.daemon.rows.forget(self.hub.frame)
-        self.daemon.rows.forget(self.hub.rows)
+        self.daemon.row_writer.forget(self.hub.frame)
+        self.daemon.row_writer.forget(self.hub.rows)
 
     async def _stop(self) -> None:
         self._detach()
