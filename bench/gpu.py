@@ -567,10 +567,10 @@ sinks:
         keys.append({"key": str(k), "first_ms": round(rs[0][1], 2), "runs": len(rs),
                      "steady_median_ms": round(statistics.median(steady), 2) if steady else None,
                      "first_after_ready": rs[0][0] > ready_at})
-    res.put("after_ready", {"chunks_sent": sent, "answered": daemon.stats.answered, "late_keys": late,
-                            "ok": not late and daemon.stats.answered >= sent})
+    res.put("after_ready", {"chunks_sent": sent, "answered": daemon.totals.answered, "late_keys": late,
+                            "ok": not late and daemon.totals.answered >= sent})
     res.put("keys", keys)
-    log(f"  after ready: {sent} chunks sent, {daemon.stats.answered} answered, keys first run after ready: {late}")
+    log(f"  after ready: {sent} chunks sent, {daemon.totals.answered} answered, keys first run after ready: {late}")
 
 
 def mixed_load(daemon, cfg, zmq, np) -> int:
@@ -599,7 +599,7 @@ def mixed_load(daemon, cfg, zmq, np) -> int:
             push.send_multipart(encode_chunk(header, frames), copy=False)
             seq += 1
         deadline = time.monotonic() + 120
-        while daemon.stats.answered < seq and time.monotonic() < deadline:
+        while daemon.totals.answered < seq and time.monotonic() < deadline:
             time.sleep(0.01)
     push.close(linger=1000)
     ctx.term()

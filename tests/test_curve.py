@@ -145,7 +145,7 @@ def test_a_client_without_the_key_is_refused_on_every_daemon_socket(tmp_path, ti
         row = json.loads(body)
         want = reference_payloads(tiny_backbone_dir, {"seeing": seeing}, TINY_IMAGE, parts)["det"]
         assert topic == b"cam" and row["status"] == "ok" and payload_difference(row, want) is None
-        assert d.daemon.stats.chunks == 1 and d.daemon.stats.malformed == 0  # nothing else got through
+        assert d.daemon.totals.chunks == 1 and d.daemon.totals.malformed == 0  # nothing else got through
         assert d.thread.is_alive() and d.daemon.ready.is_set()
         sub.close()
         push.close()

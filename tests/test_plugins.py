@@ -248,7 +248,7 @@ def test_a_head_a_source_a_sink_and_a_policy_from_this_file_run_through_the_daem
     check_rows(sink.snapshot())
     served = [key for batch in ArrivalOrder.batches for key in batch]
     assert sorted(served) == [("flat", k) for k in range(3)]  # the policy planned every batch
-    assert sink.stats()["written"] == 3 and daemon.stats.ok == 3
+    assert sink.stats()["written"] == 3 and daemon.totals.ok == 3
 
 
 def test_the_plug_ins_serve_in_vlora_va_run_when_the_pipeline_names_this_file(tmp_path, tiny_backbone_dir):

@@ -151,7 +151,7 @@ def test_malformed_messages_are_logged_and_counted_never_fatal(running, caplog):
     running.send([json.dumps(huge).encode(), *good(6)[1:]])
     running.send(good(5))
     rows = running.finish()
-    assert running.daemon.stats.malformed == 4
+    assert running.daemon.totals.malformed == 4
     ok = [r for r in rows if r["status"] == "ok"]
     assert [r["chunk"] for r in ok] == [0, 5]
     errors = {r["chunk"]: r["reason"] for r in rows if r["status"] == "error"}
@@ -171,12 +171,12 @@ def test_every_received_request_gets_exactly_one_row_even_under_overload(tmp_pat
         sent += 2
     rows = d.finish()
     keys = [(r["chunk"], r["task"]) for r in rows]
-    assert len(keys) == len(set(keys)) == sent == d.daemon.stats.answered == d.daemon.stats.requests
+    assert len(keys) == len(set(keys)) == sent == d.daemon.totals.answered == d.daemon.totals.requests
     shed = [r for r in rows if r["status"] == "shed"]
     assert shed and all(r["reason"] and r["deadline_met"] is False for r in shed)
     ok = [r for r in rows if r["status"] == "ok"]
     assert ok and sum(not r["deadline_met"] for r in ok) <= max(1, len(ok) // 100)
-    assert d.daemon.stats.shed_by[("cam", "det")] + d.daemon.stats.shed_by[("cam", "act")] == len(shed)
+    assert d.daemon.totals.shed_by[("cam", "det")] + d.daemon.totals.shed_by[("cam", "act")] == len(shed)
 
 
 def test_stop_drains_every_received_chunk(running):
@@ -268,7 +268,7 @@ def test_every_policy_serves_each_request_with_its_own_adapter(tmp_path, tiny_ba
         problem = payload_difference(got, want)
         assert problem is None, f"chunk {seq} ({adapter}, mode {got['mode']}): {problem}"
     if policy == "merge-only":
-        assert d.daemon.stats.switches >= 2  # it did switch between the adapters under load
+        assert d.daemon.totals.switches >= 2  # it did switch between the adapters under load
 
 
 @pytest.mark.parametrize("policy, premerge_mb", [("vlora", 1024), ("vlora", 0), ("dlora", 0)])
@@ -301,9 +301,9 @@ def test_no_plan_key_runs_for_the_first_time_after_ready(tmp_path, tiny_backbone
 
 def wait_answered(d: RunningDaemon, n: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while d.daemon.stats.answered < n and time.monotonic() < deadline:
+    while d.daemon.totals.answered < n and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert d.daemon.stats.answered >= n, f"{d.daemon.stats.answered} of {n} requests answered"
+    assert d.daemon.totals.answered >= n, f"{d.daemon.totals.answered} of {n} requests answered"
 
 
 def test_log_and_gauges_keep_moving_under_sustained_load(tmp_path, tiny_backbone_dir, tiny_adapters, caplog):
@@ -356,7 +356,7 @@ def test_prometheus_metrics_count_what_happened(tmp_path, tiny_backbone_dir, tin
     d.send([b"garbage"])
     d.send(chunk_parts("cam", 1, [("det", "detect")], deadline_s=1.0, ready_ago_s=3.0))
     deadline = time.monotonic() + 30
-    while d.daemon.stats.answered < 2 and time.monotonic() < deadline:
+    while d.daemon.totals.answered < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     d.finish()

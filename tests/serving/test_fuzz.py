@@ -109,7 +109,7 @@ def fuzz(d: RunningDaemon, gen: MessageGen, caplog) -> dict:
         t0 = time.monotonic()
         send(gen.live(seq, LIVE_TASKS))
         rows = tail.wait_for(seq, len(LIVE_TASKS), STALL_S)
-        s = d.daemon.stats
+        s = d.daemon.totals
         assert len(rows) == len(LIVE_TASKS), (
             f"live chunk {seq}: no rows in the results file after {STALL_S} s ({sum(sent.values())} messages sent; "
             f"the daemon answered {s.answered} requests, the file has {tail.count} rows, thread alive: "
@@ -140,8 +140,8 @@ def test_no_message_kills_or_stalls_the_daemon(tmp_path, tiny_backbone_dir, tiny
         run = fuzz(d, gen, caplog)
         assert d.thread.is_alive()
         assert threading.active_count() == run["threads"]
-        stats = d.daemon.stats
-        malformed, chunks = stats.malformed, stats.chunks
+        totals = d.daemon.totals
+        malformed, chunks = totals.malformed, totals.chunks
         rows = d.finish()
     except BaseException:
         abandon(d)
@@ -155,7 +155,7 @@ def test_no_message_kills_or_stalls_the_daemon(tmp_path, tiny_backbone_dir, tiny
     assert got == expected
     wrong = [r for r in rows if r["status"] not in allowed[(r["stream"], r["chunk"], r["task"])]]
     assert not wrong, wrong[:3]
-    assert stats.requests == sum(expected.values()) == stats.answered
+    assert totals.requests == sum(expected.values()) == totals.answered
     # the live stream: served, in deadline, and exactly what a fresh engine computes for the same frames
     live_rows = [r for r in rows if r["stream"] == "live"]
     assert len(live_rows) == len(LIVE_TASKS) * (N_MESSAGES // LIVE_EVERY + 1)

@@ -22,9 +22,9 @@ def served(d: RunningDaemon, seq: int, adapter: str, seed: int = 7) -> None:
 
 def wait_rows(d: RunningDaemon, n: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while d.daemon.stats.answered < n and time.monotonic() < deadline:
+    while d.daemon.totals.answered < n and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert d.daemon.stats.answered >= n, f"{d.daemon.stats.answered} of {n} rows"
+    assert d.daemon.totals.answered >= n, f"{d.daemon.totals.answered} of {n} rows"
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_requests_for_an_adapter_being_loaded_wait_for_it(tmp_path, tiny_backbon
     served(d, 0, "late")
     d.send(chunk_parts("other", 0, [("t", "detect")], n_frames=2))  # taken in after it (one socket: in order)
     wait_rows(d, 1)
-    assert d.daemon.stats.answered == 1  # the later chunk was answered; the held one not (as "unknown adapter")
+    assert d.daemon.totals.answered == 1  # the later chunk was answered; the held one not (as "unknown adapter")
     assert control(d, "load", name="late", path=str(extra["extra0"]))["ok"]
     rows = {r["stream"]: r for r in d.finish()}
     assert rows["other"]["status"] == "ok"
@@ -153,7 +153,7 @@ def test_an_adapter_loaded_at_run_time_compiles_beside_serving(tmp_path, tiny_ba
     served(d, 0, "late")  # held while its model compiles
     d.send(chunk_parts("other", 0, [("t", "detect")], n_frames=2))
     wait_rows(d, 1)  # answered while the compile is still held: serving did not wait for it
-    assert d.daemon.stats.answered == 1 and "late" in d.daemon.adapters.waiting
+    assert d.daemon.totals.answered == 1 and "late" in d.daemon.adapters.waiting
     assert d.daemon.adapters.busy_share() > 0  # admission counts the compile's share of the cores off the capacity
     compile_gate["open"].set()
     rows = {r["stream"]: r for r in d.finish()}

@@ -66,7 +66,7 @@ class JsonRow:
 
 
 @dataclass
-class CollectorStats:
+class CollectorTotals:
     rows: int = 0  # handed to the sinks
     duplicates: int = 0  # second rows for a (stream, task, chunk): dropped
     lost: int = 0  # "daemon lost" rows written
@@ -115,7 +115,7 @@ class Collector:
     def __init__(self, config: PipelineConfig, endpoint: str = "tcp://127.0.0.1:*"):
         """endpoint: where daemons connect (a '*' port: any free one; `self.endpoint` says which)."""
         self.config = config
-        self.stats = CollectorStats(by_daemon=collections.Counter())
+        self.totals = CollectorTotals(by_daemon=collections.Counter())
         self.counts = Counts()
         self._answered: collections.OrderedDict[tuple, float] = collections.OrderedDict()
         self._last_row: dict[str, float] = {}  # daemon -> time.monotonic() of its last row
@@ -159,7 +159,7 @@ class Collector:
                 raise ValueError("not [daemon, row]")
         except (IndexError, UnicodeDecodeError, ValueError):
             with self._lock:
-                self.stats.malformed += 1
+                self.totals.malformed += 1
             return
         with self._lock:
             self._last_row[daemon] = time.monotonic()
@@ -173,7 +173,7 @@ class Collector:
             if row.get("type", "result") == "result":
                 key = (row.get("stream"), row.get("task"), row.get("chunk"))
                 if key in self._answered:
-                    self.stats.duplicates += 1
+                    self.totals.duplicates += 1
                     continue
                 self._answered[key] = now
                 if row.get("frame_ts"):
@@ -186,8 +186,8 @@ class Collector:
         self._forget(now)
         if not out:
             return
-        self.stats.rows += len(out)
-        self.stats.by_daemon[daemon] += len(out)
+        self.totals.rows += len(out)
+        self.totals.by_daemon[daemon] += len(out)
         for sink in self._sinks:
             sink.write(out)
 
@@ -219,7 +219,7 @@ class Collector:
                         continue
                     rows.append(lost_row(c, task, adapter, deadline_ms, daemon, now))
             self._write(daemon, rows)
-            self.stats.lost += len(rows)
+            self.totals.lost += len(rows)
         if rows:
             log.warning("daemon %s lost: %d row(s) written for the chunks it was sent and never answered", daemon,
                         len(rows))
@@ -233,7 +233,7 @@ class Collector:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"endpoint": self.endpoint, **self.stats.to_json(),
+            return {"endpoint": self.endpoint, **self.totals.to_json(),
                     "first_served": {s: dict(d) for s, d in self.first_served.items()},
                     "sinks": {s.name: s.stats() for s in self._sinks}}
 

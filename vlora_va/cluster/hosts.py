@@ -122,7 +122,7 @@ class DaemonHost:
     def status(self) -> dict:
         """What the placement reads: the adapters held, the offered load (admission's measure, 1.0 = the machine's
         capacity), the queue, the totals."""
-        s = self.daemon.status()
+        s = self.daemon.snapshot()
         return {"name": self.name, "adapters": sorted(s["adapters"]), "offered_load": s["offered_load"],
                 "queue": s["queue"], "totals": s["totals"], "ready": s["ready"], "pid": os.getpid()}
 
@@ -156,7 +156,7 @@ class DaemonHost:
         self._drained.wait(timeout_s)
         self._thread.join(timeout_s)
         self._availability.close()
-        t = self.daemon.stats
+        t = self.daemon.totals
         return {"name": self.name, "requests": t.requests, "ok": t.ok, "shed": t.shed, "errors": t.errors}
 
 

@@ -39,7 +39,7 @@ from vlora_va.serving.prometheus import DaemonMetrics, Totals
 from vlora_va.serving.rows import RowWriter
 from vlora_va.serving.scheduling import Settings
 from vlora_va.serving.startup import build_engine, cost_model, warm_up
-from vlora_va.serving.status import Status
+from vlora_va.serving.status import Reporter
 from vlora_va.serving.transport import Heard, Malformed, Received, Transport
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Daemon:
         self.admission = Admission(self.costs, d.degrade)
         self.row_writer = RowWriter(config, engine, self.metrics)
         self.adapters = AdapterSlots(engine, self.scheduler, self.row_writer, self.metrics, failed)
-        self.status_report = Status(self)
+        self.reporter = Reporter(self)
         self.estimate = estimate(config, self.catalog, self.costs) if self.catalog.adapters else None
         self.warmed: set = set()
         self.ready = threading.Event()  # set once warmed up and listening
@@ -95,11 +95,13 @@ class Daemon:
         return self.adapters.failed
 
     @property
-    def stats(self) -> Totals:
+    def totals(self) -> Totals:
+        """The running counts since start (chunks, requests, ok, shed, errors, ...): the log and the tests read them."""
         return self.metrics.totals
 
-    def status(self) -> dict:
-        return self.status_report.snapshot()
+    def snapshot(self) -> dict:
+        """What /status and the dashboard show (any thread may call it)."""
+        return self.reporter.snapshot()
 
     def release_stream(self, stream: str) -> None:
         """The stream now goes to another daemon (cluster mode): at the next round its held rows and its tracks'
@@ -115,7 +117,7 @@ class Daemon:
             self.row_writer.release(self._released.get())
         self.adapters.shed_late()
         now = time.time()
-        spent = self.status_report.spent  # where the loop's time goes (the log line's shares)
+        spent = self.reporter.spent  # where the loop's time goes (the log line's shares)
         t0 = time.perf_counter()
         items = transport.take(0.0 if self.scheduler.ready(now, stopping) else self._wait_s(now))
         t1 = spent("waiting", t0)
@@ -134,7 +136,7 @@ class Daemon:
                 t2 = spent("engine", t2)
         transport.hold(self.scheduler.queued_images)
         self.row_writer.tick(time.time(), deaf=transport.backlogged)
-        self.status_report.tick()
+        self.reporter.tick()
         spent("rows", t2)
         return len(items)
 
@@ -193,7 +195,7 @@ class Daemon:
         label = self._mode_label(plan.mode)
         self.metrics.batch(label, plan.images, t1 - t0, switched=before != self.engine.weights_slot)
         self.adapters.used({r.adapter for r in plan.requests}, t1)
-        self.status_report.batch(label, plan.images, len(plan.requests), plan.est_s, t0, t1)
+        self.reporter.batch(label, plan.images, len(plan.requests), plan.est_s, t0, t1)
         self.row_writer.served(plan, payloads, t0, t1, label, self.catalog)
 
     def _mode_label(self, mode: LoRAMode) -> str:
@@ -249,7 +251,7 @@ class Daemon:
                 control.close()
             if drained is not None:
                 drained.set()
-        s = self.stats
+        s = self.totals
         log.info("daemon stopped: %d chunks, %d requests, %d results, %d shed, %d errors, %d deadline misses, "
                  "%d malformed messages", s.chunks, s.requests, s.ok, s.shed, s.errors, s.deadline_missed,
                  s.malformed)
@@ -289,4 +291,4 @@ class Daemon:
                 self.adapters.refuse_held("the daemon stopped while its adapter was still loading")
                 break
         self.row_writer.finish()
-        self.status_report.log_progress(force=True)
+        self.reporter.log_progress(force=True)

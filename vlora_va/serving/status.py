@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 PHASES = ("engine", "intake", "planning", "rows", "waiting")  # the daemon loop's parts (Daemon._step)
 
 
-class Status:
+class Reporter:
     """Reads the daemon's parts, never writes them."""
 
     def __init__(self, daemon):

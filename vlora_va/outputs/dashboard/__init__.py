@@ -1,7 +1,7 @@
 """The daemon's HTTP side: a live dashboard, Prometheus `/metrics`, `/healthz` and `/readyz` on one server.
 
     daemon thread ──taps──► Hub (bounded per-stream history, latest frame per stream; one lock, quick)
-    server thread (own asyncio loop, aiohttp) ◄── Hub snapshots / updates, Daemon.status(), the metrics registry
+    server thread (own asyncio loop, aiohttp) ◄── Hub snapshots / updates, Daemon.snapshot(), the metrics registry
         GET /            the page (static/, plain HTML + CSS + JS, no build step, no CDN)
         GET /events      server-sent events: one snapshot on connect, then one update a second for all streams
         GET /metrics     Prometheus text format

@@ -332,7 +332,7 @@ class HttpServer(_Threaded):
     def _status_now(self) -> dict:
         for _ in range(3):
             try:
-                return self.daemon.status()
+                return self.daemon.snapshot()
             except RuntimeError:  # a dict changed size while it was copied on the daemon's thread: try again
                 continue
         return dict(self._system)
