@@ -4,7 +4,7 @@
     order.py         ChunkOrder: a tracked task's rows leave in chunk order, whatever order batches finish in
     tracked_task.py  TrackedTask: one stream's tracked task, its tracker and its rules, rows -> rows + events
     tracking.py      StreamTracker: Roboflow `trackers` (ByteTrack), confirmed tracks, one box and class per object
-    rules.py         SceneRules over lines.py and zones.py (TrackPoint and Hit in base.py): hits and running counts
+    rules.py         SceneRules over lines.py and zones.py (TrackPoint and Hit: rule_parts.py): hits and running counts
     liveness.py      Liveness: which streams deliver frames (ingest's heartbeats)
     snapshots.py     SnapshotStore: the JPEG of an event's frame with its box drawn, within size and age limits
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from vlora_va.analytics.base import Hit, TrackPoint, snapshot
+from vlora_va.analytics.rule_parts import Hit, TrackPoint, snapshot
 from vlora_va.analytics.lines import Lines
 from vlora_va.analytics.zones import Zones
 from vlora_va.contracts.scene import LineConfig, ZoneConfig

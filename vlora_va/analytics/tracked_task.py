@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from vlora_va.analytics.base import Hit, TrackPoint
+from vlora_va.analytics.rule_parts import Hit, TrackPoint
 from vlora_va.analytics.rules import SceneRules
 from vlora_va.analytics.tracking import StreamTracker, TrackedFrame, TrackIds
 from vlora_va.analytics.unique import UniqueObjects

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vlora_va.analytics.base import Hit, RowTable, TrackPoint, add, snapshot
+from vlora_va.analytics.rule_parts import Hit, RowTable, TrackPoint, add, snapshot
 from vlora_va.contracts.scene import ZoneConfig
 
 

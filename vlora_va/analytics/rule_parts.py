@@ -1,5 +1,5 @@
-"""What the line and zone rules share: a confirmed track in one frame (TrackPoint), what a rule says happened
-(Hit), running totals, and the per-track state table.
+"""The parts the line and zone rules are built from (what they share): a confirmed track in one frame (TrackPoint),
+what a rule says happened (Hit), running totals, and the per-track state table.
 
 Rules keep their running totals as {direction-or-state: {class: n}} and hand a copy of them with every hit, so a
 hit's counts stay what they were right after it, whatever happens later.
