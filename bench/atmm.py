@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from vlora_va import kernels  # noqa: E402
 from vlora_va.engine import lora  # noqa: E402
-from vlora_va.kernels import cpu, tuned, tuning  # noqa: E402
+from vlora_va.kernels import cpu, tuning, tuning_tables  # noqa: E402
 
 TOKENS = 257  # 224 px, patch 14: 16x16 patches + CLS
 QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -326,7 +326,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.time()
-    res = {"machine": tuned.device_kind(), "platform": platform.platform(), "torch": torch.__version__,
+    res = {"machine": tuning_tables.device_kind(), "platform": platform.platform(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "repeats": a.repeats, "bb_repeats": a.bb_repeats}
     if "ops" not in skip:
         log("LoRA part alone, per layer shape and batch composition:")

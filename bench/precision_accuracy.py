@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlora_va.engine import precision as P  # noqa: E402
-from vlora_va.engine import precision_auto as A  # noqa: E402
+from vlora_va.engine import precision_choice as A  # noqa: E402
 from vlora_va.engine.adapters import load_adapter_dir  # noqa: E402
 from vlora_va.engine.backbones import load_backbone  # noqa: E402
 from vlora_va.engine.backends import openvino_int8  # noqa: E402

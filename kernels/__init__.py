@@ -15,7 +15,7 @@ from vlora_va.kernels.images import atmm_images
 from vlora_va.kernels.ops import atmm, delta_weights
 from vlora_va.kernels.reference import atmm_reference, delta_weights_reference
 from vlora_va.kernels.segments import NO_ADAPTER, Segments
-from vlora_va.kernels.tuned import device_kind
+from vlora_va.kernels.tuning_tables import device_kind
 
 __all__ = ["atmm", "AtmmBackend", "atmm_images", "delta_weights", "atmm_reference", "delta_weights_reference", "Segments",
            "NO_ADAPTER", "device_kind", "lora_linear_images"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from vlora_va.kernels import tuned
+from vlora_va.kernels import tuning_tables
 from vlora_va.kernels.backend import AtmmBackend, signed
 from vlora_va.kernels.segments import Segments
 
@@ -133,5 +133,5 @@ class CpuBackend(AtmmBackend):
 
 def lookup(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:
     """The tuned table's strategy for this shape bucket on this CPU, or the rule-based default."""
-    choice = tuned.lookup(tuned.device_kind("cpu"), n_in, n_out, seg, ranks)
+    choice = tuning_tables.lookup(tuning_tables.device_kind("cpu"), n_in, n_out, seg, ranks)
     return choice if choice in STRATEGIES else default_strategy(seg)

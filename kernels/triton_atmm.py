@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vlora_va.kernels import tuned
+from vlora_va.kernels import tuning_tables
 from vlora_va.kernels.backend import AtmmBackend
 from vlora_va.kernels.segments import Segments
 
@@ -188,7 +188,7 @@ def launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, r
 
 def lookup(n_in: int, n_out: int, seg: Segments, ranks: list[int], device) -> TritonConfig:
     """The tuned table's tiles for this shape bucket on this GPU, or the default ones."""
-    return _as_config(tuned.lookup(tuned.device_kind(device), n_in, n_out, seg, ranks))
+    return _as_config(tuning_tables.lookup(tuning_tables.device_kind(device), n_in, n_out, seg, ranks))
 
 
 def lookup_images(n_in: int, n_out: int, n_images: int, tokens: int, max_rank: int, device) -> TritonConfig:
@@ -198,7 +198,8 @@ def lookup_images(n_in: int, n_out: int, n_images: int, tokens: int, max_rank: i
 
 @functools.lru_cache(maxsize=1024)  # eager forwards ask once per layer: parse each bucket's entry once
 def _images_config(n_in: int, n_out: int, n_images: int, tokens: int, max_rank: int, device: str) -> TritonConfig:
-    return _as_config(tuned.lookup_images(tuned.device_kind(device), n_in, n_out, n_images, tokens, max_rank))
+    kind = tuning_tables.device_kind(device)
+    return _as_config(tuning_tables.lookup_images(kind, n_in, n_out, n_images, tokens, max_rank))
 
 
 def _as_config(choice) -> TritonConfig:

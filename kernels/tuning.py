@@ -1,5 +1,5 @@
 """`vlora-va tune`: profile the ATMM configurations per shape bucket on this device and write its table
-(kernels/tuned.py reads it at run time): a CPU strategy name, or a Triton tile config, per bucket.
+(kernels/tuning_tables.py reads it at run time): a CPU strategy name, or a Triton tile config, per bucket.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from vlora_va.kernels import cpu
 from vlora_va.kernels.segments import Segments
-from vlora_va.kernels.tuned import _TABLES, bucket_key, device_kind, images_key, user_table_dir
+from vlora_va.kernels.tuning_tables import _TABLES, bucket_key, device_kind, images_key, user_table_dir
 
 # ---- the tuner ------------------------------------------------------------------------------------
 MIXES = ("uniform", "skewed", "shuffled")  # how a batch's images are spread over its adapters (composition_grid)
@@ -186,7 +186,7 @@ def tune_images(shapes: list[tuple[int, int]], images: list[int], tokens: int, r
                 device: str, dtype, log=print, tiles=None) -> dict:
     """The Triton tiles of the fixed per-image layout (kernels/images.py: one run of `tokens` rows per image,
     what CUDA graphs replay) per (shape, images bucket), with the engine's stacks (`max_rank` wide, each slot's
-    own rank in `ranks`): entries keyed by tuned.images_key."""
+    own rank in `ranks`): entries keyed by tuning_tables.images_key."""
     from vlora_va.kernels.triton_atmm import launch
     entries = {}
     for n_in, n_out in shapes:

@@ -156,7 +156,7 @@ def quiet_machine(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def machine_gates(tmp_path_factory, monkeypatch):
-    """The accuracy gates measured on this machine (engine/precision_auto.py) in a temporary directory of each test's
+    """The accuracy gates measured on this machine (engine/precision_choice.py) in a temporary directory of each test's
     own, not the user's home: what `vlora-va models calibrate` measures in one test must neither open a precision for
     the user's daemon nor for another test (daemons started as subprocesses inherit it)."""
     path = tmp_path_factory.mktemp("machine-gates")

@@ -1,5 +1,5 @@
 """`daemon.backend: auto` enumerates the registered backbone backends: one a plug-in registers competes with the
-torch engine's precisions without precision_auto.py naming it (issue 46)."""
+torch engine's precisions without precision_choice.py naming it (issue 46)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from vlora_va.contracts.plugins import BACKBONE_BACKENDS
 from vlora_va.engine import precision as P
-from vlora_va.engine import precision_auto as A
+from vlora_va.engine import precision_choice as A
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.backends.torch_eager import TorchBackbone
 from vlora_va.testing.tiny import TINY_IMAGE

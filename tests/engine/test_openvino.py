@@ -415,7 +415,7 @@ def test_the_float_hint_is_the_one_measured_for_this_cpu_openvino_and_threads(tm
 
 @needs_nncf
 def test_auto_offers_openvino_int8_only_calibrated_and_gated(tiny_backbone_dir, tiny_adapters, int8_cache):
-    from vlora_va.engine import precision_auto as A
+    from vlora_va.engine import precision_choice as A
     from vlora_va.engine.backends import openvino_int8 as Q
     from vlora_va.engine.backends.openvino import int8_hint
     from vlora_va.engine.precision import Capabilities
@@ -470,10 +470,10 @@ def test_models_calibrate_on_a_pipeline_file_then_keeps_what_is_there(tiny_backb
 def test_auto_on_the_openvino_backend_takes_bf16_only_where_native_and_gated(native_bf16, gate, want):
     """The torch engine's speed probe says nothing of this backend's: auto takes bf16 where the CPU computes it
     natively and the adapters' bf16 gate passed, else fp32 (its int8 where calibrated and gated: build_engine)."""
-    from vlora_va.engine import precision_auto
+    from vlora_va.engine import precision_choice
     from vlora_va.engine.precision import Capabilities
 
-    choice = precision_auto.float_precision(Capabilities("cpu", "AVX512", native_bf16, True, True), {"bf16": gate})
+    choice = precision_choice.float_precision(Capabilities("cpu", "AVX512", native_bf16, True, True), {"bf16": gate})
     assert choice.precision == want and (gate is None or gate in choice.reason)
 
 
@@ -540,7 +540,7 @@ def test_warm_up_builds_each_adapters_models_at_its_own_size_only(tiny_backbone_
 
 # ---------------------------------------------------------------- daemon.backend: auto
 def test_auto_backend_candidates_add_openvinos_float_precisions_under_the_same_gate(monkeypatch):
-    from vlora_va.engine import precision_auto as A
+    from vlora_va.engine import precision_choice as A
     from vlora_va.engine.precision import Capabilities
 
     bf16_cpu = Capabilities("cpu", "AVX512", True, True, True)
@@ -565,7 +565,7 @@ def test_auto_backend_candidates_add_openvinos_float_precisions_under_the_same_g
 def test_auto_backend_times_openvino_like_the_torch_precisions(tiny_backbone_dir):
     """The start-up probe times the plain backbone compiled by OpenVINO on the pipeline's own mix of sizes, as it
     times torch's precisions; its output is the torch model's."""
-    from vlora_va.engine import precision_auto as A
+    from vlora_va.engine import precision_choice as A
     from vlora_va.engine.backends.openvino import PlainOpenVINO
 
     base = load_backbone(str(tiny_backbone_dir))
@@ -581,7 +581,7 @@ def test_a_daemon_with_backend_auto_builds_the_backend_it_chose(tiny_backbone_di
                                                                 quiet_machine):
     from tests.pipeline_helpers import tiny_pipeline
     from vlora_va.contracts.config import ConfigError, parse_config
-    from vlora_va.engine import precision_auto as A
+    from vlora_va.engine import precision_choice as A
     from vlora_va.serving.startup import build_engine
 
     cfg = tiny_pipeline(tmp_path, tiny_backbone_dir, tiny_adapters, [{"id": "a"}])

@@ -20,7 +20,7 @@ import yaml
 
 from vlora_va.contracts.config import PRECISIONS, ConfigError, parse_config
 from vlora_va.engine import precision as P
-from vlora_va.engine import precision_auto as A
+from vlora_va.engine import precision_choice as A
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.executor import Engine

@@ -128,25 +128,25 @@ def test_atmm_images_triton_matches_the_loop(tri, sign):
 @inner
 def test_the_per_image_layout_is_tuned_and_atmm_images_launches_the_tables_tiles(tri, tmp_path, monkeypatch):
     """vlora-va tune's images buckets: the tuner times each kernel's tiles, writes the choice under
-    tuned.images_key, and atmm_images (what CUDA graphs capture) launches with it, still matching the loop."""
+    tuning_tables.images_key, and atmm_images (what CUDA graphs capture) launches with it, still matching the loop."""
     import json
 
-    from vlora_va.kernels import atmm_images, tuned, tuning
+    from vlora_va.kernels import atmm_images, tuning, tuning_tables
 
     T, n_in, n_out = 5, 16, 32
     slow = tri.TileConfig(16, 16, 16, 1, 1)  # candidate tiles: the default and one other per kernel
     tiles = ([tri.DEFAULT_CONFIG.shrink, slow], [tri.DEFAULT_CONFIG.expand, tri.TileConfig(16, 32, 16, 1, 1)])
     entries = tuning.tune_images([(n_in, n_out)], [3], T, [4, 8], 16, "cpu", torch.float32, log=lambda m: None,
                                  tiles=tiles)
-    key = tuned.images_key(n_in, n_out, 3, T, 16)
+    key = tuning_tables.images_key(n_in, n_out, 3, T, 16)
     assert list(entries) == [key] and set(entries[key]["us"]) >= {json.dumps(tri.DEFAULT_CONFIG.to_json())}
     # a table whose choice for this bucket is not the default: atmm_images must launch exactly that choice
     chosen = tri.TritonConfig(slow, tri.TileConfig(16, 32, 16, 1, 1))
-    kind = tuned.device_kind("cpu")
+    kind = tuning_tables.device_kind("cpu")
     (tmp_path / f"{kind}.json").write_text(json.dumps({"device_kind": kind, "entries": {
         key: {"choice": chosen.to_json()}}}))
     monkeypatch.setenv("VLORA_VA_TABLES", str(tmp_path))
-    monkeypatch.setattr(tuned, "_TABLES", {})
+    monkeypatch.setattr(tuning_tables, "_TABLES", {})
     tri._images_config.cache_clear()
     launched = []
     real = tri.launch

@@ -1,18 +1,19 @@
-"""kernels/tuned.py and kernels/tuning.py: bucket keys, O(1) lookup with a default for unseen shapes, the shipped CPU table, the tuner."""
+"""kernels/tuning_tables.py and kernels/tuning.py: bucket keys, O(1) lookup with a default for unseen shapes, the
+shipped CPU table, the tuner."""
 
 import json
 
 import pytest
 import torch
 
-from vlora_va.kernels import Segments, cpu, tuned, tuning
+from vlora_va.kernels import Segments, cpu, tuning, tuning_tables
 
 
 def test_bucket_key_rounds_rows_runs_and_rank():
     seg = Segments.from_elements([0, 0, 1, 2, 2], 257)
-    key = tuned.bucket_key(384, 1536, seg, [16, 8, 48])
+    key = tuning_tables.bucket_key(384, 1536, seg, [16, 8, 48])
     assert key == "384x1536/rows2048/runs4/ad4/r64/g"
-    assert tuned.bucket_key(384, 1536, Segments.from_elements([0, 1, 0], 257), [16, 16]).endswith("/u")
+    assert tuning_tables.bucket_key(384, 1536, Segments.from_elements([0, 1, 0], 257), [16, 16]).endswith("/u")
 
 
 def test_unseen_shape_gets_rule_default_and_is_memoised():
@@ -24,7 +25,7 @@ def test_unseen_shape_gets_rule_default_and_is_memoised():
 
 
 def test_shipped_cpu_table_is_valid():
-    path = tuned.table_path("cpu-x86_64-avx512")
+    path = tuning_tables.table_path("cpu-x86_64-avx512")
     table = json.loads(path.read_text())
     assert table["entries"], "no entries"
     assert all(e["choice"] in cpu.STRATEGIES for e in table["entries"].values())
@@ -34,7 +35,7 @@ def test_shipped_cpu_table_is_valid():
 def test_shipped_gpu_tables_hold_tiles_the_kernels_take():
     """Each shipped CUDA table (vlora-va tune on that GPU) parses into Triton tile configs with tiles >= 16 (what
     tl.dot needs), and covers the per-image layout CUDA graphs replay."""
-    paths = sorted(tuned.TABLE_DIR.glob("cuda-*.json"))
+    paths = sorted(tuning_tables.TABLE_DIR.glob("cuda-*.json"))
     assert paths, "no GPU table shipped"
     for path in paths:
         table = json.loads(path.read_text())
@@ -53,7 +54,7 @@ def test_tuner_writes_table_with_progress(tmp_path, capsys):
                       "--out", str(out)])
     assert rc == 0
     table = json.loads(out.read_text())
-    assert table["device_kind"] == tuned.device_kind("cpu") and table["entries"]
+    assert table["device_kind"] == tuning_tables.device_kind("cpu") and table["entries"]
     assert all(e["choice"] in cpu.STRATEGIES for e in table["entries"].values())
     err = capsys.readouterr().err
     assert "[1/" in err and "eta" in err
@@ -76,33 +77,33 @@ def test_composition_grid_mixes():
     ("cuda-nvidia-h100", ["cpu-x86_64-avx512"], None),
 ])
 def test_nearest_kind(kind, available, want):
-    assert tuned.nearest_kind(kind, available) == want
+    assert tuning_tables.nearest_kind(kind, available) == want
 
 
 @pytest.fixture
 def fresh_tables(tmp_path, monkeypatch):
     monkeypatch.setenv("VLORA_VA_TABLES", str(tmp_path))
-    saved = dict(tuned._TABLES)
-    tuned._TABLES.clear()
+    saved = dict(tuning_tables._TABLES)
+    tuning_tables._TABLES.clear()
     yield tmp_path
-    tuned._TABLES.clear()
-    tuned._TABLES.update(saved)
+    tuning_tables._TABLES.clear()
+    tuning_tables._TABLES.update(saved)
 
 
 def test_a_cpu_without_its_own_table_borrows_the_nearest_and_says_so(fresh_tables, caplog):
-    if (tuned.TABLE_DIR / "cpu-x86_64-avx2.json").exists():
+    if (tuning_tables.TABLE_DIR / "cpu-x86_64-avx2.json").exists():
         pytest.skip("an avx2 table ships now: nothing to borrow")
-    table = tuned.load_table("cpu-x86_64-avx2")  # only the avx512 table ships
-    assert table["entries"] and table is tuned.load_table("cpu-x86_64-avx512")
+    table = tuning_tables.load_table("cpu-x86_64-avx2")  # only the avx512 table ships
+    assert table["entries"] and table is tuning_tables.load_table("cpu-x86_64-avx512")
     assert "no ATMM tuning table for cpu-x86_64-avx2: using cpu-x86_64-avx512's" in caplog.text
     caplog.clear()
-    tuned.load_table("cpu-x86_64-avx2")  # cached: said once
+    tuning_tables.load_table("cpu-x86_64-avx2")  # cached: said once
     assert "no ATMM tuning table" not in caplog.text
 
 
 def test_shipped_table_hits_return_the_measured_choice_not_the_rule():
     """The table's whole point: where it measured another strategy than the rule, lookups return it."""
-    table = tuned.load_table("cpu-x86_64-avx512")
+    table = tuning_tables.load_table("cpu-x86_64-avx512")
     for key, entry in table["entries"].items():
         shape, rows, runs, ad, r, grouped = key.split("/")
         n_in, n_out = map(int, shape.split("x"))
@@ -111,9 +112,9 @@ def test_shipped_table_hits_return_the_measured_choice_not_the_rule():
         slots = [i * n_ad // n_runs for i in range(n_runs)] if grouped == "g" else [i % n_ad for i in range(n_runs)]
         seg = Segments.from_elements(slots, tokens)
         ranks = [rank] * n_ad
-        if tuned.bucket_key(n_in, n_out, seg, ranks) != key or entry["choice"] == cpu.default_strategy(seg):
+        if tuning_tables.bucket_key(n_in, n_out, seg, ranks) != key or entry["choice"] == cpu.default_strategy(seg):
             continue
-        assert tuned.lookup("cpu-x86_64-avx512", n_in, n_out, seg, ranks) == entry["choice"]
+        assert tuning_tables.lookup("cpu-x86_64-avx512", n_in, n_out, seg, ranks) == entry["choice"]
         return
     pytest.fail("no table entry whose choice differs from the rule could be rebuilt")
 
@@ -122,9 +123,9 @@ def test_triton_table_hits_parse_the_tile_config(fresh_tables):
     from vlora_va.kernels import triton_atmm
     from vlora_va.kernels.triton_atmm import TileConfig, TritonConfig
     seg = Segments.from_elements([0, 0, 1, 1], 64)
-    kind = tuned.device_kind("cpu")
+    kind = tuning_tables.device_kind("cpu")
     cfg = TritonConfig(TileConfig(64, 16, 32, 4, 3), TileConfig(16, 128, 16, 8, 2))
-    key = tuned.bucket_key(384, 1536, seg, [16, 16])
+    key = tuning_tables.bucket_key(384, 1536, seg, [16, 16])
     (fresh_tables / f"{kind}.json").write_text(json.dumps({"entries": {key: {"choice": cfg.to_json()}}}))
     assert triton_atmm.lookup(384, 1536, seg, [16, 16], "cpu") == cfg
     other = Segments.from_elements([0, 1], 64)

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from vlora_va.engine import precision_auto as A
+from vlora_va.engine import precision_choice as A
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.precision import Capabilities, gate_key

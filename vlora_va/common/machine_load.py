@@ -1,6 +1,6 @@
 """Is the machine quiet while something is measured: the share of the CPUs other processes took meanwhile.
 
-Start-up measurements (the precision probe, engine/precision_auto.py; the cost profile, serving/profiling.py) stand
+Start-up measurements (the precision probe, engine/precision_choice.py; the cost profile, serving/profiling.py) stand
 for this machine's speed in every later start. Taken while other processes shared the cores they come out slow (a
 profile ~3x too slow, 2026-11-28: the scheduler then shed a priority-1 task as hopeless), so each is timed inside
 `others_share` and kept as the machine's truth only when it was `quiet`.

@@ -8,7 +8,7 @@
     lora.py          LoRA slot stacks in the backbone's linear layers, computed as the mode says (ATMM)
     cuda_graphs.py   captured forwards per plan key (GPU)
     precision.py     fp32 / bf16 / int8: what the machine runs, the int8 layers
-    precision_auto.py  how `daemon.precision: auto` picks one (accuracy gate, measured speeds)
+    precision_choice.py  how `daemon.precision: auto` picks one (accuracy gate, measured speeds)
     precision_speeds.py  auto's candidates measured (which backend computes each), the cache of speeds and choice
     backbones.py     loading backbones (model cache, Hugging Face ids), the two layer namings
     vit.py           a ViT's structure (blocks, LayerScale folding)

@@ -22,7 +22,7 @@ eager mode on this CPU build its int8 linear ran about as long as the fp32 one o
 `quantized::linear_dynamic` ran in a third to a half of it (bench/results/cpu_backbone.md, "linear layers"). fbgemm's packing goes through
 quantised tensors, which torch marks deprecated: `_pack` is the one place to change when they go.
 
-`auto` picks one per machine: engine/precision_auto.py.
+`auto` picks one per machine: engine/precision_choice.py.
 """
 
 from __future__ import annotations

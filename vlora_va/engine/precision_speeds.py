@@ -1,4 +1,4 @@
-"""Measuring the precisions `daemon.precision: auto` chooses among (engine/precision_auto.py chooses): which
+"""Measuring the precisions `daemon.precision: auto` chooses among (engine/precision_choice.py chooses): which
 backend computes each candidate, how fast each runs the pipeline's mix of image sizes on this machine, and the cache
 of the last start's speeds and choice, keyed by what changes them."""
 
@@ -21,7 +21,7 @@ from vlora_va.contracts.plugins import BACKBONE_BACKENDS
 from vlora_va.engine.precision import Capabilities, device_name, dtype_of, precision_copy, reduce_range
 
 # auto's logger: the probes are part of what it says at a start
-log = logging.getLogger("vlora_va.engine.precision_auto")
+log = logging.getLogger("vlora_va.engine.precision_choice")
 
 
 # ---------------------------------------------------------------- which backend computes a candidate

@@ -15,7 +15,7 @@ import torch
 
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.contracts.plugins import BACKBONE_BACKENDS, POLICIES
-from vlora_va.engine import precision, precision_auto
+from vlora_va.engine import precision, precision_choice
 from vlora_va.engine.adapters import Adapter, AdapterError, load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.executor import Engine
@@ -56,13 +56,13 @@ def load_adapters(config: PipelineConfig, hidden: int) -> tuple[dict[str, Adapte
     return loaded, failed
 
 
-def auto_backend(setting: str, choice: precision_auto.Choice) -> tuple[str, precision_auto.Choice]:
+def auto_backend(setting: str, choice: precision_choice.Choice) -> tuple[str, precision_choice.Choice]:
     """daemon.backend and the precision choice to build the engine with: `auto` takes the backend of the chosen
     candidate ("openvino-bf16": openvino in bf16), else torch; another setting stays as it is."""
     if setting != "auto":
         return setting, choice
-    backend, label = precision_auto.split_choice(choice.precision)
-    return backend, precision_auto.Choice(label, choice.reason)
+    backend, label = precision_choice.split_choice(choice.precision)
+    return backend, precision_choice.Choice(label, choice.reason)
 
 
 def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
@@ -79,11 +79,11 @@ def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
     if backend != "auto" and BACKBONE_BACKENDS.load(backend).owns_precision and d.precision == "auto" \
             and device == "cpu":
         caps = precision.Capabilities.detect(device)  # the torch engine's speeds say nothing of this backend's
-        int8_why, _ = precision_auto.openvino_int8_gate(caps, backbone, adapters, sizes)
-        choice = (precision_auto.float_precision(caps, {"bf16": precision_auto.gate_allows(adapters, "bf16")})
-                  if int8_why else precision_auto.Choice("int8", "calibrated int8 models here, accuracy gate passed"))
+        int8_why, _ = precision_choice.openvino_int8_gate(caps, backbone, adapters, sizes)
+        choice = (precision_choice.float_precision(caps, {"bf16": precision_choice.gate_allows(adapters, "bf16")})
+                  if int8_why else precision_choice.Choice("int8", "calibrated int8 models here, accuracy gate passed"))
     else:  # backend auto: the openvino backend's precisions compete with torch's, measured the same way
-        choice = precision_auto.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
+        choice = precision_choice.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
                                      profiling.profile_dir(d.profile_cache), openvino=backend == "auto", sizes=sizes)
         backend, choice = auto_backend(backend, choice)
     log.info("backbone precision %s: %s (backend %s)", choice.precision, choice.reason, backend)

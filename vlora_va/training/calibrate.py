@@ -14,7 +14,7 @@ Then, on a CPU with native bf16, which float hint runs these int8 models faster 
 daemon reads that choice, so it is measured once, on the machine, and never flips between starts.
 
 Last, the accuracy gate of each variant this CPU maps to that no adapter entry covers (`measure_gates`): a gate entry
-is per variant (precision_auto.variants_here), the shipped ones were measured on the developers' CPUs, and a missing
+is per variant (precision_choice.variants_here), the shipped ones were measured on the developers' CPUs, and a missing
 one keeps that variant off `precision: auto`.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from vlora_va.contracts.config import PipelineConfig
-from vlora_va.engine import precision_auto
+from vlora_va.engine import precision_choice
 from vlora_va.engine.backbones import load_backbone
 from vlora_va.engine.backends import openvino_int8
 from vlora_va.engine.backends.openvino import hint_key, int8_dir, openvino_problem
@@ -95,11 +95,11 @@ def calibrate(config: PipelineConfig, start: float = 0.0, end: float = 50.0, for
 
 
 def measure_gates(config: PipelineConfig, backbone, adapters: dict, force: bool = False) -> list[dict]:
-    """The accuracy gate of every variant `precision: auto` may pick on this CPU (precision_auto.variants_here)
+    """The accuracy gate of every variant `precision: auto` may pick on this CPU (precision_choice.variants_here)
     that an adapter has no entry for, measured here against the shipped reference (training/precision_gate.py)
     and recorded in this machine's cache; entries that exist are kept (force: measured again)."""
     d = config.daemon
-    variants = precision_auto.variants_here(Capabilities.detect("cpu"), openvino=d.backend in ("auto", "openvino"))
+    variants = precision_choice.variants_here(Capabilities.detect("cpu"), openvino=d.backend in ("auto", "openvino"))
     t0 = time.perf_counter()
     records = precision_gate.measure_missing(backbone, adapters, d.image_size, variants,
                                              {"max_slots": d.max_slots, "max_rank": d.max_rank,

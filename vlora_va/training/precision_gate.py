@@ -9,14 +9,14 @@ fp32 does on held-out data. Both are scored through the engine on the very same 
     actions-persons   per-person top-1 (teacher labels, centre rule; human persons, IoU >= 0.5)
 
 and each metric's difference to fp32 gets a bootstrap interval (paired.py). A precision passes unless a gated metric's
-interval lies wholly below precision_auto.GATE_MIN_DELTA.
+interval lies wholly below precision_choice.GATE_MIN_DELTA.
 
 Two places measure it, with the same code and the same data:
 - the developers' bench (bench/precision_accuracy.py), where the teachers label the held-out range; `--write-gate`
   writes the shipped entries (adapters/NAME/precision.json), `--write-reference` the teachers' labels as REFERENCE;
 - `vlora-va models calibrate` on a user's machine (`measure_missing`): the variants this CPU maps to
-  (precision_auto.variants_here) that no shipped entry covers, scored against REFERENCE and the shipped
-  human-checked set, no teacher needed. The result goes to the machine's cache (precision_auto.write_machine_gate),
+  (precision_choice.variants_here) that no shipped entry covers, scored against REFERENCE and the shipped
+  human-checked set, no teacher needed. The result goes to the machine's cache (precision_choice.write_machine_gate),
   never into the repository. Why: a gate entry is per variant, and the shipped ones cover only the CPUs the
   developers had; a missing entry keeps that variant off, so a common cloud Xeon (VNNI, no bf16) ran torch int8 at
   twice the time OpenVINO's int8 needed, and shed 37% of the default pipeline.
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from vlora_va.engine import precision as P
-from vlora_va.engine import precision_auto as A
+from vlora_va.engine import precision_choice as A
 from vlora_va.engine.backends.openvino import int8_calibration
 from vlora_va.engine.executor import Engine
 from vlora_va.engine.heads import Features

@@ -40,7 +40,7 @@ class BackboneBackend(ABC):
         """Why this backend cannot run on `device` in `precision` here (None: it can)."""
         return None
 
-    # ---- `daemon.backend: auto` (engine/precision_auto.py). A backend with `auto_precisions` competes there: each
+    # ---- `daemon.backend: auto` (engine/precision_choice.py). A backend with `auto_precisions` competes there: each
     # of them is a candidate "<registered name>-<precision>", timed on the plain backbone (`plain`) against the
     # torch engine's own precisions (the bare names). fp32 always competes, bf16 where the torch engine's bf16 does
     # (native, its accuracy gate passed), any other only where `auto_gates` says its own gate passed.

@@ -1,5 +1,5 @@
 """The plain backbone compiled by OpenVINO, which `daemon.backend: auto` times against the torch precisions
-(precision_auto.measure_speeds), and whether the int8 models the openvino backend would run are calibrated here."""
+(precision_choice.measure_speeds), and whether the int8 models the openvino backend would run are calibrated here."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from vlora_va.engine.vit import block_of, blocks
 class PlainOpenVINO:
     """The backbone compiled by OpenVINO, called as the Hugging Face model is (`model(pixel_values=x)`), one
     compiled model per image size: what `daemon.backend: auto` times against the torch precisions
-    (precision_auto.measure_speeds). Float: the plain (LoRA-free) backbone. int8: the calibrated parts the engine
+    (precision_choice.measure_speeds). Float: the plain (LoRA-free) backbone. int8: the calibrated parts the engine
     would run, `int8_parts` {size: (lower IR, upper IR of one adapter)} (`int8_calibration`)."""
 
     def __init__(self, backbone: nn.Module, precision: str, int8_parts: dict[int, tuple[Path, Path]] | None = None):
@@ -86,7 +86,7 @@ def int8_gate(caps: Capabilities, backbone: nn.Module, adapters: dict, sizes: di
     """(why the openvino backend's int8 may not serve these adapters: OpenVINO missing, not calibrated, or its
     accuracy gate for this CPU's variant (openvino_int8.gate_name) not passed; None: it may; its calibrated parts
     for the speed probe)."""
-    from vlora_va.engine.precision_auto import gate_allows  # noqa: PLC0415 - the gate auto reads, at its call
+    from vlora_va.engine.precision_choice import gate_allows  # noqa: PLC0415 - the gate auto reads, at its call
 
     problem = openvino_problem()  # (it builds an OpenVINO Core: once)
     if problem:

@@ -1,4 +1,4 @@
-"""The tuned tables: per device kind (``kernels/tables/<kind>.json``), the best ATMM choice per shape bucket,
+"""The tuning tables: per device kind (``kernels/tables/<kind>.json``), the best ATMM choice per shape bucket,
 measured by `vlora-va tune` (kernels/tuning.py). Lookup is one dict access (memoised per batch layout); shapes
 the table has not seen get a rule-based default.
 """
