@@ -5,18 +5,45 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+from typing import Protocol
 
-from vlora_va.serving.prometheus import Totals
+from vlora_va.contracts.config import PipelineConfig
+from vlora_va.engine.executor import Engine
+from vlora_va.serving.adapter_slots import AdapterSlots
+from vlora_va.serving.admission import Admission
+from vlora_va.serving.capacity import Estimate
+from vlora_va.serving.costs import CostModel
+from vlora_va.serving.prometheus import DaemonMetrics, Totals
+from vlora_va.serving.rows import RowWriter
+from vlora_va.serving.scheduling import Scheduler
 
 log = logging.getLogger(__name__)
 PHASES = ("engine", "intake", "planning", "rows", "waiting")  # the daemon loop's parts (Daemon._step)
 
 
+class ReportedDaemon(Protocol):
+    """What the Reporter reads of the daemon (serving/daemon.py's Daemon is one), and nothing else."""
+
+    config: PipelineConfig
+    engine: Engine
+    metrics: DaemonMetrics
+    adapters: AdapterSlots
+    scheduler: Scheduler
+    admission: Admission
+    costs: CostModel
+    row_writer: RowWriter
+    estimate: Estimate | None  # the configured load against this machine; None without adapters
+    ready: threading.Event  # set once warmed up and listening
+    heartbeat: float  # time.monotonic() of the loop's last round
+    cluster_view: dict | None  # cluster mode: the controller's latest view
+
+
 class Reporter:
     """Reads the daemon's parts, never writes them."""
 
-    def __init__(self, daemon):
+    def __init__(self, daemon: ReportedDaemon):
         self.daemon = daemon
         self.last_batch: dict = {}  # the last batch the engine ran (mode, images, times)
         self.offered_load = 0.0  # as last computed on the daemon's thread (overload control is not thread-safe)
