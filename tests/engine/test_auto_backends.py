@@ -42,21 +42,21 @@ def twin():
 
 
 def test_a_registered_backend_competes_in_auto(twin, tiny_backbone_dir):
-    usable, _ = A.candidates(CPU, OPEN, openvino=True)
+    usable, _ = A.candidates(CPU, OPEN, auto_backend=True)
     assert "twin-fp32" in usable and usable[:3] == ["fp32", "bf16", "int8"]  # torch's first, as before
     assert "twin-fp32" not in A.candidates(CPU, OPEN)[0]  # only with daemon.backend: auto
     assert A.split_choice("twin-fp32") == ("twin", "fp32")
-    assert "twin-fp32" in A.variants_here(CPU, openvino=True)
+    assert "twin-fp32" in A.variants_here(CPU, auto_backend=True)
     base = load_backbone(str(tiny_backbone_dir))
-    assert A.speed_key(CPU, "tiny", base, {TINY_IMAGE: 1.0}, openvino=True)["twin"] == "1"
+    assert A.speed_key(CPU, "tiny", base, {TINY_IMAGE: 1.0}, auto_backend=True)["twin"] == "1"
     # measured on its own plain backbone, and taken when it is the fastest
     speeds = A.measure_speeds(base, ["fp32", "twin-fp32"], {TINY_IMAGE: 2.0}, rounds=1)
     assert set(speeds) == {"fp32", "twin-fp32"} and all(t > 0 for t in speeds.values())
-    choice = A.choose("auto", CPU, OPEN, {"fp32": 1.0, "bf16": 0.9, "int8": 0.8, "twin-fp32": 0.5}, openvino=True)
+    choice = A.choose("auto", CPU, OPEN, {"fp32": 1.0, "bf16": 0.9, "int8": 0.8, "twin-fp32": 0.5}, auto_backend=True)
     assert choice.precision == "twin-fp32"
 
 
 def test_an_unregistered_backend_is_gone_from_auto(twin):
     BACKBONE_BACKENDS.unregister(twin)
-    assert not any(p.startswith("twin-") for p in A.candidates(CPU, OPEN, openvino=True)[0])
+    assert not any(p.startswith("twin-") for p in A.candidates(CPU, OPEN, auto_backend=True)[0])
     assert A.split_choice("twin-fp32") == ("torch", "twin-fp32")

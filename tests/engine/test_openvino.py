@@ -435,10 +435,10 @@ def test_auto_offers_openvino_int8_only_calibrated_and_gated(tiny_backbone_dir, 
     # gated: a candidate, timed through the calibrated parts
     gate = {"bf16": None, "int8": None, A.OPENVINO_INT8: None}
     bf16_cpu = Capabilities("cpu", "AVX512", True, True, True)
-    assert A.candidates(bf16_cpu, gate, openvino=True)[0][-1] == "openvino-int8"
+    assert A.candidates(bf16_cpu, gate, auto_backend=True)[0][-1] == "openvino-int8"
     assert A.split_choice("openvino-int8") == ("openvino", "int8")
     shut = {**gate, A.OPENVINO_INT8: why}
-    usable, notes = A.candidates(bf16_cpu, shut, openvino=True)
+    usable, notes = A.candidates(bf16_cpu, shut, auto_backend=True)
     assert "openvino-int8" not in usable and f"openvino-int8: {why}" in notes
     speeds = A.measure_speeds(base, ["openvino-fp32", "openvino-int8"], {TINY_IMAGE: 2.0}, rounds=1, parts={"openvino": parts})
     assert set(speeds) == {"openvino-fp32", "openvino-int8"} and all(t > 0 for t in speeds.values())
@@ -546,19 +546,19 @@ def test_auto_backend_candidates_add_openvinos_float_precisions_under_the_same_g
     bf16_cpu = Capabilities("cpu", "AVX512", True, True, True)
     open_gate = {"bf16": None, "int8": None}
     assert A.candidates(bf16_cpu, open_gate)[0] == ["fp32", "bf16", "int8"]  # backend torch: as before
-    assert A.candidates(bf16_cpu, open_gate, openvino=True)[0] == ["fp32", "bf16", "int8", "openvino-fp32",
+    assert A.candidates(bf16_cpu, open_gate, auto_backend=True)[0] == ["fp32", "bf16", "int8", "openvino-fp32",
                                                                    "openvino-bf16"]
     no_bf16 = Capabilities("cpu", "AVX2", False, False, True)
-    assert A.candidates(no_bf16, open_gate, openvino=True)[0] == ["fp32", "int8", "openvino-fp32"]
+    assert A.candidates(no_bf16, open_gate, auto_backend=True)[0] == ["fp32", "int8", "openvino-fp32"]
     shut = {"bf16": "adapter detect failed the accuracy gate for bf16", "int8": None}
-    assert "openvino-bf16" not in A.candidates(bf16_cpu, shut, openvino=True)[0]
+    assert "openvino-bf16" not in A.candidates(bf16_cpu, shut, auto_backend=True)[0]
     # the choice names its backend; a measured openvino bf16 ahead by more than the margin wins
     speeds = {"fp32": 1.0, "bf16": 0.62, "int8": 0.55, "openvino-fp32": 0.81, "openvino-bf16": 0.45}
-    choice = A.choose("auto", bf16_cpu, open_gate, speeds, openvino=True)
+    choice = A.choose("auto", bf16_cpu, open_gate, speeds, auto_backend=True)
     assert choice.precision == "openvino-bf16" and A.split_choice(choice.precision) == ("openvino", "bf16")
     assert A.split_choice("int8") == ("torch", "int8")
     monkeypatch.setitem(sys.modules, "openvino", None)  # not installed: torch's candidates only, and why
-    usable, notes = A.candidates(bf16_cpu, open_gate, openvino=True)
+    usable, notes = A.candidates(bf16_cpu, open_gate, auto_backend=True)
     assert usable == ["fp32", "bf16", "int8"] and any(n.startswith("openvino: OpenVINO does not load") for n in notes)
 
 

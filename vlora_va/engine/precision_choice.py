@@ -153,16 +153,16 @@ def read_machine_gates(adapter) -> dict:
     return out
 
 
-def variants_here(caps: Capabilities, openvino: bool = False) -> list[str]:
+def variants_here(caps: Capabilities, auto_backend: bool = False) -> list[str]:
     """The gate entries `auto` may need on this CPU: torch bf16 where it is native, torch int8 at this CPU's
-    activation width, and with `openvino` (daemon.backend auto or openvino) those of every competing backend's
+    activation width, and with `auto_backend` (daemon.backend auto or openvino) those of every competing backend's
     precisions as this CPU runs them (openvino: its int8, with its float hint and overflow fix)."""
     out = []
     if caps.native_bf16:
         out.append("bf16")
     if not caps.runs("int8"):
         out.append(gate_key("int8"))
-    if openvino:
+    if auto_backend:
         for _, backend in competing():
             out += backend.gate_variants(caps)
     return out
@@ -203,8 +203,8 @@ OPENVINO_INT8 = "openvino-int8"
 
 
 def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str = "auto",
-               openvino: bool = False) -> tuple[list[str], list[str]]:
-    """(the precisions auto may take on this CPU: fp32 first, why each other one may not). openvino
+               auto_backend: bool = False) -> tuple[list[str], list[str]]:
+    """(the precisions auto may take on this CPU: fp32 first, why each other one may not). auto_backend
     (`daemon.backend: auto`): every competing backend's precisions compete too (`backend_candidates`)."""
     usable, notes = ["fp32"], []
     for p in ("bf16", "int8"):
@@ -218,7 +218,7 @@ def candidates(caps: Capabilities, gate: dict[str, str | None], dtype_setting: s
             notes.append(f"{p}: {gate[p]}")
         else:
             usable.append(p)
-    if openvino:
+    if auto_backend:
         for name, backend in competing():
             more, why = backend_candidates(name, backend, "bf16" in usable, gate)
             usable += more
@@ -246,7 +246,7 @@ def backend_candidates(name: str, backend, torch_bf16: bool, gate: dict[str, str
 
 
 def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds: dict[str, float] | None,
-           dtype_setting: str = "auto", previous: str | None = None, openvino: bool = False) -> Choice:
+           dtype_setting: str = "auto", previous: str | None = None, auto_backend: bool = False) -> Choice:
     """The precision to run. setting: daemon.precision ("auto" or one of PRECISIONS); gate: {precision: why the
     accuracy gate keeps it off, or None}; speeds: {precision: measured seconds of the same work,
     `measure_speeds`} (None: not measured); dtype_setting: daemon.dtype (an explicit bfloat16 / float16 fixes
@@ -264,7 +264,7 @@ def choose(setting: str, caps: Capabilities, gate: dict[str, str | None], speeds
         return Choice("bf16" if dtype_setting == "bfloat16" else "fp16", f"daemon.dtype {dtype_setting}")
     if caps.device == "cuda":
         return Choice("fp32" if dtype_setting == "float32" else "bf16", "CUDA: bf16 unless daemon.dtype says float32")
-    usable, notes = candidates(caps, gate, dtype_setting, openvino)
+    usable, notes = candidates(caps, gate, dtype_setting, auto_backend)
     if len(usable) == 1:
         return Choice("fp32", "; ".join(notes) or "nothing else runs here")
     if not speeds or "fp32" not in speeds:
@@ -305,18 +305,18 @@ def stay_or_switch(previous: str, speeds: dict[str, float], detail: str = "") ->
 
 # ---------------------------------------------------------------- deciding at a start
 def decide(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str, cache_dir: Path, key: dict,
-           probe, openvino: bool = False) -> Choice:
+           probe, auto_backend: bool = False) -> Choice:
     """auto's choice on a CPU: the cached previous choice unless another usable precision is at least SWITCH_MARGIN
     faster in a one-round re-check against the cached runner-up and again in a full measurement, both quiet.
     Nothing cached for `key` (first start, or a stale key): a full measurement decides. probe(precisions, rounds)
     -> Probe."""
-    usable, _ = candidates(caps, gate, dtype_setting, openvino)
+    usable, _ = candidates(caps, gate, dtype_setting, auto_backend)
     if len(usable) == 1:
-        return choose("auto", caps, gate, None, dtype_setting, openvino=openvino)
+        return choose("auto", caps, gate, None, dtype_setting, auto_backend=auto_backend)
     cached = read_cache(cache_dir, key)
     previous = cached.choice if cached and cached.choice in usable else None
     if previous is None or not set(usable) <= set(cached.speeds):  # first start, stale, or the gate changed
-        return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous, openvino)
+        return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous, auto_backend)
     rival = min((p for p in usable if p != previous), key=cached.speeds.get)
     check = probe([previous, rival], 1)
     if not check.quiet:
@@ -325,17 +325,17 @@ def decide(caps: Capabilities, gate: dict[str, str | None], dtype_setting: str, 
     kept = stay_or_switch(previous, check.speeds, "timed in a one-round re-check")
     if kept.precision == previous:
         return kept
-    return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous, openvino)
+    return _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous, auto_backend)
 
 
-def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous, openvino=False) -> Choice:
+def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previous, auto_backend=False) -> Choice:
     """A full measurement of every usable precision decides (and is cached); with a previous choice, only a quiet
     one may change it."""
     full = probe(usable, FULL_ROUNDS)
     if previous is not None and not full.quiet:
         return Choice(previous, f"kept from the last start: the machine was busy while measuring ({full.load}); "
                                 "a switch is measured on a quiet machine only")
-    choice = choose("auto", caps, gate, full.speeds, dtype_setting, previous, openvino)
+    choice = choose("auto", caps, gate, full.speeds, dtype_setting, previous, auto_backend)
     if not full.quiet:  # used for this run, never kept as the machine's truth: the next start measures again
         log.warning("precision speeds measured on a busy machine (%s): %s serves this run, and nothing is cached; "
                     "the next start measures again", full.load, choice.precision)
@@ -345,39 +345,39 @@ def _measure_all(caps, gate, dtype_setting, cache_dir, key, probe, usable, previ
 
 
 def pick(setting: str, dtype_setting: str, device: str, backbone: nn.Module, backbone_id: str, adapters: dict,
-         workload: dict[int, float], cache_dir: Path, openvino: bool = False,
+         workload: dict[int, float], cache_dir: Path, auto_backend: bool = False,
          sizes: dict[str, int] | None = None) -> Choice:
     """The daemon's precision for this machine, adapter set and workload (images per second by image size; see
-    the module docstring). openvino: `daemon.backend: auto`, every competing backend's precisions compete
+    the module docstring). auto_backend: `daemon.backend: auto`, every competing backend's precisions compete
     ("openvino-fp32", "openvino-bf16", "openvino-int8": `split_choice`); sizes: each adapter's image size."""
     caps = Capabilities.detect(device)
     gate = {p: gate_allows(adapters, p) for p in ("bf16", "int8")}
     if setting != "auto" or caps.device != "cpu" or dtype_setting in ("bfloat16", "float16"):
         return choose(setting, caps, gate, None, dtype_setting)
     parts = {}
-    if openvino:  # each competing backend's own gates (openvino: its int8's), and what its probe needs
+    if auto_backend:  # each competing backend's own gates (openvino: its int8's), and what its probe needs
         for name, backend in competing():
             gates, parts[name] = backend.auto_gates(caps, backbone, adapters, sizes or {})
             gate.update({f"{name}-{p}": why for p, why in gates.items()})
-    say_unmeasured(caps, adapters, openvino)
-    key = speed_key(caps, backbone_id, backbone, workload, openvino)
-    return decide(caps, gate, dtype_setting, cache_dir, key, prober(backbone, workload, parts), openvino)
+    say_unmeasured(caps, adapters, auto_backend)
+    key = speed_key(caps, backbone_id, backbone, workload, auto_backend)
+    return decide(caps, gate, dtype_setting, cache_dir, key, prober(backbone, workload, parts), auto_backend)
 
 
-def unmeasured(caps: Capabilities, adapters: dict, openvino: bool = False) -> dict[str, list[str]]:
+def unmeasured(caps: Capabilities, adapters: dict, auto_backend: bool = False) -> dict[str, list[str]]:
     """{variant this CPU maps to: the adapters with no gate entry for it, shipped or measured here}."""
     out: dict[str, list[str]] = {}
-    for v in variants_here(caps, openvino):
+    for v in variants_here(caps, auto_backend):
         names = sorted(n for n, a in adapters.items() if v not in gate_of(a))
         if names:
             out[v] = names
     return out
 
 
-def say_unmeasured(caps: Capabilities, adapters: dict, openvino: bool = False) -> None:
+def say_unmeasured(caps: Capabilities, adapters: dict, auto_backend: bool = False) -> None:
     """One line where a variant this CPU runs has no gate entry: auto leaves it out (it chooses among the measured
     ones), and the line names the command that measures it."""
-    missing = unmeasured(caps, adapters, openvino)
+    missing = unmeasured(caps, adapters, auto_backend)
     if missing:
         log.warning("precision auto: no accuracy gate for %s on this CPU: `%s` measures it here (about a minute); "
                     "until then auto chooses among the measured precisions",

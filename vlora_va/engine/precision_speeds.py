@@ -50,13 +50,13 @@ FULL_ROUNDS = 3  # interleaved rounds of a full measurement (the fastest counts)
 
 
 def speed_key(caps: Capabilities, backbone_id: str, backbone: nn.Module, workload: dict[int, float],
-              openvino: bool = False) -> dict:
+              auto_backend: bool = False) -> dict:
     cfg = backbone.config
     key = {"version": 2, "kind": "precision-speeds", "device": device_name(torch.device(caps.device)),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "backbone": backbone_id,
             "backbone_shape": [getattr(cfg, k, None) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")],
             "workload": {str(s): round(n, 3) for s, n in sorted(workload.items())}, "reduce_range": reduce_range()}
-    if openvino:  # the competing backends' candidates too: what their speeds depend on (openvino: its version, its
+    if auto_backend:  # the competing backends' candidates too: what their speeds depend on (openvino: its version, its
         # int8's float hint)
         for _, backend in competing():
             key.update(backend.auto_key())

@@ -84,7 +84,8 @@ def build_engine(config: PipelineConfig) -> tuple[Engine, dict[str, str]]:
                   if int8_why else precision_choice.Choice("int8", "calibrated int8 models here, accuracy gate passed"))
     else:  # backend auto: the openvino backend's precisions compete with torch's, measured the same way
         choice = precision_choice.pick(d.precision, d.dtype, device, backbone, d.backbone, adapters, workload,
-                                     profiling.profile_dir(d.profile_cache), openvino=backend == "auto", sizes=sizes)
+                                       profiling.profile_dir(d.profile_cache), auto_backend=backend == "auto",
+                                       sizes=sizes)
         backend, choice = auto_backend(backend, choice)
     log.info("backbone precision %s: %s (backend %s)", choice.precision, choice.reason, backend)
     dtype = precision.dtype_of(choice.precision) if d.dtype == "auto" else pick_dtype(d.dtype, device)

@@ -99,7 +99,8 @@ def measure_gates(config: PipelineConfig, backbone, adapters: dict, force: bool 
     that an adapter has no entry for, measured here against the shipped reference (training/precision_gate.py)
     and recorded in this machine's cache; entries that exist are kept (force: measured again)."""
     d = config.daemon
-    variants = precision_choice.variants_here(Capabilities.detect("cpu"), openvino=d.backend in ("auto", "openvino"))
+    variants = precision_choice.variants_here(Capabilities.detect("cpu"),
+                                              auto_backend=d.backend in ("auto", "openvino"))
     t0 = time.perf_counter()
     records = precision_gate.measure_missing(backbone, adapters, d.image_size, variants,
                                              {"max_slots": d.max_slots, "max_rank": d.max_rank,
