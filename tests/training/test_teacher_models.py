@@ -3,7 +3,8 @@ a plain loop, and the fused teacher against fuse_boxes of its members.
 
 tests/fixtures/centernet-onnx-detections.json holds the development ONNX CenterNet's raw rows (score >= 0.2) on
 five frames of pedestrians.mp4, written with onnxruntime from ../shared/assets/teachers/centernet.onnx (the
-network the npm package's TF.js model was converted from), so this check runs where that file is absent."""
+network the npm package's TF.js model was converted from; tests/fixtures/centernet_onnx_detections.py writes it),
+so this check runs where that file is absent."""
 
 from __future__ import annotations
 
