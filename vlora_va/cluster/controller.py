@@ -69,6 +69,7 @@ class Controller:
         self._started_ray = False
         self._moved_n = 0
         self._next_status = 0.0
+        self._silent: set[str] = set()  # daemons that missed the last ping (cut off or busy)
         self._run_id = f"{int(time.time()):x}"
         self._ingest_lost: set = set()
 
@@ -176,11 +177,13 @@ class Controller:
         now = time.time()
         pings = {name: d.actor.ping.remote() for name, d in self.daemons.items() if d.alive}  # all at once
         deadline = time.monotonic() + PING_TIMEOUT_S
+        self._silent = set()
         for name, ref in pings.items():
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-            except GetTimeoutError:  # busy, not dead: only Ray's word that its process is gone moves streams
+            except GetTimeoutError:  # busy or cut off, not dead: only Ray's word that it is gone moves streams
                 log.warning("daemon %s did not answer a ping within %.0f s", name, PING_TIMEOUT_S)
+                self._silent.add(name)
             except RayActorError as e:
                 self._lost(self.daemons[name], e)
         for d in list(self.daemons.values()):
@@ -256,10 +259,14 @@ class Controller:
         import ray
 
         alive = [d for d in self.daemons.values() if d.alive]
-        refs = {d.spec.name: d.actor.status.remote() for d in alive}
+        # A daemon that missed this round's ping is not asked (a partition would hold the loop for every call's
+        # timeout, and with it the failover of everyone else); the others share one ping's time.
+        refs = {d.spec.name: d.actor.status.remote() for d in alive if d.spec.name not in self._silent}
+        deadline = time.monotonic() + PING_TIMEOUT_S
         for name, ref in refs.items():
             try:
-                self.daemons[name].utilisation = ray.get(ref, timeout=CALL_TIMEOUT_S)["offered_load"]
+                self.daemons[name].utilisation = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))[
+                    "offered_load"]
             except Exception:  # noqa: BLE001 - a daemon dying now is the ping's business
                 continue
         view = self.snapshot()
@@ -430,6 +437,10 @@ class Controller:
         self.ingest_report = {}  # stream id -> what its ingest worker did (chunks sent, dropped...)
         for a in ingest:
             self.ingest_report.update(self._ingest(a, "release", timeout=120) or {})
+        for sid, p in sorted(self.ingest_report.items()):  # what ingest itself says it did, in this run's own log
+            st = p.get("stats") or {}
+            log.info("stream %s: ingest sent %d chunk(s), dropped %d", sid, st.get("chunks_sent", 0),
+                     st.get("chunks_dropped", 0))
         snap = self._collect("close", timeout=120) or {"rows": 0, "duplicates": 0, "lost": 0}
         log.info("collector: %d rows to the sinks, %d duplicates dropped, %d 'daemon lost' rows", snap["rows"],
                  snap["duplicates"], snap["lost"])
