@@ -24,6 +24,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from tests.pipeline_helpers import tiny_pipeline, write  # noqa: E402
+from vlora_va.contracts.security import create_keys  # noqa: E402
 from vlora_va.testing.tiny import make_adapter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,14 +68,22 @@ def two_adapters(tmp_path_factory):
             "a2": make_adapter(root / "a2", "detection", ["car"], seed=2)}
 
 
-def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int) -> Path:
-    """Four streams ingested on h1 (s0, s1 on adapter a1; s2, s3 on a2), daemons a on h2 and b on h3."""
+def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve: bool = False) -> Path:
+    """Four streams ingested on h1 (s0, s1 on adapter a1; s2, s3 on a2), daemons a on h2 and b on h3. curve: every
+    ZeroMQ link between the hosts authenticated and encrypted (security.curve; the hosts share this machine's files,
+    so the keys are where docs/cluster.md says every host must have them)."""
     streams = [{"id": f"s{i}", "loop": True, "max_chunks": chunks, "group": "h1",
                 "tasks": [{"name": "det", "adapter": "a1" if i < 2 else "a2", "frames_per_chunk": 1,
                            "deadline_ms": 30000}]} for i in range(4)]
     cluster = {"daemons": [{"name": "a", "node_label": "h2"}, {"name": "b", "node_label": "h3"}], "ping_s": 0.5}
     cfg = tiny_pipeline(tmp_path, backbone, adapters, streams, cluster=cluster)
     cfg["ingest"]["drop_policy"] = "block"  # ingest drops nothing: every chunk it made is one it sent
+    if curve:
+        keys = create_keys(tmp_path / "keys")
+        cfg["security"] = {"curve": {"server_secret": str(keys["server.key_secret"]),
+                                     "server_public": str(keys["server.key"]),
+                                     "client_secret": str(keys["client.key_secret"]),
+                                     "client_public": str(keys["client.key"])}}
     return write(tmp_path / "pipeline.yaml", cfg)
 
 
@@ -220,8 +229,9 @@ def test_a_partitioned_daemon_host_loses_its_streams_and_takes_them_back_when_it
     """docs/cluster.md#a-partition: h3's link goes down for 20 s. Ray declares its node dead (health checks), the
     controller moves daemon b's streams to a and writes "daemon lost" rows for what b owed; anything b still
     delivers after that is a duplicate the collector drops. When the link is back, h3 gets a new Ray node, daemon b
-    restarts there and takes streams back. Every chunk ingest sent has exactly one row throughout."""
-    run = Controller(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150))
+    restarts there and takes streams back. Every chunk ingest sent has exactly one row throughout. Every link
+    between the hosts is CURVE-authenticated: no part warns that it binds a network address without it."""
+    run = Controller(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150, curve=True))
     try:
         run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"},
                  "rows from both daemons")
@@ -244,6 +254,8 @@ def test_a_partitioned_daemon_host_loses_its_streams_and_takes_them_back_when_it
     finally:
         if run.proc.poll() is None:
             os.killpg(run.proc.pid, 9)
+    assert "WITHOUT authentication" not in run.log()  # every bind on a host's network address was authenticated
+    assert re.search(r"binds tcp://10\.213\.0\.\d+:\d+", run.log()) or "collector on tcp://10.213" in run.log()
     print(f"\npartition: b's streams served by a {moved_after:.1f} s after the cut; b serving again "
           f"{back_after:.1f} s after the heal")
     sent = ingest_sent(run.log())
