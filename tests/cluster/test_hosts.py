@@ -266,3 +266,29 @@ def test_a_partitioned_daemon_host_loses_its_streams_and_takes_them_back_when_it
         assert {c for s, c in keys if s == sid} == set(range(n)), sid
     lost = [r for r in run.rows if r["status"] == "error"]
     assert all(r["reason"] == "daemon lost: b" and r["stream"] in b_streams for r in lost), lost[:3]
+
+
+def test_a_lost_ingest_host_ends_its_streams_saying_so(topology, tmp_path, tiny_backbone_dir, two_adapters):
+    """docs/cluster.md#a-machine-lost-a-link-cut: the ingest host (h1) killed. Its streams are files, which would
+    start over elsewhere, so they end: each gets a stream_offline event, reason "ingest lost", in the rows; what
+    ingest sent before it died is answered once; the run ends by itself (nothing silently lost, nothing hangs)."""
+    run = Controller(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150))
+    try:
+        run.wait(lambda: {r["stream"] for r in run.rows if r["status"] == "ok"} == {"s0", "s1", "s2", "s3"},
+                 "rows of every stream")
+        hosts("kill", "1")
+        code = run.finish()
+    finally:
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, 9)
+        hosts("heal", "1")
+    assert code == 0, run.log()[-3000:]
+    events = [row for line in run.sink.read_text().splitlines() if (row := json.loads(line)).get("type") == "event"]
+    offline = {e["stream"]: e for e in events if e["event"] == "stream_offline" and e.get("reason") == "ingest lost"}
+    assert sorted(offline) == ["s0", "s1", "s2", "s3"], [(e["event"], e["stream"], e.get("reason")) for e in events]
+    assert all(e["phase"] == "start" for e in offline.values())
+    keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)
+    assert max(keys.values()) == 1
+    for sid in ("s0", "s1", "s2", "s3"):  # what was answered is a run of chunks from 0: no gap inside it
+        got = sorted(c for s, c in keys if s == sid)
+        assert got == list(range(len(got))), (sid, got)

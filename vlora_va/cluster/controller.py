@@ -144,7 +144,7 @@ class Controller:
 
     def _start_ingest(self, local: bool) -> None:
         import ray
-        from ray.exceptions import GetTimeoutError
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         groups: dict[str, list[str]] = {}
         for s in self.config.streams:
@@ -163,6 +163,8 @@ class Controller:
                     self.ingest[sid] = actor
                 try:
                     ray.get(actor.progress.remote(), timeout=INGEST_START_S)
+                except RayActorError as e:  # its node died as it started: its streams end, said (not a crash)
+                    self._ingest_gone(actor, e)
                 except GetTimeoutError:
                     raise ClusterError(f"streams {', '.join(part)}: no node took their ingest worker in "
                                        f"{INGEST_START_S:.0f} s (does a node carry label {NODE_LABEL_KEY}={group}?)") \
@@ -354,11 +356,24 @@ class Controller:
         try:
             return ray.get(getattr(actor, method).remote(*args), timeout=timeout)
         except RayActorError as e:
-            self._ingest_lost.add(actor)
-            streams = sorted(s for s, a in self.ingest.items() if a is actor)
-            log.error("the ingest worker of streams %s is gone (%s): they stop; the other streams go on",
-                      ", ".join(streams), type(e).__name__)
+            self._ingest_gone(actor, e)
             return None
+
+    def _ingest_gone(self, actor, why: Exception) -> None:
+        """An ingest actor died (its process or its node): its streams stop, and say so in the rows: a
+        stream_offline event each, reason "ingest lost" (a file would start over, so it is not restarted)."""
+        if actor in self._ingest_lost:
+            return
+        self._ingest_lost.add(actor)
+        streams = sorted(s for s, a in self.ingest.items() if a is actor)
+        log.error("the ingest worker of streams %s is gone (%s): they stop; the other streams go on",
+                  ", ".join(streams), type(why).__name__)
+        for sid in streams:
+            self._moved_n += 1
+            row = EventRecord(id=f"{self._run_id}-i{self._moved_n}", event="stream_offline", phase="start",
+                              stream=sid, ts=0.0, captured_at=time.time(),
+                              extra={"reason": "ingest lost", "error": type(why).__name__})
+            self.collector.event.remote(row.to_json())
 
     # ------------------------------------------------------------------ what is where
     def _adapters_of(self, stream: str) -> set[str]:
