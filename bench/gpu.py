@@ -337,8 +337,9 @@ def fused(res: Results) -> None:
                 A[:, :rank] = (torch.randn(S, rank, n_in, generator=g) / n_in ** 0.5).to(DEV, dtype)
                 B[:, :, :rank] = (torch.randn(S, n_out, rank, generator=g) / rank ** 0.5).to(DEV, dtype)
                 h = torch.empty(batch * T, width, dtype=torch.float32, device=DEV)
+                # the reference: the "cpu" backend's torch form (torch ops, so on the GPU too) in float32
                 want = lora_linear_images(x.float(), W.float(), bias.float(), A.float(), B.float(), slot, length,
-                                          scale, ranks, T, width, impl="torch")
+                                          scale, ranks, T, width, impl="cpu")
 
                 def unfused():
                     out = torch.addmm(bias, x, W.t())

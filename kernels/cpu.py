@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 
 from vlora_va.kernels import tuning_tables
-from vlora_va.kernels.backend import AtmmBackend, signed
+from vlora_va.kernels.backend import FUSED, IMAGES, ROWS, AtmmBackend, signed
+from vlora_va.kernels.fused import lora_linear_images_torch
+from vlora_va.kernels.images import atmm_images_torch
 from vlora_va.kernels.segments import Segments
 
 
@@ -123,12 +125,22 @@ def atmm_cpu(y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], st
 
 class CpuBackend(AtmmBackend):
     """The strategy named by ``config``, else the tuned table's choice for this shape bucket (or the rule-based
-    default for a shape the table has not seen)."""
+    default for a shape the table has not seen). The per-image paths are the torch forms of kernels/images.py
+    and kernels/fused.py (batched GEMMs: equal runs need no strategy choice; torch ops, so any device)."""
+
+    paths = frozenset({ROWS, IMAGES, FUSED})
 
     def apply(self, y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], sign: float = 1.0, *,
               config=None, device_params=None) -> None:
         strategy = config or lookup(x.shape[1], y.shape[1], seg, ranks)
         atmm_cpu(y, x, A, B, seg, signed(scale, sign), ranks, strategy)
+
+    def apply_images(self, y, x, A, B, slot, length, scale, ranks, tokens, sign=1.0, start=None, h=None) -> None:
+        atmm_images_torch(y, x, A, B, slot, length, scale, ranks, tokens, sign)
+
+    def linear_images(self, x, weight, bias, A, B, slot, length, scale, ranks, tokens, max_rank, out=None,
+                      tiles=None):
+        return lora_linear_images_torch(x, weight, bias, A, B, slot, length, scale, ranks, tokens, out)
 
 
 def lookup(n_in: int, n_out: int, seg: Segments, ranks: list[int]) -> str:

@@ -18,18 +18,18 @@ first BLOCK_R columns and A of b's slot in the rest; the epilogue keeps, per row
 (scaled, zero where the image sits out) and multiplies it by the matching [2 * BLOCK_R, BLOCK_N] tile of B.
 BLOCK_R must cover the largest rank in the stacks; entries past a slot's rank are zero, so they add nothing.
 
-On CUDA (or under TRITON_INTERPRET=1) the Triton kernel; elsewhere, and for images of fewer than 16 tokens, the
-unfused torch form (addmm + atmm_images).
+The entry is ``kernels.ops.lora_linear_images``: it asks the registered backend (kernels/backend.py, the fused
+path). The "triton" backend launches the kernel (kernels/triton_fused.py), or for images of fewer than 16 tokens
+the unfused torch form below; the "cpu" backend runs the torch form (linear + atmm_images_torch, any device).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-from vlora_va.kernels.images import atmm_images
+from vlora_va.kernels.images import atmm_images_torch
 
 
 @dataclass(frozen=True)
@@ -57,29 +57,14 @@ def rank_block(max_rank: int) -> int:
     return r
 
 
-def lora_linear_images(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, A: torch.Tensor,
-                       B: torch.Tensor, slot: torch.Tensor, length: torch.Tensor, scale: torch.Tensor,
-                       ranks: torch.Tensor, tokens: int, max_rank: int, out: torch.Tensor | None = None,
-                       tiles: FusedTiles | None = None, impl: str | None = None) -> torch.Tensor:
-    """The loop in the module docstring; returns y [n*T, out_features] (written into `out` when given).
-    x [n*T, in]; weight [out, in]; bias [out] or None; A [S, R, in], B [S, out, R]; slot, length int32 [n]
-    (length 0 or T); scale float32 [S]; ranks int32 [S] (the torch form's rank cut); max_rank: the largest rank
-    among the slots (host-side, so the launch reads nothing from the device)."""
-    n = slot.shape[0]
-    if x.shape[0] != n * tokens:
-        raise ValueError(f"x has {x.shape[0]} rows, the layout {n} images of {tokens} tokens")
-    impl = impl or ("triton" if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" else "torch")
-    if impl == "torch" or tokens < 16:  # a Triton tile spans at most two images and has >= 16 rows
-        y = torch.nn.functional.linear(x, weight, bias)
-        atmm_images(y, x, A, B, slot, length, scale, ranks, tokens, impl="torch")
-        if out is not None:
-            out.copy_(y)
-            return out
-        return y
-    if impl != "triton":
-        raise ValueError(f"unknown impl {impl!r} (expected 'triton' or 'torch')")
-    from vlora_va.kernels.triton_fused import launch_fused
-
-    y = out if out is not None else torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    launch_fused(y, x, weight, bias, A, B, slot, length, scale, tokens, rank_block(max_rank), tiles or DEFAULT_TILES)
+def lora_linear_images_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, A: torch.Tensor,
+                             B: torch.Tensor, slot: torch.Tensor, length: torch.Tensor, scale: torch.Tensor,
+                             ranks: torch.Tensor, tokens: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The loop in the module docstring, unfused: the base layer, then each image's LoRA (atmm_images_torch).
+    Arguments as ``kernels.ops.lora_linear_images``."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    atmm_images_torch(y, x, A, B, slot, length, scale, ranks, tokens)
+    if out is not None:
+        out.copy_(y)
+        return out
     return y

@@ -1,19 +1,22 @@
 """The ATMM operator and the one-shot ΔW computation: the entry points the engine calls.
 
-The implementation is picked in one place, ``atmm``: the ``impl`` name (default: Triton kernels on CUDA tensors,
-the tuned CPU strategies otherwise) is looked up in the ATMM_BACKENDS registry (``vlora_va.contracts.plugins``)
-and the backend (a ``kernels.backend.AtmmBackend``) runs each pass; the configuration (tile sizes / strategy)
-comes from the tuned table for this device kind, by shape bucket, inside the backend.
+The implementation is picked here, one entry per path of the operator (kernels/backend.py): ``atmm`` (runs of
+rows), ``atmm_images`` (one run per image: what a CUDA graph replays) and ``lora_linear_images`` (the whole LoRA
+linear layer in one pass). Each looks its ``impl`` name up in the ATMM_BACKENDS registry
+(``vlora_va.contracts.plugins``; default: Triton on CUDA tensors, the "cpu" backend otherwise) and refuses a
+backend that does not declare the path; the backend (a ``kernels.backend.AtmmBackend``) computes it, with the
+configuration (tile sizes / strategy) from the tuned table for this device kind, by shape bucket.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 from vlora_va.contracts.plugins import ATMM_BACKENDS
-from vlora_va.kernels.backend import AtmmBackend
+from vlora_va.kernels.backend import FUSED, IMAGES, AtmmBackend
 from vlora_va.kernels.reference import as_float_list
 from vlora_va.kernels.segments import Segments
 
@@ -51,6 +54,44 @@ def atmm(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, idx
     for s, sign in passes:
         backend.apply(y, x, A, B, s, scale_l, ranks_l, sign, config=config, device_params=device_params)
     return y
+
+
+def atmm_images(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, slot: torch.Tensor,
+                length: torch.Tensor, scale: torch.Tensor, ranks: torch.Tensor, tokens: int, sign: float = 1.0,
+                start: torch.Tensor | None = None, h: torch.Tensor | None = None, impl: str | None = None) -> None:
+    """In place on y [n*T, out]: ATMM over one run of T rows per image, the loop in kernels/images.py's docstring,
+    by the backend ``impl`` names (one that declares the images path: "triton", "cpu" or a plug-in). x [n*T, in];
+    A [S, R, in], B [S, out, R]; slot, length int32 [n] (length is 0 or T); scale float32 [S], ranks int32 [S];
+    start int32 [n] = i*T and h, a float32 [n*T, >= R] scratch: optional, kept by a caller that captures graphs."""
+    backend = _path_backend(impl, IMAGES, x)
+    backend.apply_images(y, x, A, B, slot, length, scale, ranks, tokens, sign, start, h)
+
+
+def lora_linear_images(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, A: torch.Tensor,
+                       B: torch.Tensor, slot: torch.Tensor, length: torch.Tensor, scale: torch.Tensor,
+                       ranks: torch.Tensor, tokens: int, max_rank: int, out: torch.Tensor | None = None,
+                       tiles=None, impl: str | None = None) -> torch.Tensor:
+    """The LoRA linear layer over the per-image layout, the loop in kernels/fused.py's docstring; returns
+    y [n*T, out_features] (written into ``out`` when given), by the backend ``impl`` names (one that declares the
+    fused path). x [n*T, in]; weight [out, in]; bias [out] or None; A, B, slot, length, scale, ranks as in
+    ``atmm_images``; max_rank: the largest rank among the slots (host-side, so a launch reads nothing from the
+    device); tiles: a ``kernels.fused.FusedTiles`` for the Triton kernel, None for its default."""
+    if x.shape[0] != slot.shape[0] * tokens:
+        raise ValueError(f"x has {x.shape[0]} rows, the layout {slot.shape[0]} images of {tokens} tokens")
+    backend = _path_backend(impl, FUSED, x)
+    return backend.linear_images(x, weight, bias, A, B, slot, length, scale, ranks, tokens, max_rank, out, tiles)
+
+
+def _path_backend(impl: str | None, path: str, x: torch.Tensor) -> AtmmBackend:
+    """The registered backend for a per-image path, refused when it does not declare that path. The default
+    is Triton under TRITON_INTERPRET=1 too (unlike ``atmm``'s): the tests run the captured form's kernels on a
+    CPU that way."""
+    name = impl or ("triton" if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" else "cpu")
+    backend = _backend(ATMM_BACKENDS.load(name))
+    if path not in backend.paths:
+        raise ValueError(f"ATMM backend {name!r} does not compute the {path!r} path (it declares "
+                         f"{', '.join(sorted(backend.paths))}; see vlora_va.kernels.backend)")
+    return backend
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,15 +18,15 @@ this module on first use, so ``TRITON_INTERPRET`` can still be set before.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import asdict, dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from vlora_va.kernels import tuning_tables
-from vlora_va.kernels.backend import AtmmBackend
+from vlora_va.kernels import triton_fused, tuning_tables
+from vlora_va.kernels.backend import FUSED, IMAGES, ROWS, AtmmBackend, interpreted_bf16
+from vlora_va.kernels.fused import DEFAULT_TILES, lora_linear_images_torch, rank_block
 from vlora_va.kernels.segments import Segments
 
 
@@ -132,10 +132,6 @@ def _expand_kernel(h_ptr, b_ptr, y_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr
     tl.store(y_ptrs, (yt.to(tl.float32) + scale * acc).to(yt.dtype), mask=y_mask)
 
 
-def _upcast(dtype: torch.dtype) -> bool:
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def atmm_triton(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, seg: Segments,
                 scale_t: torch.Tensor, ranks_t: torch.Tensor, config: TritonConfig = DEFAULT_CONFIG,
                 sign: float = 1.0) -> None:
@@ -150,7 +146,10 @@ def atmm_triton(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
 
 class TritonBackend(AtmmBackend):
     """Both kernels over the runs, with ``config`` (a ``TritonConfig``) or the tuned table's choice for this
-    shape bucket; the sign goes to the expand kernel, so the cached device scales serve both mixture passes."""
+    shape bucket; the sign goes to the expand kernel, so the cached device scales serve both mixture passes.
+    The images path is the same kernels with one run per image; the fused path is kernels/triton_fused.py."""
+
+    paths = frozenset({ROWS, IMAGES, FUSED})
 
     def apply(self, y, x, A, B, seg: Segments, scale: list[float], ranks: list[int], sign: float = 1.0, *,
               config=None, device_params=None) -> None:
@@ -159,6 +158,22 @@ class TritonBackend(AtmmBackend):
                              torch.tensor(ranks, dtype=torch.int32, device=x.device))
         choice = config or lookup(x.shape[1], y.shape[1], seg, ranks, x.device)
         atmm_triton(y, x, A, B, seg, device_params[0], device_params[1], choice, sign)
+
+    def apply_images(self, y, x, A, B, slot, length, scale, ranks, tokens, sign=1.0, start=None, h=None) -> None:
+        n = slot.shape[0]
+        if start is None:
+            start = torch.arange(n, dtype=torch.int32, device=x.device) * tokens
+        config = lookup_images(x.shape[1], y.shape[1], n, tokens, A.shape[1], x.device)
+        launch(y, x, A, B, start, length, slot, scale, ranks, n, tokens, config=config, sign=sign, h=h)
+
+    def linear_images(self, x, weight, bias, A, B, slot, length, scale, ranks, tokens, max_rank, out=None,
+                      tiles=None):
+        if tokens < 16:  # a tile spans at most two images and has >= 16 rows: the unfused torch form
+            return lora_linear_images_torch(x, weight, bias, A, B, slot, length, scale, ranks, tokens, out)
+        y = out if out is not None else torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+        triton_fused.launch_fused(y, x, weight, bias, A, B, slot, length, scale, tokens, rank_block(max_rank),
+                                  tiles or DEFAULT_TILES)
+        return y
 
 
 def launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, run_start: torch.Tensor,
@@ -171,7 +186,7 @@ def launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, r
     R = A.shape[1]
     if h is None:
         h = torch.empty(x.shape[0], R, dtype=torch.float32, device=x.device)
-    upcast = _upcast(x.dtype)
+    upcast = interpreted_bf16(x.dtype)
     c = config.shrink
     grid = (n_runs, triton.cdiv(max_len, c.block_m), triton.cdiv(R, c.block_n))
     _shrink_kernel[grid](x, A, h, run_start, run_len, run_slot, ranks_t, x.shape[1],

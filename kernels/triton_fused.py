@@ -1,6 +1,6 @@
 """The Triton kernel of kernels/fused.py: base GEMM + bias + each image's LoRA in one pass (its docstring holds
 the loop and the tiling). Imported on first use, so TRITON_INTERPRET can still be set before; the interpreter's
-bf16 ``tl.dot`` is wrong, so bf16 tiles are upcast to fp32 there (as in triton_atmm)."""
+bf16 ``tl.dot`` is wrong, so bf16 tiles are upcast to fp32 there (as in triton_atmm: backend.interpreted_bf16)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vlora_va.kernels.triton_atmm import _upcast
+from vlora_va.kernels.backend import interpreted_bf16
 
 
 @triton.jit
@@ -101,5 +101,5 @@ def launch_fused(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
                         A.stride(0), A.stride(1), A.stride(2), B.stride(0), B.stride(1), B.stride(2),
                         y.stride(0), y.stride(1),
                         HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-                        BLOCK_R=block_r, UPCAST=_upcast(x.dtype), num_warps=tiles.num_warps,
+                        BLOCK_R=block_r, UPCAST=interpreted_bf16(x.dtype), num_warps=tiles.num_warps,
                         num_stages=tiles.num_stages)

@@ -338,3 +338,56 @@ def test_premerged_weights_give_the_same_outputs_as_atmm():
     for c in ctxs:
         c.begin(LoRAMode(MIXTURE, 0), rows)
     assert torch.allclose(forward(pre, x), forward(plain, x), atol=1e-5)
+
+
+def test_the_fixed_layout_forwards_ask_the_registered_atmm_backend(monkeypatch):
+    """What a CUDA graph captures (a DeviceLayout: unmerged and mixture per image, unmerged fused) computes its LoRA
+    through the ATMM backend the registry holds, as eager rows do: a backend registered as the device's default
+    ("cpu" here) is called once per wrapped layer and pass, and gives the Segments path's features."""
+    from vlora_va.contracts.plugins import ATMM_BACKENDS
+    from vlora_va.engine.modes import DeviceLayout
+    from vlora_va.kernels.backend import FUSED, IMAGES
+    from vlora_va.kernels.fused import FusedTiles
+    from vlora_va.testing.atmm_cases import LoopPathsBackend
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    base = tiny_model()
+    model = copy.deepcopy(base)
+    ctx = lora.inject_lora(model, TARGETS, num_slots=3, max_rank=16)
+    for slot, (rank, seed, scale) in enumerate([(4, 1, 2.0), (16, 2, 0.5), (8, 3, 1.5)]):
+        lora.load_adapter(model, slot, random_adapter(base, rank, seed), scale)
+    layers = len(lora.lora_module_names(model))
+    x = torch.randn(4, 3, 28, 28, generator=torch.Generator().manual_seed(5))
+    rows = [1, 0, 2, -1]
+    layout = DeviceLayout(4, 5, 3, 16, torch.device("cpu"))  # 28 px, patch 14: 4 patches + CLS
+    unmerged(ctx, rows)
+    want = {"unmerged": forward(model, x)}
+    lora.switch_weights(model, 1)
+    ctx.begin(LoRAMode(MIXTURE, 1), rows)
+    want["mixture"] = forward(model, x)
+    lora.switch_weights(model, None)
+    original, LoopPathsBackend.calls = ATMM_BACKENDS.entries["cpu"], []
+    ATMM_BACKENDS.register("cpu", LoopPathsBackend)
+    try:
+        ctx.begin(LoRAMode(UNMERGED), rows, layout)
+        got = {"unmerged": forward(model, x)}
+        unmerged_calls, LoopPathsBackend.calls = LoopPathsBackend.calls, []
+        ctx.fused = FusedTiles(16, 16, 16, 4, 2)
+        got["fused"] = forward(model, x)
+        fused_calls, LoopPathsBackend.calls = LoopPathsBackend.calls, []
+        ctx.fused = None
+        lora.switch_weights(model, 1)
+        ctx.begin(LoRAMode(MIXTURE, 1), rows, layout)
+        got["mixture"] = forward(model, x)
+    finally:
+        ATMM_BACKENDS.register("cpu", original)
+        ctx.fused = None
+        ctx.clear()
+        lora.switch_weights(model, None)
+    assert unmerged_calls == [(IMAGES, 1.0)] * layers
+    assert fused_calls == [(FUSED, 1.0)] * layers
+    assert LoopPathsBackend.calls == [(IMAGES, 1.0), (IMAGES, -1.0)] * layers  # mixture: add own, subtract merged
+    for name in got:
+        torch.testing.assert_close(got[name], want["mixture" if name == "mixture" else "unmerged"], atol=1e-4,
+                                   rtol=1e-4)
+    assert (want["unmerged"] - forward(base, x)).abs().max() > 1e-2  # the adapters do change the features

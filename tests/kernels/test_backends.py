@@ -1,5 +1,6 @@
 """The ATMM backend plug-in point: atmm() resolves `impl` through ATMM_BACKENDS, runs the mixture-mode passes
-for every backend alike, and a backend defined outside the package works once registered."""
+for every backend alike, and a backend defined outside the package works once registered; the per-image entries
+(atmm_images, lora_linear_images) resolve it the same way, from the backends that declare their path."""
 
 import importlib.util
 
@@ -7,8 +8,9 @@ import pytest
 import torch
 
 from vlora_va.contracts.plugins import ATMM_BACKENDS, UnknownPlugin
-from vlora_va.kernels import AtmmBackend, atmm, atmm_reference
-from vlora_va.testing.atmm_cases import CASES, make, tol
+from vlora_va.kernels import AtmmBackend, atmm, atmm_images, atmm_reference, lora_linear_images
+from vlora_va.kernels.backend import FUSED, IMAGES, ROWS
+from vlora_va.testing.atmm_cases import CASES, LoopPathsBackend, make, tol
 
 
 class LoopBackend(AtmmBackend):
@@ -28,15 +30,19 @@ class NotABackend:
         raise AssertionError("never called")
 
 
+def registered(name: str, cls):
+    """A fixture's body: `name` registered to cls for one test, removed afterwards."""
+    ATMM_BACKENDS.register(name, cls)
+    try:
+        yield cls
+    finally:
+        ATMM_BACKENDS.unregister(name)
+
+
 @pytest.fixture
 def loop_backend():
-    """"loop" registered for one test, removed afterwards."""
     LoopBackend.signs = []
-    ATMM_BACKENDS.register("loop", LoopBackend)
-    try:
-        yield LoopBackend
-    finally:
-        ATMM_BACKENDS.unregister("loop")
+    yield from registered("loop", LoopBackend)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -96,3 +102,82 @@ def test_every_registered_backend_is_an_atmm_backend():
             continue  # nothing to import it with; its own tests skip too
         cls = ATMM_BACKENDS.load(name)
         assert isinstance(cls, type) and issubclass(cls, AtmmBackend), (name, cls)
+
+
+# --- the per-image paths: atmm_images and lora_linear_images ask the registry too ---------------------------------
+
+def test_each_built_in_declares_the_paths_it_computes():
+    """The per-image paths (what CUDA graphs replay) are Triton's and the CPU backend's torch forms; the oracle and
+    the dLoRA-style einsum compute runs of rows only."""
+    want = {"reference": {ROWS}, "einsum": {ROWS}, "cpu": {ROWS, IMAGES, FUSED}, "triton": {ROWS, IMAGES, FUSED}}
+    for name, paths in want.items():
+        if name == "triton" and importlib.util.find_spec("triton") is None:
+            continue
+        assert set(ATMM_BACKENDS.load(name).paths) == paths, name
+
+
+@pytest.fixture
+def loop_paths():
+    """All three paths as plain loops, recording each call."""
+    LoopPathsBackend.calls = []
+    yield from registered("loop-paths", LoopPathsBackend)
+
+
+def images_problem(T=6, slots=(1, 0, 2, 1), sit_out=(False, False, True, False)):
+    """Images of T rows, one sitting out, adapters of ranks 4 / 8 / 2 in a stack 8 wide (zero past each rank)."""
+    g = torch.Generator().manual_seed(4)
+    ranks = torch.tensor([4, 8, 2], dtype=torch.int32)
+    A, B = torch.zeros(3, 8, 12), torch.zeros(3, 20, 8)
+    for s, r in enumerate(ranks.tolist()):
+        A[s, :r], B[s, :, :r] = torch.randn(r, 12, generator=g), torch.randn(20, r, generator=g)
+    x = torch.randn(len(slots) * T, 12, generator=g)
+    W, bias = torch.randn(20, 12, generator=g), torch.randn(20, generator=g)
+    slot = torch.tensor(slots, dtype=torch.int32)
+    length = torch.tensor([0 if out else T for out in sit_out], dtype=torch.int32)
+    return x, W, bias, A, B, slot, length, torch.tensor([0.5, 2.0, 1.5]), ranks, T
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_atmm_images_runs_the_backend_impl_names(loop_paths, sign):
+    x, W, bias, A, B, slot, length, scale, ranks, T = images_problem()
+    y = torch.randn(x.shape[0], 20)
+    want = y.clone()
+    atmm_images(want, x, A, B, slot, length, scale, ranks, T, sign, impl="cpu")  # the torch form
+    got = y.clone()
+    atmm_images(got, x, A, B, slot, length, scale, ranks, T, sign, impl="loop-paths")
+    assert loop_paths.calls == [(IMAGES, sign)]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert (got - y).abs().max() > 0.1  # the LoRA term is far above tolerance: not a no-op
+
+
+def test_lora_linear_images_runs_the_backend_impl_names(loop_paths):
+    x, W, bias, A, B, slot, length, scale, ranks, T = images_problem()
+    want = lora_linear_images(x, W, bias, A, B, slot, length, scale, ranks, T, 8, impl="cpu")
+    got = lora_linear_images(x, W, bias, A, B, slot, length, scale, ranks, T, 8, impl="loop-paths")
+    assert loop_paths.calls == [(FUSED, 1.0)]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_per_image_default_is_looked_up_in_the_registry(loop_paths, monkeypatch):
+    """CPU tensors (without the Triton interpreter) default to "cpu" on both per-image paths: whatever that name
+    is registered to runs them."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x, W, bias, A, B, slot, length, scale, ranks, T = images_problem()
+    original = ATMM_BACKENDS.entries["cpu"]
+    ATMM_BACKENDS.register("cpu", LoopPathsBackend)
+    try:
+        atmm_images(torch.zeros(x.shape[0], 20), x, A, B, slot, length, scale, ranks, T)
+        lora_linear_images(x, W, bias, A, B, slot, length, scale, ranks, T, 8)
+    finally:
+        ATMM_BACKENDS.register("cpu", original)
+    assert loop_paths.calls == [(IMAGES, 1.0), (FUSED, 1.0)]
+
+
+@pytest.mark.parametrize("impl, entry, path", [("einsum", "images", IMAGES), ("reference", "fused", FUSED)])
+def test_a_backend_that_does_not_declare_a_path_is_refused_by_name(impl, entry, path):
+    x, W, bias, A, B, slot, length, scale, ranks, T = images_problem()
+    with pytest.raises(ValueError, match=f"ATMM backend '{impl}' does not compute the '{path}' path"):
+        if entry == "images":
+            atmm_images(torch.zeros(x.shape[0], 20), x, A, B, slot, length, scale, ranks, T, impl=impl)
+        else:
+            lora_linear_images(x, W, bias, A, B, slot, length, scale, ranks, T, 8, impl=impl)

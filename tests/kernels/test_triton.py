@@ -101,14 +101,14 @@ def images_case(n_images=5, tokens=7, slots=(2, 0, -1, 2, 1), sit_out=(False, Fa
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_atmm_images_torch_matches_the_loop(sign):
+def test_atmm_images_cpu_torch_form_matches_the_loop(sign):
     from vlora_va.kernels import atmm_images
     x, y, A, B, scale, ranks, slot, length, idx, T = images_case()
     want = y.clone()
     delta = atmm_reference(torch.zeros_like(y), x, A, B, idx, scale, ranks)
     want += sign * delta
     got = y.clone()
-    atmm_images(got, x, A, B, slot, length, scale, ranks, T, sign, impl="torch")
+    atmm_images(got, x, A, B, slot, length, scale, ranks, T, sign, impl="cpu")
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
@@ -208,10 +208,10 @@ def fused_loop(x, W, b, A, B, slot, length, scale, ranks, T):
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_fused_torch_form_matches_the_loop(bias):
+def test_fused_cpu_torch_form_matches_the_loop(bias):
     from vlora_va.kernels import lora_linear_images
     x, W, b, A, B, slot, length, scale, ranks, T = fused_case(bias=bias)
-    got = lora_linear_images(x, W, b, A, B, slot, length, scale, ranks, T, 32, impl="torch")
+    got = lora_linear_images(x, W, b, A, B, slot, length, scale, ranks, T, 32, impl="cpu")
     torch.testing.assert_close(got, fused_loop(x, W, b, A, B, slot, length, scale, ranks, T), atol=1e-4, rtol=1e-4)
 
 

@@ -167,7 +167,8 @@ class LoRALinear(nn.Module):
         """The same results as the Segments path, read from device tensors with data-independent launches:
         premerged as one grouped GEMM over the per-slot weights (rows sorted by slot, `offs`), unmerged and
         mixture as ATMM over one run per image (kernels.atmm_images), or unmerged as one fused kernel per layer
-        (`LoRAContext.fused`: kernels.lora_linear_images)."""
+        (`LoRAContext.fused`: kernels.lora_linear_images). Which ATMM backend computes them is the kernels'
+        choice (the registry's default for the device), as on the Segments path."""
         g, l = self._group, self._index
         x2 = x.reshape(-1, self.in_features)
         if mode.kind == PREMERGED:

@@ -1,7 +1,9 @@
-"""Shared random ATMM problems for the kernel tests (small: the reference is a per-row Python loop)."""
+"""Shared random ATMM problems for the kernel tests (small: the reference is a per-row Python loop), and a plug-in
+backend that computes every path of the operator as its docstring's loop (LoopPathsBackend)."""
 
 import torch
 
+from vlora_va.kernels.backend import FUSED, IMAGES, ROWS, AtmmBackend
 from vlora_va.kernels.segments import Segments
 
 # (name, n_in, n_out, ranks per slot, per-element slots, rows per element)
@@ -41,3 +43,39 @@ def empty_run_segments(n_rows: int, slots=(0, 1, 0)) -> Segments:
     """A layout with a zero-length run in the middle (the kernels must skip it)."""
     cut = n_rows // 2
     return Segments(n_rows, (0, cut, cut), (cut, cut, n_rows), tuple(slots))
+
+
+class LoopPathsBackend(AtmmBackend):
+    """A plug-in ATMM backend declaring all three paths, each the plain loop of its docstring (kernels/backend.py,
+    kernels/images.py, kernels/fused.py), recording every call as (path, sign): registered under a name, it shows
+    which entries and which engine forwards really ask the registry."""
+
+    paths = frozenset({ROWS, IMAGES, FUSED})
+    calls: list[tuple[str, float]] = []
+
+    def apply(self, y, x, A, B, seg, scale, ranks, sign=1.0, *, config=None, device_params=None):
+        LoopPathsBackend.calls.append((ROWS, sign))
+        for a, start, end in zip(seg.slots, seg.starts, seg.ends):
+            r = ranks[a]
+            y[start:end] += sign * scale[a] * (x[start:end] @ A[a, :r].T) @ B[a, :, :r].T
+
+    def apply_images(self, y, x, A, B, slot, length, scale, ranks, tokens, sign=1.0, start=None, h=None):
+        LoopPathsBackend.calls.append((IMAGES, sign))
+        image_loop(y, x, A, B, slot, length, scale, ranks, tokens, sign)
+
+    def linear_images(self, x, weight, bias, A, B, slot, length, scale, ranks, tokens, max_rank, out=None,
+                      tiles=None):
+        LoopPathsBackend.calls.append((FUSED, 1.0))
+        y = out if out is not None else torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+        y.copy_(torch.nn.functional.linear(x, weight, bias))
+        image_loop(y, x, A, B, slot, length, scale, ranks, tokens, 1.0)
+        return y
+
+
+def image_loop(y, x, A, B, slot, length, scale, ranks, tokens: int, sign: float) -> None:
+    """kernels/images.py's loop: image i owns rows i*T .. i*T + T - 1 and adds its slot's LoRA when it takes part."""
+    for i in range(slot.shape[0]):
+        if int(length[i]) > 0:
+            a, rows = int(slot[i]), slice(i * tokens, (i + 1) * tokens)
+            r = int(ranks[a])
+            y[rows] += sign * float(scale[a]) * (x[rows] @ A[a, :r].T) @ B[a, :, :r].T
