@@ -3,8 +3,9 @@
 # (bench/cluster.py --part hosts): network namespaces joined by a bridge, each with its own interface, address and
 # Ray node. That is what Ray's and Kubernetes' own multi-node tests do on one kernel.
 #
-#   scripts/hosts.sh up N        N hosts (N >= 2): h0 runs the Ray head (the controller and the collector run there
-#                                too), h1.. are Ray worker nodes. Idempotent: whatever was up is taken down first.
+#   scripts/hosts.sh up N        N hosts (N >= 2): h0 runs the Ray head, with the dashboard process that Ray Client
+#                                (ray://h0:10001) needs; `vlora-va run --cluster auto` there runs the controller
+#                                and the collector. h1.. are Ray worker nodes. Idempotent: whatever was up goes first.
 #   scripts/hosts.sh down        every host's processes killed, namespaces, links and the bridge removed (always safe)
 #   scripts/hosts.sh exec H CMD  CMD on host H (0..N-1) with the hosts' Ray environment
 #   scripts/hosts.sh kill H      SIGKILL every process of host H (the raylet too): a machine that lost power
@@ -71,7 +72,7 @@ start_ray() {
     n="$(ns "$i")"
     if [ "$i" = 0 ]; then
         ip netns exec "$n" "$RAY_BIN" start --head --port="$RAY_PORT" --node-ip-address="$(address 0)" \
-            --num-cpus=1 --include-dashboard=false --disable-usage-stats --temp-dir="$RAY_TEMP" >>"$LOG" 2>&1
+            --num-cpus=1 --disable-usage-stats --temp-dir="$RAY_TEMP" >>"$LOG" 2>&1
     else
         ip netns exec "$n" "$RAY_BIN" start --address="$(address 0):$RAY_PORT" --node-ip-address="$(address "$i")" \
             --num-cpus=1 --resources="{\"vlora_daemon\": $DAEMON_RESOURCE}" --labels="vlora-va/group=h$i" \

@@ -88,17 +88,17 @@ def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve:
 
 
 class Controller:
-    """`vlora-va run --cluster auto` on the head host h0, its JSONL sink read as it grows (each row stamped with the
-    wall time this test read it)."""
+    """`vlora-va run --cluster ADDRESS` on a host (default: auto on the head host h0), its JSONL sink read as it
+    grows (each row stamped with the wall time this test read it)."""
 
-    def __init__(self, config: Path):
+    def __init__(self, config: Path, host: int = 0, address: str = "auto"):
         self.sink = config.parent / "results.jsonl"
         self.log_path = config.parent / "run.log"
         self._log = open(self.log_path, "w")
         env = {**os.environ, "RAY_ADDRESS": f"{hosts('address', '0').strip()}:6390", "RAY_AUTH_MODE": "token",
                "RAY_DEDUP_LOGS": "0"}  # every worker's own final line, not "[repeated 3x across cluster]"
-        self.proc = subprocess.Popen([str(HOSTS), "exec", "0", str(ROOT / ".venv" / "bin" / "python"), "-m",
-                                      "vlora_va.cli", "run", "--cluster", "auto", str(config)], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([str(HOSTS), "exec", str(host), str(ROOT / ".venv" / "bin" / "python"), "-m",
+                                      "vlora_va.cli", "run", "--cluster", address, str(config)], cwd=ROOT, env=env,
                                      stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
         self.rows: list[dict] = []
         self._offset = 0
@@ -292,3 +292,21 @@ def test_a_lost_ingest_host_ends_its_streams_saying_so(topology, tmp_path, tiny_
     for sid in ("s0", "s1", "s2", "s3"):  # what was answered is a run of chunks from 0: no gap inside it
         got = sorted(c for s, c in keys if s == sid)
         assert got == list(range(len(got))), (sid, got)
+
+
+def test_a_run_from_another_machine_through_the_ray_client(topology, tmp_path, tiny_backbone_dir, two_adapters):
+    """`vlora-va run --cluster ray://HEAD:10001` from h1, a machine that is not the head (ray[client], the cluster
+    extra): Ray's client runs the controller on the head; every chunk ingest sent gets one row."""
+    pytest.importorskip("grpc", reason="ray[client] (the cluster extra) is not installed")
+    address = f"ray://{hosts('address', '0').strip()}:10001"
+    run = Controller(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=20), host=1, address=address)
+    try:
+        assert run.finish() == 0, run.log()[-4000:]
+    finally:
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, 9)
+    sent = ingest_sent(run.log())
+    assert sorted(sent) == ["s0", "s1", "s2", "s3"], run.log()[-3000:]
+    keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)
+    assert max(keys.values()) == 1 and all({c for s, c in keys if s == sid} == set(range(n)) for sid, n in sent.items())
+    assert all(r["status"] == "ok" for r in run.rows)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from vlora_va.cluster import placement
-from vlora_va.cluster.hosts import READY_TIMEOUT_S, CollectorHost, DaemonHost, IngestHost, free_port
+from vlora_va.cluster.hosts import READY_TIMEOUT_S, CollectorHost, DaemonHost, IngestHost, address_and_free_port
 from vlora_va.cluster.ray_connection import ClusterError, connect
 from vlora_va.contracts.cluster import DAEMON_RESOURCE, NODE_LABEL_KEY, DaemonSpec
 from vlora_va.contracts.config import PipelineConfig
@@ -83,10 +83,13 @@ class Controller:
         self.host = "127.0.0.1" if local else ""  # "": each actor binds its node's address
         # The collector runs on this node, on a port chosen here: Ray restarts it with the same arguments, so a
         # restarted collector binds the same address and the daemons' PUSH sockets find it again.
-        host = self.host or ray.util.get_node_ip_address()
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        # The address and the port are read on that node, not here: through Ray's client (ray://) this process
+        # runs on another machine than the driver's node.
+        host, port = ray.get(ray.remote(address_and_free_port).options(num_cpus=0, scheduling_strategy=here)
+                             .remote(self.host), timeout=CALL_TIMEOUT_S)
         self.collector = ray.remote(CollectorHost).options(num_cpus=0, max_restarts=-1, scheduling_strategy=here) \
-            .remote(self.config, host, free_port(host), self.log_level)
+            .remote(self.config, host, port, self.log_level)
         self._collector_at = ray.get(self.collector.endpoint.remote(), timeout=CALL_TIMEOUT_S)
         for spec in self.config.cluster.daemons:
             self._start_daemon(spec, local)

@@ -51,6 +51,12 @@ def node_address() -> str:
     return "127.0.0.1"
 
 
+def address_and_free_port(host: str = "") -> tuple[str, int]:
+    """On the node this runs on: the address to bind (`host`, default the node's own) and a free port there."""
+    host = host or node_address()
+    return host, free_port(host)
+
+
 class DaemonHost:
     def __init__(self, config: PipelineConfig, name: str, collector: str, threads: int = 0, host: str = "",
                  log_level: str = "INFO"):
