@@ -371,7 +371,7 @@ class Controller:
         streams = sorted(s for s, a in self.ingest.items() if a is actor)
         log.error("the ingest worker of streams %s is gone (%s): they stop; the other streams go on",
                   ", ".join(streams), type(why).__name__)
-        for sid in streams:
+        for sid in streams if self.collector is not None else ():  # (none once the run has ended)
             self._moved_n += 1
             row = EventRecord(id=f"{self._run_id}-i{self._moved_n}", event="stream_offline", phase="start",
                               stream=sid, ts=0.0, captured_at=time.time(),
