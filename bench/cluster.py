@@ -1,8 +1,10 @@
-"""Cluster mode on this machine (issue 30): failover time, and streams held by one and by two daemons.
+"""Cluster mode on this machine (issue 30): failover time, and streams held by one and by two daemons; and across
+hosts (issue 47: network namespaces, scripts/hosts.sh; root only).
 
-    python bench/cluster.py                       # both parts
+    python bench/cluster.py                       # failover and held
     python bench/cluster.py --part failover --repeats 5
     python bench/cluster.py --part held --streams 1,2,3 --seconds 40
+    sudo python bench/cluster.py --part hosts --repeats 3
 
 failover  A local Ray instance, two daemon actors on the tiny backbone, four streams over two adapters (the test's
           setup). Once rows flow, the daemon serving s0 is killed with SIGKILL. Measured per repeat: the controller
@@ -14,6 +16,11 @@ held      The default pipeline's surveillance stream (pedestrians: tracked detec
           `daemons: 2` (threads 1 each), both through the cluster controller. A count of streams is held when >= 99%
           of its rows met their deadline. Two daemons on one 2-core machine share the same two cores: this measures
           the cost of splitting, not a second machine's gain.
+hosts     Four hosts (vlora_va/testing/hosts_topology.py: the run on h0, ingest on h1, daemon a on h2, b on h3).
+          Node loss, per repeat: once both daemons serve, every process of h2 is killed; per moved stream the
+          failover time: kill -> this bench reads the first ok row daemon b served for it; chunks without a row and
+          duplicates (both must be 0). Partition, once: h3's link down for 20 s, then up: when b's streams were
+          served by a, when b served again after the heal, "daemon lost" rows, duplicates, chunks without a row.
 Writes bench/results/cluster.json and cluster.md.
 """
 
@@ -23,6 +30,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import signal
 import statistics
 import sys
@@ -137,6 +145,95 @@ def bench_failover(repeats: int) -> dict:
             "met": max(per_stream) <= 10.0 and all(r["duplicates"] == 0 and r["missing"] == 0 for r in runs)}
 
 
+# ---------------------------------------------------------------- across hosts (issue 47)
+def books(run, sent: dict[str, int]) -> dict:
+    """Chunks without a row and duplicates, by the rows read against what ingest sent."""
+    keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)
+    return {"chunks_sent": sum(sent.values()), "duplicates": sum(n - 1 for n in keys.values() if n > 1),
+            "missing": sum(1 for s, n in sent.items() for seq in range(n) if (s, seq) not in keys),
+            "lost_rows": sum(1 for r in run.rows if r["status"] == "error")}
+
+
+def node_loss_once(tmp: Path, backbone: Path, adapters: dict) -> dict:
+    from vlora_va.testing import hosts_topology as ht
+
+    run = ht.HostsRun(ht.pipeline(tmp, backbone, adapters, chunks=60))
+    try:
+        run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"}, "both serving")
+        moved = sorted({r["stream"] for r in run.rows if r.get("daemon") == "a"})
+        killed = time.time()
+        ht.hosts("kill", "2")
+        first = {}
+
+        def served():
+            for r in run.rows:
+                if r["stream"] in moved and r.get("daemon") == "b" and r["status"] == "ok":
+                    first.setdefault(r["stream"], r["_read_at"])
+            return len(first) == len(moved)
+        run.wait(served, "the moved streams served by b")
+        code = run.finish()
+    finally:
+        run.kill()
+        ht.hosts("heal", "2")
+    return {"exit": code, "failover_s": {s: round(t - killed, 3) for s, t in first.items()},
+            **books(run, ht.ingest_sent(run.log()))}
+
+
+def partition_once(tmp: Path, backbone: Path, adapters: dict, seconds: float = 20.0) -> dict:
+    from vlora_va.testing import hosts_topology as ht
+
+    run = ht.HostsRun(ht.pipeline(tmp, backbone, adapters, chunks=150, curve=True))
+    try:
+        run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"}, "both serving")
+        b_streams = sorted({r["stream"] for r in run.rows if r.get("daemon") == "b"})
+        cut = time.time()
+        ht.hosts("cut", "3")
+        run.wait(lambda: all(any(r["stream"] == s and r.get("daemon") == "a" and r["_read_at"] > cut
+                                 for r in run.rows) for s in b_streams), "b's streams served by a")
+        moved_s = time.time() - cut
+        run.wait(lambda: time.time() - cut >= seconds, "the partition's end")
+        ht.hosts("heal", "3")
+        healed = time.time()
+        run.wait(lambda: any(r.get("daemon") == "b" and r["status"] == "ok" and r["_read_at"] > healed
+                             for r in run.rows), "b serving again")
+        back_s = time.time() - healed
+        code = run.finish()
+    finally:
+        run.kill()
+    dropped = re.findall(r"collector: \d+ rows to the sinks, (\d+) duplicates dropped", run.log())
+    return {"exit": code, "cut_s": seconds, "moved_after_s": round(moved_s, 2), "back_after_heal_s": round(back_s, 2),
+            "duplicates_dropped_by_collector": int(dropped[-1]) if dropped else None,
+            **books(run, ht.ingest_sent(run.log()))}
+
+
+def bench_hosts(repeats: int) -> dict:
+    from vlora_va.testing import hosts_topology as ht
+    from vlora_va.testing.tiny import make_adapter, make_backbone
+
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        backbone = make_backbone(root / "backbone")
+        adapters = {"a1": make_adapter(root / "a1", "detection", ["person"], seed=1),
+                    "a2": make_adapter(root / "a2", "detection", ["car"], seed=2)}
+        ht.hosts("up", str(ht.N_HOSTS))
+        try:
+            runs = []
+            for i in range(repeats):
+                (root / f"loss{i}").mkdir()
+                runs.append(node_loss_once(root / f"loss{i}", backbone, adapters))
+                print(f"node loss run {i}: {runs[-1]}", flush=True)
+            (root / "cut").mkdir()
+            partition = partition_once(root / "cut", backbone, adapters)
+            print(f"partition: {partition}", flush=True)
+        finally:
+            ht.hosts("down")
+    per_stream = [t for r in runs for t in r["failover_s"].values()]
+    return {"node_loss": runs, "median_failover_s": statistics.median(per_stream), "max_failover_s": max(per_stream),
+            "goal_s": 10.0, "partition": partition,
+            "met": max(per_stream) <= 10.0 and all(r["duplicates"] == 0 and r["missing"] == 0
+                                                   for r in [*runs, partition])}
+
+
 # ---------------------------------------------------------------- streams held
 def held_config(tmp: Path, streams: int, daemons: int, seconds: int):
     from vlora_va.contracts.config import load_config
@@ -197,6 +294,23 @@ def write_results(result: dict) -> None:
         lines += ["", f"Median failover {f['median_failover_s']:.2f} s (max {f['max_failover_s']:.2f} s; goal <= "
                       f"{f['goal_s']:.0f} s: {'met' if f['met'] else 'NOT met'}); the death noticed after "
                       f"{f['median_noticed_s']:.2f} s (median).", ""]
+    hh = result.get("hosts")
+    if hh:
+        lines += ["## Across hosts (network namespaces: the run on h0, ingest on h1, daemons on h2 and h3)", "",
+                  "| node loss run | failover per moved stream (s) | chunks sent | 'daemon lost' rows | duplicates | "
+                  "chunks without a row |", "|---|---|---|---|---|---|"]
+        for i, r in enumerate(hh["node_loss"]):
+            per = ", ".join(f"{s} {t:.2f}" for s, t in sorted(r["failover_s"].items()))
+            lines.append(f"| {i} | {per} | {r['chunks_sent']} | {r['lost_rows']} | {r['duplicates']} | "
+                         f"{r['missing']} |")
+        p = hh["partition"]
+        lines += ["", f"Node loss: median failover {hh['median_failover_s']:.2f} s (max {hh['max_failover_s']:.2f} s; "
+                      f"goal <= {hh['goal_s']:.0f} s: {'met' if hh['met'] else 'NOT met'}).", "",
+                  f"Partition (h3's link down {p['cut_s']:.0f} s, CURVE on every link): its streams served by a "
+                  f"{p['moved_after_s']:.1f} s after the cut, {p['lost_rows']} 'daemon lost' rows, "
+                  f"{p['duplicates_dropped_by_collector']} late rows dropped by the collector, b serving again "
+                  f"{p['back_after_heal_s']:.1f} s after the heal; {p['chunks_sent']} chunks sent, "
+                  f"{p['duplicates']} duplicates, {p['missing']} without a row.", ""]
     h = result.get("held")
     if h:
         lines += [f"## Streams held (>= 99% of rows in deadline; {h['seconds']} s per run, the default surveillance "
@@ -223,7 +337,8 @@ def write_results(result: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("all", "failover", "held"), default="all")
+    ap.add_argument("--part", choices=("all", "failover", "held", "hosts"), default="all",
+                    help="all: failover and held (hosts needs root: ask for it by name)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--streams", default="1,2,3")
     ap.add_argument("--seconds", type=int, default=40)
@@ -239,6 +354,10 @@ def main() -> int:
         result["failover"] = bench_failover(args.repeats)
     elif "failover" in old:
         result["failover"] = old["failover"]
+    if args.part == "hosts":
+        result["hosts"] = bench_hosts(args.repeats)
+    elif "hosts" in old:
+        result["hosts"] = old["hosts"]
     if args.part in ("all", "held"):
         result["held"] = bench_held([int(x) for x in args.streams.split(",")], args.seconds)
     elif "held" in old:

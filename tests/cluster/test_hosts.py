@@ -15,30 +15,17 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from tests.pipeline_helpers import tiny_pipeline, write  # noqa: E402
-from vlora_va.contracts.security import create_keys  # noqa: E402
+from vlora_va.testing.hosts_topology import N_HOSTS, HostsRun, hosts, ingest_sent, pipeline  # noqa: E402
 from vlora_va.testing.tiny import make_adapter  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-HOSTS = ROOT / "scripts" / "hosts.sh"
-N_HOSTS = 4
 SUBNET = ipaddress.ip_network("10.213.0.0/24")  # scripts/hosts.sh's default HOSTS_SUBNET
-WAIT_S = 240.0
 FAILOVER_GOAL_S = 10.0
-
-
-def hosts(*args: str, timeout: float = 180) -> str:
-    out = subprocess.run([str(HOSTS), *args], capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"hosts.sh {' '.join(args)}: {out.stderr[-2000:]}"
-    return out.stdout
 
 
 def require_namespaces() -> None:
@@ -66,84 +53,6 @@ def two_adapters(tmp_path_factory):
     root = tmp_path_factory.mktemp("hosts-adapters")
     return {"a1": make_adapter(root / "a1", "detection", ["person"], seed=1),
             "a2": make_adapter(root / "a2", "detection", ["car"], seed=2)}
-
-
-def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve: bool = False) -> Path:
-    """Four streams ingested on h1 (s0, s1 on adapter a1; s2, s3 on a2), daemons a on h2 and b on h3. curve: every
-    ZeroMQ link between the hosts authenticated and encrypted (security.curve; the hosts share this machine's files,
-    so the keys are where docs/cluster.md says every host must have them)."""
-    streams = [{"id": f"s{i}", "loop": True, "max_chunks": chunks, "group": "h1",
-                "tasks": [{"name": "det", "adapter": "a1" if i < 2 else "a2", "frames_per_chunk": 1,
-                           "deadline_ms": 30000}]} for i in range(4)]
-    cluster = {"daemons": [{"name": "a", "node_label": "h2"}, {"name": "b", "node_label": "h3"}], "ping_s": 0.5}
-    cfg = tiny_pipeline(tmp_path, backbone, adapters, streams, cluster=cluster)
-    cfg["ingest"]["drop_policy"] = "block"  # ingest drops nothing: every chunk it made is one it sent
-    if curve:
-        keys = create_keys(tmp_path / "keys")
-        cfg["security"] = {"curve": {"server_secret": str(keys["server.key_secret"]),
-                                     "server_public": str(keys["server.key"]),
-                                     "client_secret": str(keys["client.key_secret"]),
-                                     "client_public": str(keys["client.key"])}}
-    return write(tmp_path / "pipeline.yaml", cfg)
-
-
-class Controller:
-    """`vlora-va run --cluster ADDRESS` on a host (default: auto on the head host h0), its JSONL sink read as it
-    grows (each row stamped with the wall time this test read it)."""
-
-    def __init__(self, config: Path, host: int = 0, address: str = "auto"):
-        self.sink = config.parent / "results.jsonl"
-        self.log_path = config.parent / "run.log"
-        self._log = open(self.log_path, "w")
-        env = {**os.environ, "RAY_ADDRESS": f"{hosts('address', '0').strip()}:6390", "RAY_AUTH_MODE": "token",
-               "RAY_DEDUP_LOGS": "0"}  # every worker's own final line, not "[repeated 3x across cluster]"
-        self.proc = subprocess.Popen([str(HOSTS), "exec", str(host), str(ROOT / ".venv" / "bin" / "python"), "-m",
-                                      "vlora_va.cli", "run", "--cluster", address, str(config)], cwd=ROOT, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
-        self.rows: list[dict] = []
-        self._offset = 0
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def read(self) -> list[dict]:
-        """New complete rows (result rows only, with "_read_at")."""
-        if not self.sink.exists():
-            return []
-        data = self.sink.read_bytes()
-        end = data.rfind(b"\n") + 1
-        lines, self._offset = data[self._offset:end].decode().splitlines(), end
-        now = time.time()
-        new = [{**row, "_read_at": now} for line in lines if (row := json.loads(line)).get("type") == "result"]
-        self.rows += new
-        return new
-
-    def wait(self, condition, what: str, timeout: float = WAIT_S):
-        deadline = time.monotonic() + timeout
-        while not (got := condition()):
-            assert self.proc.poll() is None, f"vlora-va run ended ({self.proc.returncode}) waiting for {what}:\n" \
-                                             f"{self.log()[-4000:]}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{self.log()[-4000:]}"
-            self.read()
-            time.sleep(0.05)  # the sink's poll period: a row's read time is at most this late
-        return got
-
-    def finish(self, timeout: float = WAIT_S) -> int:
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.read()
-            self._log.close()
-
-
-def ingest_sent(log: str) -> dict[str, int]:
-    """Chunks each stream's ingest worker says it handed to ZeroMQ (its stats, as the controller got them back when
-    it released the worker: the workers' own log lines travel through Ray's log forwarding, which may lose the
-    last ones at exit)."""
-    sent = {m.group(1): int(m.group(2)) for m in re.finditer(r"stream (\S+): ingest sent (\d+) chunk", log)}
-    dropped = re.findall(r"stream \S+: ingest sent \d+ chunk\(s\), dropped (\d+)", log)
-    assert all(d == "0" for d in dropped), dropped  # drop_policy block: every chunk made was sent
-    return sent
 
 
 def listening(host: int) -> list[str]:
@@ -187,7 +96,7 @@ def test_traffic_stays_on_the_hosts_private_subnet_and_loopback(topology):
 
 def test_a_lost_daemon_host_moves_its_streams_and_every_chunk_gets_one_row(topology, tmp_path, tiny_backbone_dir,
                                                                            two_adapters):
-    run = Controller(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=60))
+    run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=60))
     try:
         # both daemons serve, each on its own host
         run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"},
@@ -235,7 +144,7 @@ def test_a_partitioned_daemon_host_loses_its_streams_and_takes_them_back_when_it
     delivers after that is a duplicate the collector drops. When the link is back, h3 gets a new Ray node, daemon b
     restarts there and takes streams back. Every chunk ingest sent has exactly one row throughout. Every link
     between the hosts is CURVE-authenticated: no part warns that it binds a network address without it."""
-    run = Controller(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150, curve=True))
+    run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150, curve=True))
     try:
         run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"},
                  "rows from both daemons")
@@ -276,7 +185,7 @@ def test_a_lost_ingest_host_ends_its_streams_saying_so(topology, tmp_path, tiny_
     """docs/cluster.md#a-machine-lost-a-link-cut: the ingest host (h1) killed. Its streams are files, which would
     start over elsewhere, so they end: each gets a stream_offline event, reason "ingest lost", in the rows; what
     ingest sent before it died is answered once; the run ends by itself (nothing silently lost, nothing hangs)."""
-    run = Controller(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150))
+    run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150))
     try:
         run.wait(lambda: {r["stream"] for r in run.rows if r["status"] == "ok"} == {"s0", "s1", "s2", "s3"},
                  "rows of every stream")
@@ -303,7 +212,7 @@ def test_a_run_from_another_machine_through_the_ray_client(topology, tmp_path, t
     extra): Ray's client runs the controller on the head; every chunk ingest sent gets one row."""
     pytest.importorskip("grpc", reason="ray[client] (the cluster extra) is not installed")
     address = f"ray://{hosts('address', '0').strip()}:10001"
-    run = Controller(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=20), host=1, address=address)
+    run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=20), host=1, address=address)
     try:
         assert run.finish() == 0, run.log()[-4000:]
     finally:

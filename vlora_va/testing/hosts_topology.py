@@ -1,0 +1,130 @@
+"""Hosts on one machine (scripts/hosts.sh: network namespaces, a Ray node each) and a `vlora-va run --cluster` on
+them, read from outside: what tests/cluster/test_hosts.py and `bench/cluster.py --part hosts` share.
+
+The layout both use: h0 runs the Ray head and the run (controller, collector), h1 the ingest actors (`group: h1`),
+h2 and h3 one daemon each (`node_label`: a on h2, b on h3); four streams of the bikes video over two adapters on the
+tiny backbone. Every figure is read from outside the run: its JSONL file (each row stamped with the wall time it was
+read), its log, and this process's clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from vlora_va.contracts.security import create_keys
+from vlora_va.testing.tiny import TINY_IMAGE
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTS = ROOT / "scripts" / "hosts.sh"
+BIKES = ROOT / "sample_videos" / "bikes.mp4"
+N_HOSTS = 4
+WAIT_S = 240.0
+
+
+def hosts(*args: str, timeout: float = 180) -> str:
+    """scripts/hosts.sh with these arguments; its output (a failure raises, with what it said)."""
+    out = subprocess.run([str(HOSTS), *args], capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"hosts.sh {' '.join(args)}: {out.stderr[-2000:]}")
+    return out.stdout
+
+
+def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve: bool = False) -> Path:
+    """Four streams ingested on h1 (s0, s1 on adapter a1; s2, s3 on a2), daemons a on h2 and b on h3. curve: every
+    ZeroMQ link between the hosts authenticated and encrypted (security.curve; the hosts share this machine's files,
+    so the keys are where docs/cluster.md says every host must have them)."""
+    streams = [{"id": f"s{i}", "loop": True, "max_chunks": chunks, "group": "h1",
+                "tasks": [{"name": "det", "adapter": "a1" if i < 2 else "a2", "frames_per_chunk": 1,
+                           "deadline_ms": 30000}]} for i in range(4)]
+    cluster = {"daemons": [{"name": "a", "node_label": "h2"}, {"name": "b", "node_label": "h3"}], "ping_s": 0.5}
+    cfg = {"daemon": {"backbone": str(backbone), "image_size": TINY_IMAGE, "threads": 1, "max_wait_ms": 5,
+                      "profile_cache": str(tmp_path / "profiles"), "log_every_s": 2},
+           "ingest": {"streams_per_worker": 1, "drop_policy": "block", "close_grace_s": 2},  # block: all sent
+           "adapters": {n: str(p) for n, p in adapters.items()},
+           "streams": [{"source": str(BIKES), "fps": 4, "chunk_seconds": 0.5, "realtime": True, **s} for s in streams],
+           "sinks": [{"type": "jsonl", "path": str(tmp_path / "results.jsonl"), "fsync": "never"}],
+           "cluster": cluster}
+    if curve:
+        keys = create_keys(tmp_path / "keys")
+        cfg["security"] = {"curve": {"server_secret": str(keys["server.key_secret"]),
+                                     "server_public": str(keys["server.key"]),
+                                     "client_secret": str(keys["client.key_secret"]),
+                                     "client_public": str(keys["client.key"])}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+class HostsRun:
+    """`vlora-va run --cluster ADDRESS` on a host (default: auto on the head host h0), its JSONL sink read as it
+    grows (each row stamped with the wall time this test read it)."""
+
+    def __init__(self, config: Path, host: int = 0, address: str = "auto"):
+        self.sink = config.parent / "results.jsonl"
+        self.log_path = config.parent / "run.log"
+        self._log = open(self.log_path, "w")
+        env = {**os.environ, "RAY_ADDRESS": f"{hosts('address', '0').strip()}:6390", "RAY_AUTH_MODE": "token",
+               "RAY_DEDUP_LOGS": "0"}  # every worker's own final line, not "[repeated 3x across cluster]"
+        self.proc = subprocess.Popen([str(HOSTS), "exec", str(host), str(ROOT / ".venv" / "bin" / "python"), "-m",
+                                      "vlora_va.cli", "run", "--cluster", address, str(config)], cwd=ROOT, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
+        self.rows: list[dict] = []
+        self._offset = 0
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def read(self) -> list[dict]:
+        """New complete rows (result rows only, with "_read_at")."""
+        if not self.sink.exists():
+            return []
+        data = self.sink.read_bytes()
+        end = data.rfind(b"\n") + 1
+        lines, self._offset = data[self._offset:end].decode().splitlines(), end
+        now = time.time()
+        new = [{**row, "_read_at": now} for line in lines if (row := json.loads(line)).get("type") == "result"]
+        self.rows += new
+        return new
+
+    def wait(self, condition, what: str, timeout: float = WAIT_S):
+        deadline = time.monotonic() + timeout
+        while not (got := condition()):
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vlora-va run ended ({self.proc.returncode}) waiting for {what}:\n"
+                                     f"{self.log()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-4000:]}")
+            self.read()
+            time.sleep(0.05)  # the sink's poll period: a row's read time is at most this late
+        return got
+
+    def finish(self, timeout: float = WAIT_S) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.read()
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
+def ingest_sent(log: str) -> dict[str, int]:
+    """Chunks each stream's ingest worker says it handed to ZeroMQ (its stats, as the controller got them back when
+    it released the worker: the workers' own log lines travel through Ray's log forwarding, which may lose the
+    last ones at exit)."""
+    sent = {m.group(1): int(m.group(2)) for m in re.finditer(r"stream (\S+): ingest sent (\d+) chunk", log)}
+    dropped = re.findall(r"stream \S+: ingest sent \d+ chunk\(s\), dropped (\d+)", log)
+    if any(d != "0" for d in dropped):  # drop_policy block: every chunk made was sent
+        raise AssertionError(f"ingest dropped chunks: {dropped}")
+    return sent
