@@ -278,6 +278,13 @@ def bench_held(counts: list[int], seconds: int) -> dict:
             "scaling_efficiency": (held[2] / (2 * held[1])) if held[1] else None}
 
 
+def run_cells(r: dict) -> str:
+    """A failover run's table cells: failover per moved stream, chunks sent, 'daemon lost' rows, duplicates,
+    chunks without a row."""
+    per = ", ".join(f"{s} {t:.2f}" for s, t in sorted(r["failover_s"].items()))
+    return f"{per} | {r['chunks_sent']} | {r['lost_rows']} | {r['duplicates']} | {r['missing']}"
+
+
 def write_results(result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "cluster.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -288,9 +295,7 @@ def write_results(result: dict) -> None:
                   "| run | noticed (s) | failover per moved stream (s) | chunks sent | 'daemon lost' rows | "
                   "duplicates | chunks without a row |", "|---|---|---|---|---|---|---|"]
         for i, r in enumerate(f["runs"]):
-            per = ", ".join(f"{s} {t:.2f}" for s, t in sorted(r["failover_s"].items()))
-            lines.append(f"| {i} | {r['noticed_s']:.2f} | {per} | {r['chunks_sent']} | {r['lost_rows']} | "
-                         f"{r['duplicates']} | {r['missing']} |")
+            lines.append(f"| {i} | {r['noticed_s']:.2f} | {run_cells(r)} |")
         lines += ["", f"Median failover {f['median_failover_s']:.2f} s (max {f['max_failover_s']:.2f} s; goal <= "
                       f"{f['goal_s']:.0f} s: {'met' if f['met'] else 'NOT met'}); the death noticed after "
                       f"{f['median_noticed_s']:.2f} s (median).", ""]
@@ -300,9 +305,7 @@ def write_results(result: dict) -> None:
                   "| node loss run | failover per moved stream (s) | chunks sent | 'daemon lost' rows | duplicates | "
                   "chunks without a row |", "|---|---|---|---|---|---|"]
         for i, r in enumerate(hh["node_loss"]):
-            per = ", ".join(f"{s} {t:.2f}" for s, t in sorted(r["failover_s"].items()))
-            lines.append(f"| {i} | {per} | {r['chunks_sent']} | {r['lost_rows']} | {r['duplicates']} | "
-                         f"{r['missing']} |")
+            lines.append(f"| {i} | {run_cells(r)} |")
         p = hh["partition"]
         lines += ["", f"Node loss: median failover {hh['median_failover_s']:.2f} s (max {hh['max_failover_s']:.2f} s; "
                       f"goal <= {hh['goal_s']:.0f} s: {'met' if hh['met'] else 'NOT met'}).", "",

@@ -158,8 +158,8 @@ def test_a_partitioned_daemon_host_loses_its_streams_and_takes_them_back_when_it
         run.wait(lambda: time.time() - cut_at >= PARTITION_S, "the partition's end")
         hosts("heal", "3")
         healed_at = time.time()
-        run.wait(lambda: "daemon b is back at tcp://" + hosts("address", "3").strip() in run.log(),
-                 "daemon b restarted on h3")
+        back_at = "daemon b is back at tcp://" + hosts("address", "3").strip()
+        run.wait(lambda: back_at in run.log(), "daemon b restarted on h3")
         run.wait(lambda: any(r.get("daemon") == "b" and r["status"] == "ok" and r["_read_at"] > healed_at
                              for r in run.rows), "daemon b serving again")
         back_after = time.time() - healed_at

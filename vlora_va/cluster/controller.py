@@ -67,9 +67,8 @@ class Controller:
         self.collector = None
         self.moves: list[dict] = []  # every move, with its time (the failover bench reads these)
         self._started_ray = False
-        self._moved_n = 0
+        self._events_n = 0
         self._next_status = 0.0
-        self._silent: set[str] = set()  # daemons that missed the last ping (cut off or busy)
         self._run_id = f"{int(time.time()):x}"
         self._ingest_lost: set = set()
 
@@ -182,13 +181,13 @@ class Controller:
         now = time.time()
         pings = {name: d.actor.ping.remote() for name, d in self.daemons.items() if d.alive}  # all at once
         deadline = time.monotonic() + PING_TIMEOUT_S
-        self._silent = set()
+        silent = set()  # missed this round's ping: cut off or busy
         for name, ref in pings.items():
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except GetTimeoutError:  # busy or cut off, not dead: only Ray's word that it is gone moves streams
                 log.warning("daemon %s did not answer a ping within %.0f s", name, PING_TIMEOUT_S)
-                self._silent.add(name)
+                silent.add(name)
             except RayActorError as e:
                 self._lost(self.daemons[name], e)
         for d in list(self.daemons.values()):
@@ -199,7 +198,7 @@ class Controller:
         self._unload_due(now)
         if now >= self._next_status:
             self._next_status = now + STATUS_EVERY_S
-            self._rebalance(now)
+            self._rebalance(now, silent)
 
     def _lost(self, d: DaemonState, why: Exception) -> None:
 
@@ -260,13 +259,13 @@ class Controller:
         self.watch.remember(moves, time.time())
         self._apply(moves, old_alive=True, t0=time.time())
 
-    def _rebalance(self, now: float) -> None:
+    def _rebalance(self, now: float, silent: set[str]) -> None:
         import ray
 
         alive = [d for d in self.daemons.values() if d.alive]
         # A daemon that missed this round's ping is not asked (a partition would hold the loop for every call's
         # timeout, and with it the failover of everyone else); the others share one ping's time.
-        refs = {d.spec.name: d.actor.status.remote() for d in alive if d.spec.name not in self._silent}
+        refs = {d.spec.name: d.actor.status.remote() for d in alive if d.spec.name not in silent}
         deadline = time.monotonic() + PING_TIMEOUT_S
         for name, ref in refs.items():
             try:
@@ -307,8 +306,8 @@ class Controller:
             self._log_placement(moves[0].reason)
 
     def _moved_event(self, m) -> None:
-        self._moved_n += 1
-        row = EventRecord(id=f"{self._run_id}-m{self._moved_n}", event="stream_moved", stream=m.stream, ts=0.0,
+        self._events_n += 1
+        row = EventRecord(id=f"{self._run_id}-m{self._events_n}", event="stream_moved", stream=m.stream, ts=0.0,
                           captured_at=time.time(), extra={"from": m.source, "to": m.target, "reason": m.reason})
         self.collector.event.remote(row.to_json())
 
@@ -372,8 +371,8 @@ class Controller:
         log.error("the ingest worker of streams %s is gone (%s): they stop; the other streams go on",
                   ", ".join(streams), type(why).__name__)
         for sid in streams if self.collector is not None else ():  # (none once the run has ended)
-            self._moved_n += 1
-            row = EventRecord(id=f"{self._run_id}-i{self._moved_n}", event="stream_offline", phase="start",
+            self._events_n += 1
+            row = EventRecord(id=f"{self._run_id}-i{self._events_n}", event="stream_offline", phase="start",
                               stream=sid, ts=0.0, captured_at=time.time(),
                               extra={"reason": "ingest lost", "error": type(why).__name__})
             self.collector.event.remote(row.to_json())
