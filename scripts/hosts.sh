@@ -12,6 +12,9 @@
 #   scripts/hosts.sh cut H       host H's link down (a partition)
 #   scripts/hosts.sh heal H      host H's link up; a new Ray node there if Ray declared the old one dead meanwhile
 #   scripts/hosts.sh address H   host H's address
+#   scripts/hosts.sh cpus H LIST host H's processes, and whatever they start (a daemon), run on CPUs LIST only
+#                                (taskset's list, e.g. 0 or 0-1): a machine of that many cores. It holds for the
+#                                host's next Ray node too (after heal), until `down`
 #
 # The subnet (HOSTS_SUBNET, default 10.213.0) is private to this machine: the bridge carries no route out, the
 # namespaces have no default route and forwarding is left as it is. Ray runs with token authentication
@@ -70,11 +73,13 @@ make_host() {
 start_ray() {
     local i=$1 n
     n="$(ns "$i")"
+    local pin=()
+    [ -s "$STATE.cpus.$i" ] && pin=(taskset -c "$(cat "$STATE.cpus.$i")")
     if [ "$i" = 0 ]; then
-        ip netns exec "$n" "$RAY_BIN" start --head --port="$RAY_PORT" --node-ip-address="$(address 0)" \
+        ip netns exec "$n" "${pin[@]}" "$RAY_BIN" start --head --port="$RAY_PORT" --node-ip-address="$(address 0)" \
             --num-cpus=1 --disable-usage-stats --temp-dir="$RAY_TEMP" >>"$LOG" 2>&1
     else
-        ip netns exec "$n" "$RAY_BIN" start --address="$(address 0):$RAY_PORT" --node-ip-address="$(address "$i")" \
+        ip netns exec "$n" "${pin[@]}" "$RAY_BIN" start --address="$(address 0):$RAY_PORT" --node-ip-address="$(address "$i")" \
             --num-cpus=1 --resources="{\"vlora_daemon\": $DAEMON_RESOURCE}" --labels="vlora-va/group=h$i" \
             --temp-dir="$RAY_TEMP-h$i" --disable-usage-stats >>"$LOG" 2>&1
     fi
@@ -112,7 +117,7 @@ down() {
         ip link del "$link" 2>/dev/null || true
     done
     ip link del "$BRIDGE" 2>/dev/null || true
-    rm -f "$STATE"
+    rm -f "$STATE" "$STATE".cpus.*
 }
 
 heal() {
@@ -137,6 +142,17 @@ ray.init(log_to_driver=False, logging_level='ERROR')
 print(any(n['Alive'] and n['NodeManagerAddress'] == '$(address "$1")' for n in ray.nodes()))" 2>>"$LOG"
 }
 
+pin_cpus() {
+    # every thread of every process on the host (a Ray worker started later inherits its raylet's CPUs)
+    local i=$1 list=$2 pid
+    need_root
+    command -v taskset >/dev/null || die "taskset (util-linux) is missing"
+    echo "$list" >"$STATE.cpus.$i"
+    for pid in $(ip netns pids "$(ns "$i")"); do
+        taskset -a -cp "$list" "$pid" >/dev/null 2>&1 || true  # (a process that just exited)
+    done
+}
+
 kill_host() {
     need_root
     ip netns pids "$(ns "$1")" | xargs -r kill -9
@@ -150,6 +166,7 @@ case "${1:-}" in
     cut) need_root; ip link set "${PREFIX}v${2:?usage: hosts.sh cut H}" down ;;
     heal) heal "${2:?usage: hosts.sh heal H}" ;;
     address) address "${2:?usage: hosts.sh address H}" ;;
+    cpus) pin_cpus "${2:?usage: hosts.sh cpus H LIST}" "${3:?usage: hosts.sh cpus H LIST}" ;;
     count) host_count ;;
-    *) die "usage: hosts.sh up N | down | exec H CMD... | kill H | cut H | heal H | address H | count" ;;
+    *) die "usage: hosts.sh up N | down | exec H CMD... | kill H | cut H | heal H | address H | cpus H LIST | count" ;;
 esac

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import ipaddress
 import json
+import math
 import os
 import re
 import shutil
@@ -21,7 +22,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from vlora_va.testing.hosts_topology import N_HOSTS, HostsRun, hosts, ingest_sent, pipeline  # noqa: E402
+from vlora_va.testing.hosts_topology import (N_HOSTS, CoTenant, HostsRun, hosts, ingest_sent,  # noqa: E402
+                                             overload_pipeline, pipeline)
 from vlora_va.testing.tiny import make_adapter  # noqa: E402
 
 SUBNET = ipaddress.ip_network("10.213.0.0/24")  # scripts/hosts.sh's default HOSTS_SUBNET
@@ -134,6 +136,7 @@ def test_a_lost_daemon_host_moves_its_streams_and_every_chunk_gets_one_row(topol
 
 
 PARTITION_S = 20.0
+RELIEF_FRAMES, RELIEF_CHUNKS = 1, 60
 
 
 def test_a_partitioned_daemon_host_loses_its_streams_and_takes_them_back_when_it_rejoins(topology, tmp_path,
@@ -223,3 +226,64 @@ def test_a_run_from_another_machine_through_the_ray_client(topology, tmp_path, t
     keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)
     assert max(keys.values()) == 1 and all({c for s, c in keys if s == sid} == set(range(n)) for sid, n in sent.items())
     assert all(r["status"] == "ok" for r in run.rows)
+
+
+OVERLOADED = 1.2  # daemon a's offered load with the other tenant on its core, in seconds per second
+
+
+def test_an_overloaded_daemon_host_hands_its_lowest_priority_stream_to_a_host_with_room(topology, tmp_path):
+    """Item 4, docs/cluster.md#when-streams-move: overload relief end to end. h2 and h3 get one core each (so the
+    two daemons share none); four live cameras on the real backbone, one of each priority per daemon. Once both
+    serve, another tenant takes h2's core (busy loops there, as many as it takes for daemon a's measured load to
+    reach about 1.2 s/s, at the daemon's niceness, as another Ray job's worker would be): a's machine is now several times slower than the cost model says. a's admission control
+    degrades its lowest priority, the controller sees a stay above rebalance_high and moves that stream (s1) to b,
+    which has room; nothing else moves. Every row of the other streams is ok and in deadline throughout, s1's rows
+    from b are too, and every chunk ingest sent has exactly one row."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: the two daemon hosts need a core each")
+    everything = f"{cpus[0]}-{cpus[-1]}"
+    hosts("cpus", "2", str(cpus[0]))
+    hosts("cpus", "3", str(cpus[1]))
+    run = HostsRun(overload_pipeline(tmp_path, frames_per_chunk=RELIEF_FRAMES, chunks=RELIEF_CHUNKS))
+    tenant = None
+    try:
+        run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"},
+                 "rows from both daemons")
+        placed = re.search(r"cluster \(placed\): daemon a: 2 stream\(s\) s0, s1, load ([\d.]+)", run.log())
+        assert placed, "placement gave a other streams than s0, s1 (one of each priority):\n" + run.log()[-3000:]
+        load_a = float(placed.group(1))
+        n = max(1, math.ceil(OVERLOADED / load_a) - 1)  # a gets about 1/(n + 1) of its core
+        pid = int(re.search(r"daemon a ready at \S+ \(pid (\d+)", run.log()).group(1))
+        tenant = CoTenant(2, str(cpus[0]), n, niceness=os.getpriority(os.PRIO_PROCESS, pid))
+        slowed_at = time.time()
+        run.wait(lambda: "daemon a stayed overloaded" in run.log(), "overload relief on daemon a")
+        relieved_after = time.time() - slowed_at
+        run.wait(lambda: sum(r["stream"] == "s1" and r.get("daemon") == "b" for r in run.rows) >= 10,
+                 "10 rows of s1 from daemon b")
+        assert run.finish() == 0, run.log()[-4000:]
+    finally:
+        if tenant is not None:
+            tenant.stop()
+        run.kill()
+        hosts("cpus", "2", everything)
+        hosts("cpus", "3", everything)
+    print(f"\noverload relief: daemon a's load modelled {load_a:.2f} s/s, {n} busy loop(s) beside it; streams "
+          f"moved {relieved_after:.1f} s after it slowed")
+    events = [row for line in run.sink.read_text().splitlines() if (row := json.loads(line)).get("type") == "event"]
+    moves = [(e["stream"], e["from"], e["to"]) for e in events if e["event"] == "stream_moved"]
+    assert moves == [("s1", "a", "b")], moves  # the lowest priority, to the daemon with room; nothing else
+    assert all(e["reason"] == "overload" for e in events if e["event"] == "stream_moved")
+    sent = ingest_sent(run.log())
+    assert sorted(sent) == ["s0", "s1", "s2", "s3"], run.log()[-3000:]
+    keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)
+    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
+    for sid, n in sent.items():
+        assert {c for s, c in keys if s == sid} == set(range(n)), sid
+    late = [(r["stream"], r["chunk"], r["status"], r.get("reason")) for r in run.rows
+            if r["stream"] != "s1" and not (r["status"] == "ok" and r["deadline_met"])]
+    assert not late, late  # the rest stayed in deadline, a's own high-priority stream included
+    on_b = [r for r in run.rows if r["stream"] == "s1" and r.get("daemon") == "b"]
+    assert on_b and all(r["status"] == "ok" and r["deadline_met"] for r in on_b), on_b[:3]
+    on_a = [r for r in run.rows if r["stream"] == "s1" and r.get("daemon") == "a"]
+    assert all(r["status"] in ("ok", "shed") for r in on_a), on_a[:3]  # degraded first while a was overloaded

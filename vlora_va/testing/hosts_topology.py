@@ -3,8 +3,9 @@ them, read from outside: what tests/cluster/test_hosts.py and `bench/cluster.py 
 
 The layout both use: h0 runs the Ray head and the run (controller, collector), h1 the ingest actors (`group: h1`),
 h2 and h3 one daemon each (`node_label`: a on h2, b on h3); four streams of the bikes video over two adapters on the
-tiny backbone. Every figure is read from outside the run: its JSONL file (each row stamped with the wall time it was
-read), its log, and this process's clock.
+tiny backbone (`pipeline`), or four cameras on the real backbone and the shipped detect adapter, two priorities
+(`overload_pipeline`). Every figure is read from outside the run: its JSONL file (each row stamped with the wall
+time it was read), its log, and this process's clock.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from vlora_va.testing.tiny import TINY_IMAGE
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS = ROOT / "scripts" / "hosts.sh"
 BIKES = ROOT / "sample_videos" / "bikes.mp4"
+PEDESTRIANS = ROOT / "sample_videos" / "pedestrians.mp4"
+DETECT = ROOT / "adapters" / "detect"
 N_HOSTS = 4
 WAIT_S = 240.0
 
@@ -61,6 +64,48 @@ def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve:
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def overload_pipeline(tmp_path: Path, frames_per_chunk: int, chunks: int, deadline_ms: int = 5000) -> Path:
+    """Four live cameras (pedestrians s0, s1; bikes s2, s3: `realtime`, 1-s chunks) ingested on h1, each through
+    the shipped detect adapter on the real backbone (OpenVINO int8, as `make run` on most CPUs; one thread: a
+    daemon per core); s0 and s2 priority 2,
+    s1 and s3 priority 0. Placement gives each daemon two streams of equal cost, one of each priority (a: s0, s1).
+    Overload relief moves a daemon's streams after 5 s over `rebalance_high` (10 s by default)."""
+    streams = [{"id": f"s{i}", "source": str(PEDESTRIANS if i < 2 else BIKES), "fps": 2 * frames_per_chunk,
+                "chunk_seconds": 1.0, "loop": True, "realtime": True, "max_chunks": chunks, "group": "h1",
+                "tasks": [{"name": "detect", "adapter": "detect", "frames_per_chunk": frames_per_chunk,
+                           "deadline_ms": deadline_ms, "priority": 2 if i % 2 == 0 else 0}]} for i in range(4)]
+    cfg = {"daemon": {"backbone": "dinov2-small", "image_size": 336, "backend": "openvino", "precision": "int8",
+                      "threads": 1,
+                      "max_wait_ms": 20, "profile_cache": str(tmp_path / "profiles"), "log_every_s": 2},
+           "ingest": {"streams_per_worker": 1, "drop_policy": "block", "close_grace_s": 2},
+           "adapters": {"detect": str(DETECT)},
+           "streams": streams,
+           "sinks": [{"type": "jsonl", "path": str(tmp_path / "results.jsonl"), "fsync": "never"}],
+           "cluster": {"daemons": [{"name": "a", "node_label": "h2"}, {"name": "b", "node_label": "h3"}],
+                       "ping_s": 0.5, "rebalance_after_s": 5.0}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+class CoTenant:
+    """Another workload on a host: `n` busy loops there, on CPUs `cpus` (taskset's list), at `niceness` (pass the
+    daemon's: Ray runs every worker at 15, so a loop at 0 would take all but a sliver of the core, where another
+    Ray job's worker takes its equal share). A daemon pinned to the same single core gets about 1/(n + 1) of it:
+    its machine is that much slower than the cost model says."""
+
+    def __init__(self, host: int, cpus: str, n: int, niceness: int):
+        loop = [str(HOSTS), "exec", str(host), "nice", "-n", str(niceness), "taskset", "-c", cpus,
+                str(ROOT / ".venv" / "bin" / "python"), "-c", "while True: pass"]
+        self.procs = [subprocess.Popen(loop, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                      for _ in range(n)]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait(30)
 
 
 class HostsRun:
