@@ -27,6 +27,10 @@ class StreamPosition:
         """A position in shared memory (ctx: a multiprocessing context), for worker processes to continue."""
         return cls(ctx.Array("d", _START, lock=False))
 
+    def values(self) -> list[float]:
+        """The fields as a plain list (what `StreamPosition(values)` takes back, in another process)."""
+        return list(self._values)
+
     @property
     def started(self) -> bool:
         """A previous worker made chunks of this stream."""
@@ -64,6 +68,11 @@ class StreamPosition:
     @ended.setter
     def ended(self, value: bool) -> None:
         self._values[_ENDED] = 1.0 if value else 0.0
+
+    def skip(self, n: int) -> None:
+        """Leave out the next `n` chunk numbers: ones a lost worker may have used after this position was read (a
+        number used twice would make the second chunk's row a duplicate the cluster's collector drops)."""
+        self._values[_NEXT_SEQ] += n
 
     def made(self, next_seq: int, media_end: float, last_wall: float) -> None:
         """A chunk was made: the next one is `next_seq`; its last frame ended at `media_end`, at `last_wall`."""

@@ -91,7 +91,7 @@ class RtspServer:
             self._stderr.close()
 
 
-def _require_gstreamer() -> None:
+def require_gstreamer() -> None:
     """Skips where GStreamer is missing, except under CI (env CI set), where that is a failure: CI installs
     the packages."""
     problem = _gstreamer_problem()
@@ -106,7 +106,7 @@ def _require_gstreamer() -> None:
 def rtsp_server_for():
     """start(video) -> a started RtspServer streaming that H.264 MP4 on a free loopback port; every server
     started is stopped at the end of the test."""
-    _require_gstreamer()
+    require_gstreamer()
     servers: list[RtspServer] = []
 
     def start(video: Path) -> RtspServer:

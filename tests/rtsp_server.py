@@ -27,6 +27,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--file", required=True, help="an H.264 MP4 file")
     ap.add_argument("--mount", default="/stream")
+    ap.add_argument("--address", default="127.0.0.1", help="the address to listen on (a test host's own)")
     args = ap.parse_args()
     path = os.path.abspath(args.file)
     if not os.path.isfile(path):
@@ -35,7 +36,7 @@ def main() -> int:
 
     Gst.init(None)
     server = GstRtspServer.RTSPServer()
-    server.set_address("127.0.0.1")
+    server.set_address(args.address)
     server.set_service(str(args.port))
     factory = GstRtspServer.RTSPMediaFactory()
     # Each client gets the file from its start; config-interval=1 repeats SPS/PPS so a client that
@@ -45,13 +46,13 @@ def main() -> int:
     factory.set_shared(False)
     server.get_mount_points().add_factory(args.mount, factory)
     if server.attach(None) == 0:
-        print(f"rtsp_server: cannot listen on 127.0.0.1:{args.port}", file=sys.stderr)
+        print(f"rtsp_server: cannot listen on {args.address}:{args.port}", file=sys.stderr)
         return 1
 
     loop = GLib.MainLoop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         GLib.unix_signal_add(GLib.PRIORITY_DEFAULT, sig, loop.quit)
-    print(f"READY rtsp://127.0.0.1:{args.port}{args.mount}", flush=True)
+    print(f"READY rtsp://{args.address}:{args.port}{args.mount}", flush=True)
     loop.run()
     return 0
 

@@ -128,7 +128,7 @@ def wait(condition, what: str, controller, timeout=WAIT_S):
 def latest_sent(controller, daemon: str) -> dict[str, int]:
     """Ingest's own books: per stream, the last chunk seq sent to `daemon` so far."""
     latest: dict[str, int] = {}
-    for actor in set(controller.ingest.values()):
+    for actor in controller.ingest.actors():
         latest.update(ray.get(actor.latest_sent.remote(daemon)))
     return latest
 

@@ -1,7 +1,9 @@
 """Issue 47: the cluster across hosts. Network namespaces are the hosts (scripts/hosts.sh): each has its own interface,
 address and Ray node, joined by a bridge on a private subnet of this machine. h0 runs the Ray head and `vlora-va run
 --cluster` (the controller and the collector), h1 the ingest actors (the streams' `group: h1`), h2 and h3 one
-daemon each (`node_label`). Every address is a node's own, never loopback.
+daemon each (`node_label`). Every address is a node's own, never loopback. The faults: a daemon host lost, one cut
+off and back, the ingest host lost (its RTSP cameras, served from h0, restart elsewhere; its files end), a run from
+another machine (ray://), and overload relief (h2 and h3 pinned to a core each, another workload on h2's).
 
 The tests keep their own books: what ingest said it sent (its workers' final log lines), the rows read from the
 collector's JSONL file, and the wall clock of this process for the failover time; never the daemons' counters.
@@ -22,8 +24,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from vlora_va.testing.hosts_topology import (N_HOSTS, CoTenant, HostsRun, hosts, ingest_sent,  # noqa: E402
-                                             overload_pipeline, pipeline)
+from tests.conftest import require_gstreamer  # noqa: E402
+from vlora_va.testing.hosts_topology import (N_HOSTS, PEDESTRIANS, Camera, CoTenant, HostsRun,  # noqa: E402
+                                             hosts, ingest_sent, overload_pipeline, pipeline)
 from vlora_va.testing.tiny import make_adapter  # noqa: E402
 
 SUBNET = ipaddress.ip_network("10.213.0.0/24")  # scripts/hosts.sh's default HOSTS_SUBNET
@@ -184,30 +187,51 @@ def test_a_partitioned_daemon_host_loses_its_streams_and_takes_them_back_when_it
     assert all(r["reason"] == "daemon lost: b" and r["stream"] in b_streams for r in lost), lost[:3]
 
 
-def test_a_lost_ingest_host_ends_its_streams_saying_so(topology, tmp_path, tiny_backbone_dir, two_adapters):
-    """docs/cluster.md#a-machine-lost-a-link-cut: the ingest host (h1) killed. Its streams are files, which would
-    start over elsewhere, so they end: each gets a stream_offline event, reason "ingest lost", in the rows; what
-    ingest sent before it died is answered once; the run ends by itself (nothing silently lost, nothing hangs)."""
-    run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150))
+def test_a_lost_ingest_host_ends_its_files_and_restarts_its_cameras_elsewhere(topology, tmp_path, tiny_backbone_dir,
+                                                                              two_adapters):
+    """docs/cluster.md#an-ingest-host-lost: the ingest host (h1) killed. s0 and s1 are RTSP cameras (on h0): their
+    ingest restarts on another node (none of their group is left), chunk numbers going on past every number the
+    lost worker may have used, with the gap as an outage; every chunk before and after is answered once. s2 and
+    s3 are files, which would start over elsewhere, so they end: a stream_offline event each, reason "ingest lost".
+    The run ends by itself (nothing silently lost, nothing hangs)."""
+    require_gstreamer()
+    camera = Camera(0, PEDESTRIANS)
+    run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=80,
+                            cameras={"s0": camera.url, "s1": camera.url}))
     try:
         run.wait(lambda: {r["stream"] for r in run.rows if r["status"] == "ok"} == {"s0", "s1", "s2", "s3"},
                  "rows of every stream")
         hosts("kill", "1")
+        run.wait(lambda: "resumed by a new ingest worker" in run.log(), "the cameras' ingest restarted")
         code = run.finish()
     finally:
-        if run.proc.poll() is None:
-            os.killpg(run.proc.pid, 9)
+        run.kill()
+        camera.stop()
         hosts("heal", "1")
     assert code == 0, run.log()[-3000:]
+    log = run.log()
+    for sid in ("s0", "s1"):
+        assert f"streams {sid}: a new ingest worker on any node (none of their group is left)" in log, log[-3000:]
     events = [row for line in run.sink.read_text().splitlines() if (row := json.loads(line)).get("type") == "event"]
     offline = {e["stream"]: e for e in events if e["event"] == "stream_offline" and e.get("reason") == "ingest lost"}
-    assert sorted(offline) == ["s0", "s1", "s2", "s3"], [(e["event"], e["stream"], e.get("reason")) for e in events]
+    assert sorted(offline) == ["s2", "s3"], [(e["event"], e["stream"], e.get("reason")) for e in events]
     assert all(e["phase"] == "start" for e in offline.values())
     keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)
-    assert max(keys.values()) == 1
-    for sid in ("s0", "s1", "s2", "s3"):  # what was answered is a run of chunks from 0: no gap inside it
+    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
+    assert "0 duplicates dropped" in log  # no chunk number was used twice (the collector would keep one row)
+    for sid in ("s2", "s3"):  # what was answered is a run of chunks from 0: no gap inside it
         got = sorted(c for s, c in keys if s == sid)
         assert got == list(range(len(got))), (sid, got)
+    sent_after = ingest_sent(log)  # the new worker's books (the lost one's last words died with it)
+    for sid in ("s0", "s1"):
+        resumed = int(re.search(rf"stream {sid}: resumed by a new ingest worker at chunk (\d+)", log).group(1))
+        before = sorted(c for s, c in keys if s == sid and c < resumed)
+        after = sorted(c for s, c in keys if s == sid and c >= resumed)
+        assert before == list(range(len(before))) and before, (sid, before)  # answered from 0, no gap inside
+        assert after == list(range(resumed, resumed + sent_after[sid])), (sid, resumed, after[:5], sent_after)
+        first = next(r for r in run.rows if r["stream"] == sid and r["chunk"] == resumed)
+        assert first.get("outage_before_s", 0) > 0, first  # the gap says so (not the lost worker's chunk)
+        assert all(r["status"] == "ok" for r in run.rows if r["stream"] == sid and r["chunk"] >= resumed)
 
 
 def test_a_run_from_another_machine_through_the_ray_client(topology, tmp_path, tiny_backbone_dir, two_adapters):

@@ -31,3 +31,18 @@ def test_what_a_spawned_worker_writes_its_supervisor_reads():
             position.ended) == (True, 7, 5, 3.5, 1000.25, True)
     position.ended = False  # a changed stream may run again (SIGHUP reload)
     assert not position.ended and position.next_seq == 7
+
+
+def test_a_position_travels_as_plain_values_and_skips_numbers_a_lost_worker_may_have_used():
+    """Cluster mode: an ingest actor's positions go to the controller as lists (Ray), and a lost actor's camera
+    restarts from one, past the chunk numbers its worker may have used since it was read."""
+    p = StreamPosition()
+    advance(p)
+    q = StreamPosition(p.values())
+    assert q.values() == p.values() and q.values() is not p.values()  # a copy: the reader cannot write the worker's
+    q.skip(3)
+    assert (q.next_seq, q.last_sent, q.media_end, q.last_wall) == (10, 5, 3.5, 1000.25)
+    assert p.next_seq == 7
+    fresh = StreamPosition()
+    fresh.skip(2)
+    assert fresh.started and fresh.next_seq == 2  # a worker lost before its first chunk: resumed, numbers skipped

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from vlora_va.cluster import placement
-from vlora_va.cluster.hosts import READY_TIMEOUT_S, CollectorHost, DaemonHost, IngestHost, address_and_free_port
+from vlora_va.cluster.hosts import READY_TIMEOUT_S, CollectorHost, DaemonHost, address_and_free_port
+from vlora_va.cluster.ingest_actors import IngestActors, IngestStartError
 from vlora_va.cluster.ray_connection import ClusterError, connect
 from vlora_va.contracts.cluster import DAEMON_RESOURCE, NODE_LABEL_KEY, DaemonSpec
 from vlora_va.contracts.config import PipelineConfig
@@ -63,14 +64,13 @@ class Controller:
         self.daemons: dict[str, DaemonState] = {}
         self.assignment: dict[str, str] = {}  # stream id -> daemon name
         self.loads: list[placement.StreamLoad] = []
-        self.ingest: dict[str, object] = {}  # stream id -> its IngestHost actor
+        self.ingest = IngestActors(config, log_level, address == "local", self._offline_event, self._route_of)
         self.collector = None
         self.moves: list[dict] = []  # every move, with its time (the failover bench reads these)
         self._started_ray = False
         self._events_n = 0
         self._next_status = 0.0
         self._run_id = f"{int(time.time()):x}"
-        self._ingest_lost: set = set()
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -102,7 +102,10 @@ class Controller:
             for name in set(d.info["adapters"]) - used:
                 self._adapter(d, "unload", name)
         self._log_placement("placed")
-        self._start_ingest(local)
+        try:
+            self.ingest.start({sid: self._route_of(sid) for sid in self.assignment})
+        except IngestStartError as e:
+            raise ClusterError(str(e)) from None
 
     def _start_daemon(self, spec: DaemonSpec, local: bool) -> DaemonState:
         import ray
@@ -144,34 +147,6 @@ class Controller:
                                            max((t.priority for t in s.tasks), default=s.priority))
                       for s in self.config.streams]
 
-    def _start_ingest(self, local: bool) -> None:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        groups: dict[str, list[str]] = {}
-        for s in self.config.streams:
-            groups.setdefault("" if local else s.group, []).append(s.id)
-        n = self.config.ingest.streams_per_worker
-        for group, ids in groups.items():
-            for i in range(0, len(ids), n):
-                part = ids[i:i + n]
-                routes = {sid: (self.daemons[self.assignment[sid]].info["endpoint"], self.assignment[sid])
-                          for sid in part}
-                options = {"num_cpus": 0, "max_restarts": 0}
-                if group:
-                    options["label_selector"] = {NODE_LABEL_KEY: group}
-                actor = ray.remote(IngestHost).options(**options).remote(self.config, routes, self.log_level)
-                for sid in part:
-                    self.ingest[sid] = actor
-                try:
-                    ray.get(actor.progress.remote(), timeout=INGEST_START_S)
-                except RayActorError as e:  # its node died as it started: its streams end, said (not a crash)
-                    self._ingest_gone(actor, e)
-                except GetTimeoutError:
-                    raise ClusterError(f"streams {', '.join(part)}: no node took their ingest worker in "
-                                       f"{INGEST_START_S:.0f} s (does a node carry label {NODE_LABEL_KEY}={group}?)") \
-                        from None
-
     # ------------------------------------------------------------------ watching
     def step(self) -> None:
         """One round: deaths, returns, overload."""
@@ -199,6 +174,7 @@ class Controller:
         if now >= self._next_status:
             self._next_status = now + STATUS_EVERY_S
             self._rebalance(now, silent)
+            self.ingest.poll()  # where each camera stands: a lost ingest actor's cameras restart from there
 
     def _lost(self, d: DaemonState, why: Exception) -> None:
 
@@ -216,8 +192,8 @@ class Controller:
         # Every chunk the dead daemon owed gets a row, once its last rows (in the network) are in.
         self._collect("settle", name)
         chunks = []
-        for actor in set(self.ingest.values()):
-            chunks += self._ingest(actor, "take_sent", name) or []
+        for actor in self.ingest.actors():
+            chunks += self.ingest.call(actor, "take_sent", name) or []
         written = self._collect("lost", name, chunks)
         log.warning("daemon %s: %d chunk(s) it was sent, %s row(s) written for those it never answered; failover "
                     "took %.2f s", name, len(chunks), written, time.time() - t0)
@@ -291,7 +267,7 @@ class Controller:
             for adapter in self._adapters_of(m.stream) - set(target.info["adapters"]):
                 self._adapter(target, "load", adapter)
             target.unload_at = {a: t for a, t in target.unload_at.items() if a not in self._adapters_of(m.stream)}
-            self._ingest(self.ingest[m.stream], "move", m.stream, target.info["endpoint"], m.target,
+            self.ingest.call(self.ingest.by_stream[m.stream], "move", m.stream, target.info["endpoint"], m.target,
                          LINGER_S if old_alive else 0.0)
             source = self.daemons.get(m.source) if m.source else None
             if source is not None and old_alive and source.alive:
@@ -347,35 +323,19 @@ class Controller:
             log.error("the collector did not take %s (%s)", method, type(e).__name__)
             return None
 
-    def _ingest(self, actor, method: str, *args, timeout: float = CALL_TIMEOUT_S):
-        """A call to an ingest actor; None when it is gone. Its streams stop then (an ingest actor is not restarted:
-        its sources would start over), said once; the rest of the cluster goes on."""
-        import ray
-        from ray.exceptions import RayActorError
+    def _route_of(self, stream: str) -> tuple[str, str]:
+        """Where a stream's chunks go now: (its daemon's endpoint, its daemon's name)."""
+        name = self.assignment[stream]
+        return self.daemons[name].info["endpoint"], name
 
-        if actor in self._ingest_lost:
-            return None
-        try:
-            return ray.get(getattr(actor, method).remote(*args), timeout=timeout)
-        except RayActorError as e:
-            self._ingest_gone(actor, e)
-            return None
-
-    def _ingest_gone(self, actor, why: Exception) -> None:
-        """An ingest actor died (its process or its node): its streams stop, and say so in the rows: a
-        stream_offline event each, reason "ingest lost" (a file would start over, so it is not restarted)."""
-        if actor in self._ingest_lost:
+    def _offline_event(self, stream: str, extra: dict) -> None:
+        """A stream_offline event in the rows: its ingest is gone for good (none once the run has ended)."""
+        if self.collector is None:
             return
-        self._ingest_lost.add(actor)
-        streams = sorted(s for s, a in self.ingest.items() if a is actor)
-        log.error("the ingest worker of streams %s is gone (%s): they stop; the other streams go on",
-                  ", ".join(streams), type(why).__name__)
-        for sid in streams if self.collector is not None else ():  # (none once the run has ended)
-            self._events_n += 1
-            row = EventRecord(id=f"{self._run_id}-i{self._events_n}", event="stream_offline", phase="start",
-                              stream=sid, ts=0.0, captured_at=time.time(),
-                              extra={"reason": "ingest lost", "error": type(why).__name__})
-            self.collector.event.remote(row.to_json())
+        self._events_n += 1
+        row = EventRecord(id=f"{self._run_id}-i{self._events_n}", event="stream_offline", phase="start",
+                          stream=stream, ts=0.0, captured_at=time.time(), extra=extra)
+        self.collector.event.remote(row.to_json())
 
     # ------------------------------------------------------------------ what is where
     def _adapters_of(self, stream: str) -> set[str]:
@@ -409,9 +369,14 @@ class Controller:
     # ------------------------------------------------------------------ run and stop
     def sources_ended(self) -> bool:
         """Every stream has handed all its chunks to ZeroMQ (its source ended), or lost its ingest worker."""
-        progress = {}
-        for actor in set(self.ingest.values()):
-            progress.update(self._ingest(actor, "progress") or {})
+        progress, asked = {}, set()
+        while todo := [a for a in self.ingest.actors() if id(a) not in asked]:  # (a lost camera's new actor too)
+            for actor in todo:
+                asked.add(id(actor))
+                got = self.ingest.call(actor, "progress")
+                if got is None and actor not in self.ingest.lost:
+                    return False  # unreachable for now, not gone: its streams may still have chunks to send
+                progress.update(got or {})
         return all(p["flushed"] for p in progress.values())
 
     def run(self, stop: threading.Event | None = None) -> int:
@@ -434,9 +399,9 @@ class Controller:
         flushes the sinks. True when every daemon drained."""
         import ray
 
-        ingest = list(set(self.ingest.values()))
-        for a in ingest:
-            self._ingest(a, "stop")
+        self.ingest.stopping = True  # an ingest actor lost from now on is not restarted: the run is ending
+        for a in self.ingest.actors():
+            self.ingest.call(a, "stop")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not self.sources_ended():
             self.step()  # a daemon may die while the queues flush
@@ -452,8 +417,8 @@ class Controller:
                 log.error("daemon %s did not drain: %s", d.spec.name, e)
                 ok = False
         self.ingest_report = {}  # stream id -> what its ingest worker did (chunks sent, dropped...)
-        for a in ingest:
-            self.ingest_report.update(self._ingest(a, "release", timeout=120) or {})
+        for a in self.ingest.actors():
+            self.ingest_report.update(self.ingest.call(a, "release", timeout=120) or {})
         for sid, p in sorted(self.ingest_report.items()):  # what ingest itself says it did, in this run's own log
             st = p.get("stats") or {}
             log.info("stream %s: ingest sent %d chunk(s), dropped %d", sid, st.get("chunks_sent", 0),
@@ -470,7 +435,7 @@ class Controller:
 
         if not ray.is_initialized():
             return
-        for actor in [*(d.actor for d in self.daemons.values()), *set(self.ingest.values()),
+        for actor in [*(d.actor for d in self.daemons.values()), *self.ingest.actors(),
                       *([self.collector] if self.collector is not None else [])]:
             try:
                 ray.kill(actor, no_restart=True)

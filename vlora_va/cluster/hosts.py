@@ -167,16 +167,21 @@ class DaemonHost:
 
 
 class IngestHost:
-    def __init__(self, config: PipelineConfig, routes: dict[str, tuple[str, str]], log_level: str = "INFO"):
+    def __init__(self, config: PipelineConfig, routes: dict[str, tuple[str, str]], log_level: str = "INFO",
+                 resume: dict[str, list[float]] | None = None):
         """routes: stream id -> (daemon endpoint, daemon name) to start with. Each stream runs in its own ingest
-        worker, so one stream can follow its daemon without disturbing the others."""
+        worker, so one stream can follow its daemon without disturbing the others. resume: stream id -> where a lost
+        ingest actor left it (`positions()`' values): its chunk numbers and media time go on from there."""
         setup_logging(log_level, "ingest")
         load_plugins(config.plugins)
         from vlora_va.ingest.route import Route, SentLedger
+        from vlora_va.ingest.stream_position import StreamPosition
         from vlora_va.ingest.worker import run_ingest
 
         self.ledger = SentLedger()
         self.routes = {sid: Route(endpoint, daemon) for sid, (endpoint, daemon) in routes.items()}
+        resume = resume or {}
+        self.positions_ = {sid: StreamPosition(list(resume[sid]) if sid in resume else None) for sid in routes}
         self._stop, self._release = threading.Event(), threading.Event()
         self._flushed = {sid: threading.Event() for sid in routes}
         self._stats: dict[str, dict] = {}
@@ -184,7 +189,7 @@ class IngestHost:
         for sid in routes:
             def run(sid=sid):
                 stats = run_ingest(config, [sid], self._stop, self._flushed[sid], self._release,
-                                   route=self.routes[sid], ledger=self.ledger)
+                                   resume={sid: self.positions_[sid]}, route=self.routes[sid], ledger=self.ledger)
                 self._stats[sid] = stats.get(sid)
             self._threads[sid] = threading.Thread(target=run, name=f"ingest-{sid}", daemon=True)
             self._threads[sid].start()
@@ -205,6 +210,11 @@ class IngestHost:
     def latest_sent(self, daemon: str) -> dict[str, int]:
         """Per stream, the last chunk seq sent to `daemon` so far (what it owes at most; the ledger keeps them)."""
         return self.ledger.latest(daemon)
+
+    def positions(self) -> dict[str, list[float]]:
+        """Per stream, where it stands (StreamPosition's values): what a new ingest actor continues from if this one
+        is lost (the controller asks every second for live streams)."""
+        return {sid: p.values() for sid, p in self.positions_.items()}
 
     def progress(self) -> dict:
         """Per stream: flushed (everything it made is handed to ZeroMQ), finished (its worker returned), its stats."""

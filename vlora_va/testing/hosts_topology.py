@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import time
@@ -40,11 +41,15 @@ def hosts(*args: str, timeout: float = 180) -> str:
     return out.stdout
 
 
-def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve: bool = False) -> Path:
+def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve: bool = False,
+             cameras: dict[str, str] | None = None) -> Path:
     """Four streams ingested on h1 (s0, s1 on adapter a1; s2, s3 on a2), daemons a on h2 and b on h3. curve: every
     ZeroMQ link between the hosts authenticated and encrypted (security.curve; the hosts share this machine's files,
-    so the keys are where docs/cluster.md says every host must have them)."""
-    streams = [{"id": f"s{i}", "loop": True, "max_chunks": chunks, "group": "h1",
+    so the keys are where docs/cluster.md says every host must have them). cameras: stream id -> an RTSP URL that
+    stream reads instead of the bikes file."""
+    cameras = cameras or {}
+    streams = [{"id": f"s{i}", "max_chunks": chunks, "group": "h1",
+                **({"source": cameras[f"s{i}"]} if f"s{i}" in cameras else {"loop": True}),
                 "tasks": [{"name": "det", "adapter": "a1" if i < 2 else "a2", "frames_per_chunk": 1,
                            "deadline_ms": 30000}]} for i in range(4)]
     cluster = {"daemons": [{"name": "a", "node_label": "h2"}, {"name": "b", "node_label": "h3"}], "ping_s": 0.5}
@@ -52,7 +57,8 @@ def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve:
                       "profile_cache": str(tmp_path / "profiles"), "log_every_s": 2},
            "ingest": {"streams_per_worker": 1, "drop_policy": "block", "close_grace_s": 2},  # block: all sent
            "adapters": {n: str(p) for n, p in adapters.items()},
-           "streams": [{"source": str(BIKES), "fps": 4, "chunk_seconds": 0.5, "realtime": True, **s} for s in streams],
+           "streams": [{"source": str(BIKES), "fps": 4, "chunk_seconds": 0.5, "realtime": True, **s}
+                       for s in streams],
            "sinks": [{"type": "jsonl", "path": str(tmp_path / "results.jsonl"), "fsync": "never"}],
            "cluster": cluster}
     if curve:
@@ -88,6 +94,34 @@ def overload_pipeline(tmp_path: Path, frames_per_chunk: int, chunks: int, deadli
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+class Camera:
+    """An RTSP camera on a host (tests/rtsp_server.py on Debian's Python with GStreamer, listening on the host's own
+    address): `url` once started."""
+
+    def __init__(self, host: int, video: Path, port: int = 8554, timeout: float = 30.0):
+        address = hosts("address", str(host)).strip()
+        self.proc = subprocess.Popen([str(HOSTS), "exec", str(host), "/usr/bin/python3",
+                                      str(ROOT / "tests" / "rtsp_server.py"), "--address", address, "--port",
+                                      str(port), "--file", str(video)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + timeout
+        line = ""
+        while not line.startswith("READY") and self.proc.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                break
+            line = self.proc.stdout.readline()
+        if not line.startswith("READY"):
+            self.stop()
+            raise RuntimeError(f"the RTSP camera on h{host} did not start ({line!r})")
+        self.url = line.split()[1]
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(30)
+        self.proc.stdout.close()
 
 
 class CoTenant:
