@@ -161,7 +161,9 @@ kill_host() {
 case "${1:-}" in
     up) up "${2:?usage: hosts.sh up N}" ;;
     down) down ;;
-    exec) i="${2:?usage: hosts.sh exec H CMD...}"; shift 2; exec ip netns exec "$(ns "$i")" "$@" ;;
+    exec) i="${2:?usage: hosts.sh exec H CMD...}"; shift 2
+          # a Ray driver started here connects to this host's node, not the head's (vlora_va/cluster/ray_connection.py)
+          VLORA_VA_NODE_IP="$(address "$i")" exec ip netns exec "$(ns "$i")" "$@" ;;
     kill) kill_host "${2:?usage: hosts.sh kill H}" ;;
     cut) need_root; ip link set "${PREFIX}v${2:?usage: hosts.sh cut H}" down ;;
     heal) heal "${2:?usage: hosts.sh heal H}" ;;

@@ -311,3 +311,35 @@ def test_an_overloaded_daemon_host_hands_its_lowest_priority_stream_to_a_host_wi
     assert on_b and all(r["status"] == "ok" and r["deadline_met"] for r in on_b), on_b[:3]
     on_a = [r for r in run.rows if r["stream"] == "s1" and r.get("daemon") == "a"]
     assert all(r["status"] in ("ok", "shed") for r in on_a), on_a[:3]  # degraded first while a was overloaded
+
+
+def test_a_lost_head_drains_the_run_when_it_runs_elsewhere(topology, tmp_path, tiny_backbone_dir, two_adapters):
+    """docs/cluster.md#the-head-lost: `vlora-va run --cluster auto` on h1 (the controller, the collector and ingest
+    there), daemons on h2 and h3, and h0, the Ray head, killed whole once rows flow. Ray's processes on the other
+    hosts still run for RAY_gcs_rpc_server_reconnect_timeout_s; the controller sees the head gone, drains the run in
+    that time and exits 3: ingest flushes, both daemons answer every chunk they got, the collector writes every row
+    to the file. Every chunk ingest sent has exactly one row. Last in this module: a lost head ends the hosts' Ray
+    cluster, so the hosts are made again after it."""
+    run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150), host=1)
+    try:
+        run.wait(lambda: {r["stream"] for r in run.rows if r["status"] == "ok"} == {"s0", "s1", "s2", "s3"},
+                 "rows of every stream")  # (the run has started: no actor waits for the head to be placed)
+        killed_at = time.time()
+        hosts("kill", "0")
+        code = run.finish(timeout=120)
+        ended_after = time.time() - killed_at
+    finally:
+        run.kill()
+        hosts("up", str(N_HOSTS))
+    log = run.log()
+    assert code == 3, log[-4000:]
+    assert "Ray's head does not answer" in log and "daemon a drained" in log and "daemon b drained" in log, log[-4000:]
+    print(f"\nhead lost: the run drained and ended {ended_after:.1f} s after the kill")
+    sent = ingest_sent(log)
+    assert sorted(sent) == ["s0", "s1", "s2", "s3"], log[-3000:]
+    assert all(n < 150 for n in sent.values())  # stopped early, not at the sources' end
+    keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)
+    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
+    for sid, n in sent.items():
+        assert {c for s, c in keys if s == sid} == set(range(n)), sid  # every chunk sent: its row is in the file
+    assert all(r["status"] == "ok" for r in run.rows)

@@ -25,7 +25,7 @@ from pathlib import Path
 from vlora_va.cluster import placement
 from vlora_va.cluster.hosts import READY_TIMEOUT_S, CollectorHost, DaemonHost, address_and_free_port
 from vlora_va.cluster.ingest_actors import IngestActors, IngestStartError
-from vlora_va.cluster.ray_connection import ClusterError, connect
+from vlora_va.cluster.ray_connection import ClusterError, HeadWatch, connect
 from vlora_va.contracts.cluster import DAEMON_RESOURCE, NODE_LABEL_KEY, DaemonSpec
 from vlora_va.contracts.config import PipelineConfig
 from vlora_va.contracts.events import EventRecord
@@ -40,6 +40,10 @@ CALL_TIMEOUT_S = 30.0
 STATUS_EVERY_S = 1.0
 INGEST_START_S = 120.0
 PING_TIMEOUT_S = 5.0
+
+
+class HeadLost(Exception):
+    """Ray's head stopped answering (HeadWatch): the run drains while the other nodes' processes still run."""
 
 
 @dataclasses.dataclass
@@ -71,6 +75,8 @@ class Controller:
         self._events_n = 0
         self._next_status = 0.0
         self._run_id = f"{int(time.time()):x}"
+        self.head = HeadWatch() if address != "local" else None  # (a local Ray ends only with this process)
+        self.head_lost = False
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -173,6 +179,9 @@ class Controller:
         self._unload_due(now)
         if now >= self._next_status:
             self._next_status = now + STATUS_EVERY_S
+            if self.head is not None and not self.head_lost and self.head.lost():
+                self.head_lost = True
+                raise HeadLost()
             self._rebalance(now, silent)
             self.ingest.poll()  # where each camera stands: a lost ingest actor's cameras restart from there
 
@@ -388,6 +397,12 @@ class Controller:
                 self.step()
                 stop.wait(self.config.cluster.ping_s)
             return 0 if self.shutdown() else 1
+        except HeadLost:
+            log.error("Ray's head does not answer: nothing can start or restart, and Ray ends the other nodes' "
+                      "processes within RAY_gcs_rpc_server_reconnect_timeout_s (60 s by default). Draining the run "
+                      "now: start the head again, then the run (docs/cluster.md#the-head-lost)")
+            self.shutdown()
+            return 3
         except ClusterError as e:
             log.error("%s", e)
             return 2

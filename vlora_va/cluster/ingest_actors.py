@@ -61,21 +61,21 @@ class IngestActors:
 
     # ------------------------------------------------------------------ start
     def start(self, routes: dict[str, tuple[str, str]]) -> None:
-        """routes: stream id -> (daemon endpoint, daemon name). Returns once every actor has started."""
+        """routes: stream id -> (daemon endpoint, daemon name). Every actor is asked for at once; returns once all
+        have started."""
         groups: dict[str, list[str]] = {}
         for s in self.config.streams:
             groups.setdefault("" if self.local else s.group, []).append(s.id)
         n = self.config.ingest.streams_per_worker
-        for group, ids in groups.items():
-            for i in range(0, len(ids), n):
-                part = ids[i:i + n]
-                self._spawn({sid: routes[sid] for sid in part}, group, None)
+        parts = [(group, ids[i:i + n]) for group, ids in groups.items() for i in range(0, len(ids), n)]
+        started = [(group, self._spawn({sid: routes[sid] for sid in part}, group, None)) for group, part in parts]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for group, actor in started:
+            self._wait_started(actor, group, max(0.0, deadline - time.monotonic()))
 
-    def _spawn(self, routes: dict[str, tuple[str, str]], group: str, resume: dict | None) -> object | None:
-        """One actor for these streams on a node of `group` ("" anywhere); waits until it runs. None: it died as it
-        started (its streams are then lost, said)."""
+    def _spawn(self, routes: dict[str, tuple[str, str]], group: str, resume: dict | None) -> object:
+        """One actor for these streams on a node of `group` ("" anywhere), asked for (not waited for)."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
 
         options = {"num_cpus": 0, "max_restarts": 0}
         if group:
@@ -86,16 +86,22 @@ class IngestActors:
             self.by_stream[sid] = actor
             if is_live(self.config, sid) and sid not in self.positions:
                 self.positions[sid] = ([0.0, -1.0, 0.0, now, 0.0], now)  # nothing made yet: the start
+        return actor
+
+    def _wait_started(self, actor, group: str, timeout_s: float) -> None:
+        """Until the actor runs; one whose node died as it started loses its streams (said, not a crash)."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
         try:
-            ray.get(actor.progress.remote(), timeout=START_TIMEOUT_S)
-        except RayActorError as e:  # its node died as it started: its streams end, said (not a crash)
+            ray.get(actor.progress.remote(), timeout=timeout_s)
+        except RayActorError as e:
             self.gone(actor, e)
-            return None
         except GetTimeoutError:
-            raise IngestStartError(f"streams {', '.join(routes)}: no node took their ingest worker in "
+            streams = sorted(s for s, a in self.by_stream.items() if a is actor)
+            raise IngestStartError(f"streams {', '.join(streams)}: no node took their ingest worker in "
                                    f"{START_TIMEOUT_S:.0f} s (does a node carry label {NODE_LABEL_KEY}={group}?)") \
                 from None
-        return actor
 
     # ------------------------------------------------------------------ calls
     def call(self, actor, method: str, *args, timeout: float = CALL_TIMEOUT_S):
@@ -171,7 +177,7 @@ class IngestActors:
         log.warning("streams %s: a new ingest worker %s; %s", ", ".join(streams),
                     f"on a node of group {group}" if group else "on any node (none of their group is left)",
                     ", ".join(f"{sid} goes on at chunk {int(resume[sid][0])}" for sid in streams))
-        self._spawn(routes, group, resume)
+        self._wait_started(self._spawn(routes, group, resume), group, START_TIMEOUT_S)
 
 
 def _label_alive(group: str) -> bool:
