@@ -5,6 +5,7 @@ hosts (issue 47: network namespaces, scripts/hosts.sh; root only).
     python bench/cluster.py --part failover --repeats 5
     python bench/cluster.py --part held --streams 1,2,3 --seconds 40
     sudo python bench/cluster.py --part hosts --repeats 3
+    sudo python bench/cluster.py --part hosts-held --streams 4,5,6 --seconds 40
 
 failover  A local Ray instance, two daemon actors on the tiny backbone, four streams over two adapters (the test's
           setup). Once rows flow, the daemon serving s0 is killed with SIGKILL. Measured per repeat: the controller
@@ -21,6 +22,13 @@ hosts     Four hosts (vlora_va/testing/hosts_topology.py: the run on h0, ingest 
           failover time: kill -> this bench reads the first ok row daemon b served for it; chunks without a row and
           duplicates (both must be 0). Partition, once: h3's link down for 20 s, then up: when b's streams were
           served by a, when b served again after the heal, "daemon lost" rows, duplicates, chunks without a row.
+hosts-held Streams held by one daemon host and by two, each daemon host pinned to a core of its own (hosts.sh cpus:
+          h2 on the first CPU, h3 on the second), the run and ingest unpinned on h0 and h1. N live cameras (the
+          pedestrians video paced like a camera, 1 frame per 1-s chunk, the shipped detect adapter, OpenVINO int8,
+          one thread, deadline 2 s, ingest drop_oldest) on daemon a alone, and 2N on a and b. A count is held when
+          >= 99% of the chunks ingest made (sent + dropped, its own books) have an ok row in deadline. On a 2-core
+          machine the two daemon hosts take both cores, so ingest and the run compete with them: the ratio is a
+          floor for hosts that do not share cores.
 Writes bench/results/cluster.json and cluster.md.
 """
 
@@ -234,6 +242,67 @@ def bench_hosts(repeats: int) -> dict:
                                                    for r in [*runs, partition])}
 
 
+def hosts_held_once(tmp: Path, streams: int, daemons: int, seconds: int) -> dict:
+    """One run of `streams` cameras on `daemons` daemon hosts (h2; h3); what ingest made against the rows."""
+    from vlora_va.testing import hosts_topology as ht
+
+    cams = [{"id": f"cam{i}", "source": str(ht.PEDESTRIANS), "fps": 1, "chunk_seconds": 1.0, "loop": True,
+             "realtime": True, "max_chunks": seconds, "group": "h1",
+             "tasks": [{"name": "detect", "adapter": "detect", "frames_per_chunk": 1, "deadline_ms": 2000}]}
+            for i in range(streams)]
+    cfg = {"daemon": {"backbone": "dinov2-small", "image_size": 336, "backend": "openvino", "precision": "int8",
+                      "threads": 1, "max_wait_ms": 20, "profile_cache": str(tmp / "profiles")},
+           "ingest": {"streams_per_worker": 4, "drop_policy": "drop_oldest"},
+           "adapters": {"detect": str(ht.DETECT)}, "streams": cams,
+           "sinks": [{"type": "jsonl", "path": str(tmp / "results.jsonl"), "fsync": "never"}],
+           "cluster": {"daemons": [{"name": n, "node_label": f"h{2 + i}"} for i, n in enumerate("ab"[:daemons])],
+                       "ping_s": 0.5}}
+    (tmp / "pipeline.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    run = ht.HostsRun(tmp / "pipeline.yaml")
+    try:
+        code = run.finish(timeout=seconds + 600)
+    finally:
+        run.kill()
+    made = {m.group(1): int(m.group(2)) + int(m.group(3))
+            for m in re.finditer(r"stream (\S+): ingest sent (\d+) chunk\(s\), dropped (\d+)", run.log())}
+    good = sum(r["status"] == "ok" and r["deadline_met"] for r in run.rows)
+    return {"exit": code, "daemons": daemons, "streams": streams, "made": sum(made.values()), "rows": len(run.rows),
+            "in_deadline": good / max(1, sum(made.values())),
+            "status": dict(collections.Counter(r["status"] for r in run.rows))}
+
+
+def bench_hosts_held(counts: list[int], seconds: int) -> dict:
+    """Each count on one daemon host, twice it on two: the most held by each."""
+    from vlora_va.testing import hosts_topology as ht
+
+    cpus = sorted(os.sched_getaffinity(0))
+    ht.hosts("up", str(ht.N_HOSTS))
+    try:
+        ht.hosts("cpus", "2", str(cpus[0]))
+        ht.hosts("cpus", "3", str(cpus[-1]))
+        out = {}
+        for daemons in (1, 2):
+            for n in counts:
+                with tempfile.TemporaryDirectory() as d:
+                    r = hosts_held_once(Path(d), n * daemons, daemons, seconds)
+                out[f"{daemons}x{n * daemons}"] = r
+                print(f"hosts-held: {r}", flush=True)
+    finally:
+        ht.hosts("down")
+    return summarise_hosts_held(out, seconds)
+
+
+def summarise_hosts_held(runs: dict, seconds: int) -> dict:
+    """The most streams held by one daemon host and by two: the largest count at >= 99% below which every count
+    tried also held (one failed count caps it)."""
+    held = {}
+    for d in (1, 2):
+        tried = sorted((r["streams"], r["in_deadline"] >= 0.99) for r in runs.values() if r["daemons"] == d)
+        first_miss = next((n for n, ok in tried if not ok), None)
+        held[d] = max([0] + [n for n, ok in tried if ok and (first_miss is None or n < first_miss)])
+    return {"runs": runs, "held": held, "seconds": seconds, "ratio": (held[2] / held[1]) if held[1] else None}
+
+
 # ---------------------------------------------------------------- streams held
 def held_config(tmp: Path, streams: int, daemons: int, seconds: int):
     from vlora_va.contracts.config import load_config
@@ -314,6 +383,19 @@ def write_results(result: dict) -> None:
                   f"{p['duplicates_dropped_by_collector']} late rows dropped by the collector, b serving again "
                   f"{p['back_after_heal_s']:.1f} s after the heal; {p['chunks_sent']} chunks sent, "
                   f"{p['duplicates']} duplicates, {p['missing']} without a row.", ""]
+    hs = result.get("hosts_held")
+    if hs:
+        lines += ["## Streams held across hosts (a core per daemon host; >= 99% of the chunks ingest made answered "
+                  f"ok in deadline; {hs['seconds']} s per run, live cameras at 1 frame/s, real backbone)", "",
+                  "| daemon hosts | streams | chunks made | rows | in deadline | statuses |", "|---|---|---|---|---|---|"]
+        for r in sorted(hs["runs"].values(), key=lambda r: (r["daemons"], r["streams"])):
+            lines.append(f"| {r['daemons']} | {r['streams']} | {r['made']} | {r['rows']} | {r['in_deadline']:.1%} | "
+                         f"{r['status']} |")
+        held = {int(k): v for k, v in hs["held"].items()}
+        ratio = hs["ratio"]
+        lines += ["", f"Held: one daemon host {held[1]}, two {held[2]} "
+                      f"({'n/a' if ratio is None else f'{ratio:.2f}x'}; the run and ingest share the same two cores).",
+                  ""]
     h = result.get("held")
     if h:
         lines += [f"## Streams held (>= 99% of rows in deadline; {h['seconds']} s per run, the default surveillance "
@@ -340,8 +422,8 @@ def write_results(result: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("all", "failover", "held", "hosts"), default="all",
-                    help="all: failover and held (hosts needs root: ask for it by name)")
+    ap.add_argument("--part", choices=("all", "failover", "held", "hosts", "hosts-held"), default="all",
+                    help="all: failover and held (hosts and hosts-held need root: ask for them by name)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--streams", default="1,2,3")
     ap.add_argument("--seconds", type=int, default=40)
@@ -361,6 +443,14 @@ def main() -> int:
         result["hosts"] = bench_hosts(args.repeats)
     elif "hosts" in old:
         result["hosts"] = old["hosts"]
+    if args.part == "hosts-held":
+        result["hosts_held"] = bench_hosts_held([int(x) for x in args.streams.split(",")], args.seconds)
+        before = old.get("hosts_held")
+        if before and before["seconds"] == args.seconds:  # counts tried in an earlier run stay in the table
+            result["hosts_held"] = summarise_hosts_held({**before["runs"], **result["hosts_held"]["runs"]},
+                                                        args.seconds)
+    elif "hosts_held" in old:
+        result["hosts_held"] = old["hosts_held"]
     if args.part in ("all", "held"):
         result["held"] = bench_held([int(x) for x in args.streams.split(",")], args.seconds)
     elif "held" in old:
