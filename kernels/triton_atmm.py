@@ -57,24 +57,30 @@ DEFAULT_CONFIG = TritonConfig()
 
 
 @triton.jit
+def _segment_tile(seg_start_ptr, seg_len_ptr, seg_slot_ptr, ranks_ptr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's tile of its segment (grid: segment, row tile, column tile): the segment's first row, its row
+    count, its adapter slot and rank, and the tile's row, column and inner offsets with its row mask. Both kernels
+    start here; each returns early on its own condition."""
+    pid_s = tl.program_id(0)
+    start = tl.load(seg_start_ptr + pid_s).to(tl.int64)
+    length = tl.load(seg_len_ptr + pid_s)
+    slot = tl.load(seg_slot_ptr + pid_s).to(tl.int64)
+    rank = tl.load(ranks_ptr + slot)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    return start, length, slot, rank, offs_m, offs_n, offs_k, offs_m < length
+
+
+@triton.jit
 def _shrink_kernel(x_ptr, a_ptr, h_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr, ranks_ptr, K,
                    stride_xm, stride_xk, stride_as, stride_ar, stride_ak, stride_hm, stride_hr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
-    pid_s = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_n = tl.program_id(2)
-    length = tl.load(seg_len_ptr + pid_s)
-    if pid_m * BLOCK_M >= length:
-        return
-    slot = tl.load(seg_slot_ptr + pid_s).to(tl.int64)
-    rank = tl.load(ranks_ptr + slot)
-    if pid_n * BLOCK_N >= rank:  # rank tile beyond this adapter's rank: no work
-        return
-    start = tl.load(seg_start_ptr + pid_s).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_mask = offs_m < length
+    start, length, slot, rank, offs_m, offs_n, offs_k, m_mask = _segment_tile(
+        seg_start_ptr, seg_len_ptr, seg_slot_ptr, ranks_ptr, BLOCK_M, BLOCK_N, BLOCK_K)
+    if (tl.program_id(1) * BLOCK_M >= length) | (tl.program_id(2) * BLOCK_N >= rank):
+        return  # rows past the segment's end, or a rank tile beyond this adapter's rank: no work
     n_mask = offs_n < rank
     x_ptrs = x_ptr + (start + offs_m)[:, None] * stride_xm + offs_k[None, :] * stride_xk
     a_ptrs = a_ptr + slot * stride_as + offs_n[None, :] * stride_ar + offs_k[:, None] * stride_ak  # A^T tile
@@ -97,20 +103,11 @@ def _shrink_kernel(x_ptr, a_ptr, h_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr
 def _expand_kernel(h_ptr, b_ptr, y_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr, ranks_ptr, scale_ptr, N, sign,
                    stride_hm, stride_hr, stride_bs, stride_bn, stride_br, stride_ym, stride_yn,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
-    pid_s = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_n = tl.program_id(2)
-    length = tl.load(seg_len_ptr + pid_s)
-    if pid_m * BLOCK_M >= length:
+    start, length, slot, rank, offs_m, offs_n, offs_k, m_mask = _segment_tile(
+        seg_start_ptr, seg_len_ptr, seg_slot_ptr, ranks_ptr, BLOCK_M, BLOCK_N, BLOCK_K)
+    if tl.program_id(1) * BLOCK_M >= length:
         return
-    slot = tl.load(seg_slot_ptr + pid_s).to(tl.int64)
-    rank = tl.load(ranks_ptr + slot)
     scale = tl.load(scale_ptr + slot) * sign
-    start = tl.load(seg_start_ptr + pid_s).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_mask = offs_m < length
     n_mask = offs_n < N
     h_ptrs = h_ptr + (start + offs_m)[:, None] * stride_hm + offs_k[None, :] * stride_hr
     b_ptrs = b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_k[:, None] * stride_br  # B^T tile
