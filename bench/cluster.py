@@ -167,23 +167,12 @@ def node_loss_once(tmp: Path, backbone: Path, adapters: dict) -> dict:
 
     run = ht.HostsRun(ht.pipeline(tmp, backbone, adapters, chunks=60))
     try:
-        run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"}, "both serving")
-        moved = sorted({r["stream"] for r in run.rows if r.get("daemon") == "a"})
-        killed = time.time()
-        ht.hosts("kill", "2")
-        first = {}
-
-        def served():
-            for r in run.rows:
-                if r["stream"] in moved and r.get("daemon") == "b" and r["status"] == "ok":
-                    first.setdefault(r["stream"], r["_read_at"])
-            return len(first) == len(moved)
-        run.wait(served, "the moved streams served by b")
+        loss = ht.lose_host(run, 2, "a", "b")
         code = run.finish()
     finally:
         run.kill()
         ht.hosts("heal", "2")
-    return {"exit": code, "failover_s": {s: round(t - killed, 3) for s, t in first.items()},
+    return {"exit": code, "failover_s": {s: round(t, 2) for s, t in loss["failover_s"].items()},
             **books(run, ht.ingest_sent(run.log()))}
 
 
@@ -192,24 +181,13 @@ def partition_once(tmp: Path, backbone: Path, adapters: dict, seconds: float = 2
 
     run = ht.HostsRun(ht.pipeline(tmp, backbone, adapters, chunks=150, curve=True))
     try:
-        run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"}, "both serving")
-        b_streams = sorted({r["stream"] for r in run.rows if r.get("daemon") == "b"})
-        cut = time.time()
-        ht.hosts("cut", "3")
-        run.wait(lambda: all(any(r["stream"] == s and r.get("daemon") == "a" and r["_read_at"] > cut
-                                 for r in run.rows) for s in b_streams), "b's streams served by a")
-        moved_s = time.time() - cut
-        run.wait(lambda: time.time() - cut >= seconds, "the partition's end")
-        ht.hosts("heal", "3")
-        healed = time.time()
-        run.wait(lambda: any(r.get("daemon") == "b" and r["status"] == "ok" and r["_read_at"] > healed
-                             for r in run.rows), "b serving again")
-        back_s = time.time() - healed
+        cut = ht.cut_host(run, 3, "b", "a", seconds)
         code = run.finish()
     finally:
         run.kill()
     dropped = re.findall(r"collector: \d+ rows to the sinks, (\d+) duplicates dropped", run.log())
-    return {"exit": code, "cut_s": seconds, "moved_after_s": round(moved_s, 2), "back_after_heal_s": round(back_s, 2),
+    return {"exit": code, "cut_s": seconds, "moved_after_s": cut["moved_after_s"],
+            "back_after_heal_s": cut["back_after_heal_s"],
             "duplicates_dropped_by_collector": int(dropped[-1]) if dropped else None,
             **books(run, ht.ingest_sent(run.log()))}
 

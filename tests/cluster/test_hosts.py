@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray")
 
 from tests.conftest import require_gstreamer  # noqa: E402
 from vlora_va.testing.hosts_topology import (N_HOSTS, PEDESTRIANS, Camera, CoTenant, HostsRun,  # noqa: E402
-                                             hosts, ingest_sent, overload_pipeline, pipeline)
+                                             cut_host, hosts, ingest_sent, lose_host, overload_pipeline, pipeline)
 from vlora_va.testing.tiny import make_adapter  # noqa: E402
 
 SUBNET = ipaddress.ip_network("10.213.0.0/24")  # scripts/hosts.sh's default HOSTS_SUBNET
@@ -103,28 +103,14 @@ def test_a_lost_daemon_host_moves_its_streams_and_every_chunk_gets_one_row(topol
                                                                            two_adapters):
     run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=60))
     try:
-        # both daemons serve, each on its own host
-        run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"},
-                 "rows from both daemons")
-        victim_streams = sorted({r["stream"] for r in run.rows if r.get("daemon") == "a"})
-        assert victim_streams and not {r["stream"] for r in run.rows if r.get("daemon") == "b"} & set(victim_streams)
-        killed_at = time.time()
-        hosts("kill", "2")  # host h2 loses power: daemon a, its workers and the raylet die at once
-
-        def served_again() -> dict[str, float] | None:
-            first = {}
-            for r in run.rows:
-                if r["stream"] in victim_streams and r.get("daemon") == "b" and r["status"] == "ok":
-                    first.setdefault(r["stream"], r["_read_at"])
-            return first if len(first) == len(victim_streams) else None
-        first_ok = run.wait(served_again, "the lost host's streams served by daemon b")
+        loss = lose_host(run, 2, "a", "b")  # host h2 loses power: daemon a, its workers and the raylet die at once
         assert run.finish() == 0, run.log()[-4000:]
     finally:
-        if run.proc.poll() is None:
-            os.killpg(run.proc.pid, 9)
+        run.kill()
         hosts("heal", "2")  # the machine is back: a new Ray node on h2 for the tests after this one
     assert_placed_on_their_hosts(run.log())
-    failover = {sid: round(t - killed_at, 2) for sid, t in first_ok.items()}
+    victim_streams, failover = loss["streams"], loss["failover_s"]
+    assert victim_streams  # what daemon a served before the kill (by the rows)
     print(f"\nnode loss: first ok row of each moved stream after {failover} s")
     assert max(failover.values()) <= FAILOVER_GOAL_S, failover
     sent = ingest_sent(run.log())
@@ -152,31 +138,15 @@ def test_a_partitioned_daemon_host_loses_its_streams_and_takes_them_back_when_it
     between the hosts is CURVE-authenticated: no part warns that it binds a network address without it."""
     run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=150, curve=True))
     try:
-        run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"},
-                 "rows from both daemons")
-        b_streams = sorted({r["stream"] for r in run.rows if r.get("daemon") == "b"})
-        cut_at = time.time()
-        hosts("cut", "3")
-        run.wait(lambda: all(any(r["stream"] == sid and r.get("daemon") == "a" and r["status"] == "ok"
-                                 and r["_read_at"] > cut_at for r in run.rows) for sid in b_streams),
-                 "daemon b's streams served by a during the partition")
-        moved_after = time.time() - cut_at
-        run.wait(lambda: time.time() - cut_at >= PARTITION_S, "the partition's end")
-        hosts("heal", "3")
-        healed_at = time.time()
-        back_at = "daemon b is back at tcp://" + hosts("address", "3").strip()
-        run.wait(lambda: back_at in run.log(), "daemon b restarted on h3")
-        run.wait(lambda: any(r.get("daemon") == "b" and r["status"] == "ok" and r["_read_at"] > healed_at
-                             for r in run.rows), "daemon b serving again")
-        back_after = time.time() - healed_at
+        cut = cut_host(run, 3, "b", "a", PARTITION_S)
         assert run.finish() == 0, run.log()[-4000:]
     finally:
-        if run.proc.poll() is None:
-            os.killpg(run.proc.pid, 9)
+        run.kill()
+    b_streams = cut["streams"]
     assert "WITHOUT authentication" not in run.log()  # every bind on a host's network address was authenticated
     assert re.search(r"binds tcp://10\.213\.0\.\d+:\d+", run.log()) or "collector on tcp://10.213" in run.log()
-    print(f"\npartition: b's streams served by a {moved_after:.1f} s after the cut; b serving again "
-          f"{back_after:.1f} s after the heal")
+    print(f"\npartition: b's streams served by a {cut['moved_after_s']:.1f} s after the cut; b serving again "
+          f"{cut['back_after_heal_s']:.1f} s after the heal")
     sent = ingest_sent(run.log())
     assert sorted(sent) == ["s0", "s1", "s2", "s3"], run.log()[-3000:]
     keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)

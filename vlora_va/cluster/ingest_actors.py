@@ -168,7 +168,7 @@ class IngestActors:
             # every number the lost actor may have used since the position was read (a camera makes one chunk per
             # chunk_seconds), and one more: a number used twice would lose the second chunk's row as a duplicate
             position.skip(math.ceil((now - read_at) / self.config.stream(sid).chunk_seconds) + 1)
-            resume[sid] = position.values()
+            resume[sid] = position
         group = self.config.stream(streams[0]).group
         group = group if group and not self.local and _label_alive(group) else ""
         for sid in streams:
@@ -176,8 +176,15 @@ class IngestActors:
         routes = {sid: self.route_of(sid) for sid in streams}
         log.warning("streams %s: a new ingest worker %s; %s", ", ".join(streams),
                     f"on a node of group {group}" if group else "on any node (none of their group is left)",
-                    ", ".join(f"{sid} goes on at chunk {int(resume[sid][0])}" for sid in streams))
-        self._wait_started(self._spawn(routes, group, resume), group, START_TIMEOUT_S)
+                    ", ".join(f"{sid} goes on at chunk {p.next_seq}" for sid, p in resume.items()))
+        actor = self._spawn(routes, group, {sid: p.values() for sid, p in resume.items()})
+        try:
+            self._wait_started(actor, group, START_TIMEOUT_S)
+        except IngestStartError as e:  # no node took it: these cameras end here, said (the run goes on)
+            log.error("%s: they stop", e)
+            self.lost.add(actor)
+            for sid in streams:
+                self.said(sid, {"reason": "ingest lost", "error": "no node for a new ingest worker"})
 
 
 def _label_alive(group: str) -> bool:

@@ -198,6 +198,59 @@ class HostsRun:
             self.proc.wait(30)
 
 
+def served_by(run: HostsRun, streams: tuple[str, ...] = ("s0", "s1", "s2", "s3")) -> dict[str, list[str]]:
+    """Once every stream has an ok row: the streams each daemon serves, by the rows (one daemon's first row may come
+    before another stream's; reading sooner would miss that stream)."""
+    run.wait(lambda: {r["stream"] for r in run.rows if r["status"] == "ok"} >= set(streams), "an ok row of every stream")
+    by: dict[str, set] = {}
+    for r in run.rows:
+        if r["status"] == "ok":
+            by.setdefault(r["daemon"], set()).add(r["stream"])
+    return {d: sorted(s) for d, s in by.items()}
+
+
+def lose_host(run: HostsRun, host: int, daemon: str, survivor: str) -> dict:
+    """Node loss: once every stream is served, every process of `host` (where `daemon` runs, its raylet too) is
+    killed; returns once `survivor` served each of the lost daemon's streams. What it measured: the streams, the
+    kill's wall time and, per moved stream, the wall time its first ok row from `survivor` was read. The host is
+    not healed here."""
+    moved = served_by(run)[daemon]
+    killed_at = time.time()
+    hosts("kill", str(host))
+
+    def served_again() -> dict[str, float] | None:
+        first: dict[str, float] = {}
+        for r in run.rows:
+            if r["stream"] in moved and r.get("daemon") == survivor and r["status"] == "ok":
+                first.setdefault(r["stream"], r["_read_at"])
+        return first if len(first) == len(moved) else None
+    first_ok = run.wait(served_again, f"daemon {daemon}'s streams served by {survivor}")
+    return {"streams": moved, "killed_at": killed_at,
+            "failover_s": {sid: round(t - killed_at, 3) for sid, t in first_ok.items()}}
+
+
+def cut_host(run: HostsRun, host: int, daemon: str, other: str, seconds: float) -> dict:
+    """Partition: once every stream is served, `host`'s link (where `daemon` runs) goes down for `seconds`, then up.
+    Returns once `daemon` restarted there and serves again. What it measured: its streams, seconds from the cut
+    until `other` served each of them, and from the heal until `daemon` served again."""
+    streams = served_by(run)[daemon]
+    cut_at = time.time()
+    hosts("cut", str(host))
+    run.wait(lambda: all(any(r["stream"] == sid and r.get("daemon") == other and r["status"] == "ok"
+                             and r["_read_at"] > cut_at for r in run.rows) for sid in streams),
+             f"daemon {daemon}'s streams served by {other} during the partition")
+    moved_after = time.time() - cut_at
+    run.wait(lambda: time.time() - cut_at >= seconds, "the partition's end")
+    hosts("heal", str(host))
+    healed_at = time.time()
+    back = f"daemon {daemon} is back at tcp://" + hosts("address", str(host)).strip()
+    run.wait(lambda: back in run.log(), f"daemon {daemon} restarted on h{host}")
+    run.wait(lambda: any(r.get("daemon") == daemon and r["status"] == "ok" and r["_read_at"] > healed_at
+                         for r in run.rows), f"daemon {daemon} serving again")
+    return {"streams": streams, "cut_s": seconds, "moved_after_s": round(moved_after, 2),
+            "back_after_heal_s": round(time.time() - healed_at, 2)}
+
+
 def ingest_sent(log: str) -> dict[str, int]:
     """Chunks each stream's ingest worker says it handed to ZeroMQ (its stats, as the controller got them back when
     it released the worker: the workers' own log lines travel through Ray's log forwarding, which may lose the
