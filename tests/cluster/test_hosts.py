@@ -305,7 +305,7 @@ def test_a_lost_head_drains_the_run_when_it_runs_elsewhere(topology, tmp_path, t
     assert code == 3, log[-4000:]
     assert "Ray's head does not answer" in log and "daemon a drained" in log and "daemon b drained" in log, log[-4000:]
     print(f"\nhead lost: the run drained and ended {ended_after:.1f} s after the kill")
-    sent = ingest_sent(log)
+    sent = ingest_sent(log, stopped=True)
     assert sorted(sent) == ["s0", "s1", "s2", "s3"], log[-3000:]
     assert all(n < 150 for n in sent.values())  # stopped early, not at the sources' end
     keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)

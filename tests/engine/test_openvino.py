@@ -158,6 +158,26 @@ def test_compiled_models_are_cached_apart_per_precision_hint_and_isa_cap(tiny_ba
     assert blob_dir({"INFERENCE_PRECISION_HINT": "f32"}) not in folders.values()
 
 
+def test_a_compiled_model_cache_that_fails_costs_only_the_cache(tiny_backbone_dir, tiny_adapters, tmp_path,
+                                                                 monkeypatch, caplog):
+    """Two daemons of a cluster starting on one machine compile the same part into the same blob at once, and
+    OpenVINO's cache has no lock: the loser's compile failed, and with it the daemon's start (make test,
+    2026-11-28: "filesystem error: cannot set permissions"). Here the cache folder cannot be made at all (a file
+    stands where it goes): the backend compiles without the cache, says so, and its features equal a cached one's."""
+    monkeypatch.setenv("VLORA_VA_OPENVINO_CACHE", str(tmp_path / "good"))
+    fr = frames(2, 9)
+    _, cached = engines(tiny_backbone_dir, tiny_adapters)
+    want = cached.features(fr, [cached.slots["detect"]] * 2).cls
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "blobs").write_text("not a folder")
+    monkeypatch.setenv("VLORA_VA_OPENVINO_CACHE", str(tmp_path / "bad"))
+    with caplog.at_level("WARNING", logger="vlora_va.engine.backends.openvino"):
+        _, uncached = engines(tiny_backbone_dir, tiny_adapters)
+        got = uncached.features(fr, [uncached.slots["detect"]] * 2).cls
+    assert "compiling without it" in caplog.text
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 def test_blobs_an_earlier_version_cached_in_the_shared_folder_are_deleted(tiny_backbone_dir, tiny_adapters, tmp_path,
                                                                           monkeypatch, caplog):
     """Before blob_dir, every hint's blobs lay in the top cache folder: untrustworthy and never read again, so the

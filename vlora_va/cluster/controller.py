@@ -5,6 +5,8 @@
         a daemon died       → its streams move to the others now; every chunk it owed gets a "daemon lost" row
         a daemon came back  → (Ray restarted it, or add_daemon) it takes about the mean load
         one stays overloaded→ its lowest-priority streams move to daemons with headroom (hysteresis)
+        an ingest actor died→ its cameras restart elsewhere, its files end (ingest_actors.py)
+        the head is lost    → the run drains now, while the other nodes still run (HeadWatch; exit 3)
     ─► sources ended or stop ─► ingest flushes ─► daemons drain ─► ingest released ─► collector flushes the sinks
 
 A move: the target loads the stream's adapters first (through its control socket), then ingest re-points the
@@ -38,7 +40,6 @@ UNLOAD_DELAY_S = 15.0  # an adapter no stream of a daemon uses any more is unloa
 LINGER_S = 5.0  # a moved stream's chunks already handed to ZeroMQ get this long to reach the live old daemon
 CALL_TIMEOUT_S = 30.0
 STATUS_EVERY_S = 1.0
-INGEST_START_S = 120.0
 PING_TIMEOUT_S = 5.0
 
 
@@ -277,7 +278,7 @@ class Controller:
                 self._adapter(target, "load", adapter)
             target.unload_at = {a: t for a, t in target.unload_at.items() if a not in self._adapters_of(m.stream)}
             self.ingest.call(self.ingest.by_stream[m.stream], "move", m.stream, target.info["endpoint"], m.target,
-                         LINGER_S if old_alive else 0.0)
+                             LINGER_S if old_alive else 0.0)
             source = self.daemons.get(m.source) if m.source else None
             if source is not None and old_alive and source.alive:
                 source.actor.release_stream.remote(m.stream)

@@ -331,8 +331,18 @@ class OpenVINOBackbone(BackboneBackend):
             return convert(BackbonePart(self.backbone, split, part), self.example(part, size))
 
     def compile_model(self, model, config: dict):
-        """`model` compiled for the CPU with `config`, through OpenVINO's blob cache (blob_dir: one per hint)."""
-        return self.core.compile_model(model, "CPU", {**config, "CACHE_DIR": str(blob_dir(config))})
+        """`model` compiled for the CPU with `config`, through OpenVINO's blob cache (blob_dir: one per hint). Where
+        the cache fails, without it: only the start is slower."""
+        cache = blob_dir(config)
+        try:
+            return self.core.compile_model(model, "CPU", {**config, "CACHE_DIR": str(cache)})
+        except RuntimeError as e:
+            # OpenVINO's cache has no lock: two processes compiling the same part at once (two daemons of a cluster
+            # starting on one machine) write the same blob, and the loser failed the start ("filesystem error:
+            # cannot set permissions"). A cache folder that cannot be written fails the same way.
+            log.warning("openvino: the compiled-model cache %s failed (%s); compiling without it", cache,
+                        (str(e).strip().splitlines() or ["?"])[-1][:200])
+            return self.core.compile_model(model, "CPU", config)
 
     def int8_model(self, part: str, size: int, split: int, slot: int | None):
         """The calibrated int8 model of `part` (`vlora-va models calibrate`), read, or None where there is none."""
