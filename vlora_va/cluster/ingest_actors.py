@@ -80,12 +80,16 @@ class IngestActors:
         options = {"num_cpus": 0, "max_restarts": 0}
         if group:
             options["label_selector"] = {NODE_LABEL_KEY: group}
+        from vlora_va.ingest.stream_position import StreamPosition
+
         actor = ray.remote(IngestHost).options(**options).remote(self.config, routes, self.log_level, resume)
         now = time.time()
         for sid in routes:
             self.by_stream[sid] = actor
             if is_live(self.config, sid) and sid not in self.positions:
-                self.positions[sid] = ([0.0, -1.0, 0.0, now, 0.0], now)  # nothing made yet: the start
+                start = StreamPosition()
+                start.made(0, 0.0, now)  # nothing made yet: media time 0, at the start
+                self.positions[sid] = (start.values(), now)
         return actor
 
     def _wait_started(self, actor, group: str, timeout_s: float) -> None:
