@@ -181,7 +181,7 @@ class IngestHost:
         self.ledger = SentLedger()
         self.routes = {sid: Route(endpoint, daemon) for sid, (endpoint, daemon) in routes.items()}
         resume = resume or {}
-        self.positions_ = {sid: StreamPosition(list(resume[sid]) if sid in resume else None) for sid in routes}
+        self._positions = {sid: StreamPosition(list(resume[sid]) if sid in resume else None) for sid in routes}
         self._stop, self._release = threading.Event(), threading.Event()
         self._flushed = {sid: threading.Event() for sid in routes}
         self._stats: dict[str, dict] = {}
@@ -189,7 +189,7 @@ class IngestHost:
         for sid in routes:
             def run(sid=sid):
                 stats = run_ingest(config, [sid], self._stop, self._flushed[sid], self._release,
-                                   resume={sid: self.positions_[sid]}, route=self.routes[sid], ledger=self.ledger)
+                                   resume={sid: self._positions[sid]}, route=self.routes[sid], ledger=self.ledger)
                 self._stats[sid] = stats.get(sid)
             self._threads[sid] = threading.Thread(target=run, name=f"ingest-{sid}", daemon=True)
             self._threads[sid].start()
@@ -214,7 +214,7 @@ class IngestHost:
     def positions(self) -> dict[str, list[float]]:
         """Per stream, where it stands (StreamPosition's values): what a new ingest actor continues from if this one
         is lost (the controller asks every second for live streams)."""
-        return {sid: p.values() for sid, p in self.positions_.items()}
+        return {sid: p.values() for sid, p in self._positions.items()}
 
     def progress(self) -> dict:
         """Per stream: flushed (everything it made is handed to ZeroMQ), finished (its worker returned), its stats."""
