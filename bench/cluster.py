@@ -61,6 +61,16 @@ def rows_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def books(rows: list[dict], sent: dict[str, int]) -> dict:
+    """Chunks sent, duplicate rows and chunks without a row (harness.row_books, counted), "daemon lost" rows."""
+    from vlora_va.testing.harness import row_books
+
+    b = row_books(rows, sent)
+    return {"chunks_sent": sum(sent.values()), "duplicates": sum(n - 1 for n in b["duplicates"].values()),
+            "missing": sum(len(m) for m in b["missing"].values()),
+            "lost_rows": sum(1 for r in rows if r["status"] == "error")}
+
+
 def run_controller(config, during=None, timeout_s: float = 600.0):
     """Start, watch until the sources end (during(controller) each round), shut down; the controller."""
     from vlora_va.cluster.controller import Controller
@@ -118,12 +128,8 @@ def failover_once(tmp: Path, backbone: Path, adapters: dict) -> dict:
     failover = {s: snap["first_served"].get(s, {}).get(survivor, float("nan")) - state["killed"]
                 for s in state["moved"]}
     results = [r for r in rows_of(tmp / "results.jsonl") if r["type"] == "result"]
-    keys = collections.Counter((r["stream"], r["chunk"]) for r in results)
     sent = {s: p["stats"]["chunks_sent"] for s, p in c.ingest_report.items()}
-    missing = sum(1 for s, n in sent.items() for seq in range(n) if (s, seq) not in keys)
-    return {"noticed_s": state["noticed"] - state["killed"], "failover_s": failover,
-            "chunks_sent": sum(sent.values()), "lost_rows": sum(1 for r in results if r["status"] == "error"),
-            "duplicates": sum(n - 1 for n in keys.values() if n > 1), "missing": missing}
+    return {"noticed_s": state["noticed"] - state["killed"], "failover_s": failover, **books(results, sent)}
 
 
 def bench_failover(repeats: int) -> dict:
@@ -154,14 +160,6 @@ def bench_failover(repeats: int) -> dict:
 
 
 # ---------------------------------------------------------------- across hosts (issue 47)
-def books(run, sent: dict[str, int]) -> dict:
-    """Chunks without a row and duplicates, by the rows read against what ingest sent."""
-    keys = collections.Counter((r["stream"], r["chunk"]) for r in run.rows)
-    return {"chunks_sent": sum(sent.values()), "duplicates": sum(n - 1 for n in keys.values() if n > 1),
-            "missing": sum(1 for s, n in sent.items() for seq in range(n) if (s, seq) not in keys),
-            "lost_rows": sum(1 for r in run.rows if r["status"] == "error")}
-
-
 def node_loss_once(tmp: Path, backbone: Path, adapters: dict) -> dict:
     from vlora_va.testing import hosts_topology as ht
 
@@ -173,7 +171,7 @@ def node_loss_once(tmp: Path, backbone: Path, adapters: dict) -> dict:
         run.kill()
         ht.hosts("heal", "2")
     return {"exit": code, "failover_s": {s: round(t, 2) for s, t in loss["failover_s"].items()},
-            **books(run, ht.ingest_sent(run.log()))}
+            **books(run.rows, ht.ingest_sent(run.log()))}
 
 
 def partition_once(tmp: Path, backbone: Path, adapters: dict, seconds: float = 20.0) -> dict:
@@ -189,7 +187,7 @@ def partition_once(tmp: Path, backbone: Path, adapters: dict, seconds: float = 2
     return {"exit": code, "cut_s": seconds, "moved_after_s": cut["moved_after_s"],
             "back_after_heal_s": cut["back_after_heal_s"],
             "duplicates_dropped_by_collector": int(dropped[-1]) if dropped else None,
-            **books(run, ht.ingest_sent(run.log()))}
+            **books(run.rows, ht.ingest_sent(run.log()))}
 
 
 def bench_hosts(repeats: int) -> dict:
@@ -224,25 +222,14 @@ def hosts_held_once(tmp: Path, streams: int, daemons: int, seconds: int) -> dict
     """One run of `streams` cameras on `daemons` daemon hosts (h2; h3); what ingest made against the rows."""
     from vlora_va.testing import hosts_topology as ht
 
-    cams = [{"id": f"cam{i}", "source": str(ht.PEDESTRIANS), "fps": 1, "chunk_seconds": 1.0, "loop": True,
-             "realtime": True, "max_chunks": seconds, "group": "h1",
-             "tasks": [{"name": "detect", "adapter": "detect", "frames_per_chunk": 1, "deadline_ms": 2000}]}
-            for i in range(streams)]
-    cfg = {"daemon": {"backbone": "dinov2-small", "image_size": 336, "backend": "openvino", "precision": "int8",
-                      "threads": 1, "max_wait_ms": 20, "profile_cache": str(tmp / "profiles")},
-           "ingest": {"streams_per_worker": 4, "drop_policy": "drop_oldest"},
-           "adapters": {"detect": str(ht.DETECT)}, "streams": cams,
-           "sinks": [{"type": "jsonl", "path": str(tmp / "results.jsonl"), "fsync": "never"}],
-           "cluster": {"daemons": [{"name": n, "node_label": f"h{2 + i}"} for i, n in enumerate("ab"[:daemons])],
-                       "ping_s": 0.5}}
-    (tmp / "pipeline.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    run = ht.HostsRun(tmp / "pipeline.yaml")
+    cams = [ht.live_camera(f"cam{i}", ht.PEDESTRIANS, 1, 1, seconds, 2000) for i in range(streams)]
+    config = ht.camera_pipeline(tmp, cams, daemons, {"streams_per_worker": 4, "drop_policy": "drop_oldest"})
+    run = ht.HostsRun(config)
     try:
         code = run.finish(timeout=seconds + 600)
     finally:
         run.kill()
-    made = {m.group(1): int(m.group(2)) + int(m.group(3))
-            for m in re.finditer(r"stream (\S+): ingest sent (\d+) chunk\(s\), dropped (\d+)", run.log())}
+    made = {sid: sent + dropped for sid, (sent, dropped) in ht.ingest_counts(run.log()).items()}
     good = sum(r["status"] == "ok" and r["deadline_met"] for r in run.rows)
     return {"exit": code, "daemons": daemons, "streams": streams, "made": sum(made.values()), "rows": len(run.rows),
             "in_deadline": good / max(1, sum(made.values())),

@@ -27,3 +27,13 @@ def test_free_port_can_be_bound():
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_row_books_name_every_duplicate_missing_and_extra_chunk():
+    """The cluster tests' and benches' books: compared with a plain reading of the same rows."""
+    from vlora_va.testing.harness import row_books
+
+    rows = [{"stream": s, "chunk": c} for s, c in [("a", 0), ("a", 1), ("a", 1), ("b", 0), ("b", 5), ("c", 9)]]
+    assert row_books(rows, {"a": 3, "b": 1}) == {"duplicates": {("a", 1): 2}, "missing": {"a": [2]},
+                                                 "extra": {"b": [5]}}  # c: not in the books, not judged
+    assert row_books(rows[:2], {"a": 2}) == {"duplicates": {}, "missing": {}, "extra": {}}

@@ -110,7 +110,7 @@ class Controller:
                 self._adapter(d, "unload", name)
         self._log_placement("placed")
         try:
-            self.ingest.start({sid: self._route_of(sid) for sid in self.assignment})
+            self.ingest.start()
         except IngestStartError as e:
             raise ClusterError(str(e)) from None
 

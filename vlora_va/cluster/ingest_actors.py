@@ -60,15 +60,16 @@ class IngestActors:
         return list({id(a): a for a in self.by_stream.values()}.values())
 
     # ------------------------------------------------------------------ start
-    def start(self, routes: dict[str, tuple[str, str]]) -> None:
-        """routes: stream id -> (daemon endpoint, daemon name). Every actor is asked for at once; returns once all
-        have started."""
+    def start(self) -> None:
+        """Every actor is asked for at once, each stream pointed at its daemon (route_of); returns once all have
+        started."""
         groups: dict[str, list[str]] = {}
         for s in self.config.streams:
             groups.setdefault("" if self.local else s.group, []).append(s.id)
         n = self.config.ingest.streams_per_worker
         parts = [(group, ids[i:i + n]) for group, ids in groups.items() for i in range(0, len(ids), n)]
-        started = [(group, self._spawn({sid: routes[sid] for sid in part}, group, None)) for group, part in parts]
+        started = [(group, self._spawn({sid: self.route_of(sid) for sid in part}, group, None))
+                   for group, part in parts]
         deadline = time.monotonic() + START_TIMEOUT_S
         for group, actor in started:
             self._wait_started(actor, group, max(0.0, deadline - time.monotonic()))

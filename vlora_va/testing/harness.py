@@ -1,11 +1,12 @@
-"""What benches and tests share to run the product and read its figures: a free port, a percentile, and a CLI
-process (the daemon, an ingest worker) with its log in a file.
+"""What benches and tests share to run the product and read its figures: a free port, a percentile, a CLI
+process (the daemon, an ingest worker) with its log in a file, and the books of "every chunk sent has one row".
 
 The free port is the product's own (the cluster picks its daemons' ports with it): not a third copy.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import signal
@@ -19,6 +20,21 @@ from vlora_va.common.percentile import percentile  # noqa: F401 - the benches' p
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout the benches run from
 POLL_S = 0.25
+
+
+def row_books(rows: list[dict], sent: dict[str, int]) -> dict:
+    """Result rows against what ingest says it sent (stream -> chunks 0..n-1): "duplicates", (stream, chunk) -> rows
+    for keys with more than one; per stream of `sent`, "missing" (chunks sent without a row) and "extra" (rows of
+    chunks it did not send). All empty: every chunk sent has exactly one row."""
+    keys = collections.Counter((r["stream"], r["chunk"]) for r in rows)
+    books: dict = {"duplicates": {k: n for k, n in keys.items() if n > 1}, "missing": {}, "extra": {}}
+    for sid, n in sent.items():
+        got, want = {c for s, c in keys if s == sid}, set(range(n))
+        if want - got:
+            books["missing"][sid] = sorted(want - got)
+        if got - want:
+            books["extra"][sid] = sorted(got - want)
+    return books
 
 
 def free_port(host: str = "127.0.0.1") -> int:

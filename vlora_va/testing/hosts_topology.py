@@ -72,28 +72,39 @@ def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve:
     return path
 
 
-def overload_pipeline(tmp_path: Path, frames_per_chunk: int, chunks: int, deadline_ms: int = 5000) -> Path:
-    """Four live cameras (pedestrians s0, s1; bikes s2, s3: `realtime`, 1-s chunks) ingested on h1, each through
-    the shipped detect adapter on the real backbone (OpenVINO int8, as `make run` on most CPUs; one thread: a
-    daemon per core); s0 and s2 priority 2,
-    s1 and s3 priority 0. Placement gives each daemon two streams of equal cost, one of each priority (a: s0, s1).
-    Overload relief moves a daemon's streams after 5 s over `rebalance_high` (10 s by default)."""
-    streams = [{"id": f"s{i}", "source": str(PEDESTRIANS if i < 2 else BIKES), "fps": 2 * frames_per_chunk,
-                "chunk_seconds": 1.0, "loop": True, "realtime": True, "max_chunks": chunks, "group": "h1",
-                "tasks": [{"name": "detect", "adapter": "detect", "frames_per_chunk": frames_per_chunk,
-                           "deadline_ms": deadline_ms, "priority": 2 if i % 2 == 0 else 0}]} for i in range(4)]
+def live_camera(sid: str, video: Path, fps: float, frames_per_chunk: int, chunks: int, deadline_ms: int,
+                priority: int = 0) -> dict:
+    """A stream that acts as a live camera (the file paced in real time, looped; 1-s chunks), ingested on h1,
+    through the shipped detect adapter."""
+    return {"id": sid, "source": str(video), "fps": fps, "chunk_seconds": 1.0, "loop": True, "realtime": True,
+            "max_chunks": chunks, "group": "h1",
+            "tasks": [{"name": "detect", "adapter": "detect", "frames_per_chunk": frames_per_chunk,
+                       "deadline_ms": deadline_ms, "priority": priority}]}
+
+
+def camera_pipeline(tmp_path: Path, cameras: list[dict], daemons: int, ingest: dict, **cluster) -> Path:
+    """`cameras` (live_camera) on `daemons` daemons (a on h2, b on h3), on the real backbone and the shipped detect
+    adapter (OpenVINO int8, as `make run` on most CPUs; one thread: a daemon per core); `ingest` and `cluster`:
+    those sections' own keys."""
     cfg = {"daemon": {"backbone": "dinov2-small", "image_size": 336, "backend": "openvino", "precision": "int8",
-                      "threads": 1,
-                      "max_wait_ms": 20, "profile_cache": str(tmp_path / "profiles"), "log_every_s": 2},
-           "ingest": {"streams_per_worker": 1, "drop_policy": "block", "close_grace_s": 2},
-           "adapters": {"detect": str(DETECT)},
-           "streams": streams,
+                      "threads": 1, "max_wait_ms": 20, "profile_cache": str(tmp_path / "profiles"), "log_every_s": 2},
+           "ingest": ingest, "adapters": {"detect": str(DETECT)}, "streams": cameras,
            "sinks": [{"type": "jsonl", "path": str(tmp_path / "results.jsonl"), "fsync": "never"}],
-           "cluster": {"daemons": [{"name": "a", "node_label": "h2"}, {"name": "b", "node_label": "h3"}],
-                       "ping_s": 0.5, "rebalance_after_s": 5.0}}
+           "cluster": {"daemons": [{"name": n, "node_label": f"h{2 + i}"} for i, n in enumerate("ab"[:daemons])],
+                       "ping_s": 0.5, **cluster}}
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def overload_pipeline(tmp_path: Path, frames_per_chunk: int, chunks: int, deadline_ms: int = 5000) -> Path:
+    """Four live cameras (pedestrians s0, s1; bikes s2, s3) on daemons a and b; s0 and s2 priority 2, s1 and s3
+    priority 0. Placement gives each daemon two streams of equal cost, one of each priority (a: s0, s1). Overload
+    relief moves a daemon's streams after 5 s over `rebalance_high` (10 s by default)."""
+    cameras = [live_camera(f"s{i}", PEDESTRIANS if i < 2 else BIKES, 2 * frames_per_chunk, frames_per_chunk, chunks,
+                           deadline_ms, priority=2 if i % 2 == 0 else 0) for i in range(4)]
+    return camera_pipeline(tmp_path, cameras, 2, {"streams_per_worker": 1, "drop_policy": "block",
+                                                  "close_grace_s": 2}, rebalance_after_s=5.0)
 
 
 class Camera:
@@ -251,13 +262,20 @@ def cut_host(run: HostsRun, host: int, daemon: str, other: str, seconds: float) 
             "back_after_heal_s": round(time.time() - healed_at, 2)}
 
 
+def ingest_counts(log: str) -> dict[str, tuple[int, int]]:
+    """Per stream, (chunks sent, chunks dropped) as its ingest worker says (its stats, as the controller got them
+    back when it released the worker: the workers' own log lines travel through Ray's log forwarding, which may
+    lose the last ones at exit)."""
+    return {m.group(1): (int(m.group(2)), int(m.group(3)))
+            for m in re.finditer(r"stream (\S+): ingest sent (\d+) chunk\(s\), dropped (\d+)", log)}
+
+
 def ingest_sent(log: str, stopped: bool = False) -> dict[str, int]:
-    """Chunks each stream's ingest worker says it handed to ZeroMQ (its stats, as the controller got them back when
-    it released the worker: the workers' own log lines travel through Ray's log forwarding, which may lose the
-    last ones at exit). drop_policy block sends every chunk made; stopped: the run was stopped, and a chunk made as
-    the stop came may stay unsent (counted dropped, after every chunk sent)."""
-    sent = {m.group(1): int(m.group(2)) for m in re.finditer(r"stream (\S+): ingest sent (\d+) chunk", log)}
-    dropped = [int(d) for d in re.findall(r"stream \S+: ingest sent \d+ chunk\(s\), dropped (\d+)", log)]
+    """Chunks each stream's ingest worker handed to ZeroMQ (ingest_counts). drop_policy block sends every chunk
+    made; stopped: the run was stopped, and a chunk made as the stop came may stay unsent (counted dropped, after
+    every chunk sent)."""
+    counts = ingest_counts(log)
+    dropped = [d for _, d in counts.values()]
     if any(d > (1 if stopped else 0) for d in dropped):
         raise AssertionError(f"ingest dropped chunks: {dropped}")
-    return sent
+    return {sid: sent for sid, (sent, _) in counts.items()}
