@@ -1,17 +1,23 @@
 """The `appearance` tracker: ByteTrack's association with each box's appearance added, and re-entry by appearance.
 
 Why our own association step: Roboflow `trackers` (2.6) matches on box geometry only; none of its trackers takes
-an appearance input, and its BoT-SORT is the IoU part of BoT-SORT. Its motion model is kept: every track is a
-`trackers` ByteTrack tracklet (its Kalman filter and noise tuning), predicted across the media time between frames.
+an appearance input, and its BoT-SORT is the IoU part of BoT-SORT. Its motion model is kept: ByteTrack's Kalman
+filter and noise tuning, predicted across the media time between frames, run for every track at once (box_kalman.py,
+tested against `trackers`' own tracklet; one filter object per track was half of the tracker's time at 50 people).
 
-Per frame (media time ts), as StrongSORT and BoT-SORT do on top of ByteTrack:
+Per frame (media time ts):
 
     predict every live track to ts (Kalman)
-    1. sure boxes (score >= high_score) x live tracks:
+    1. every box x live tracks, in one Hungarian assignment:
          similarity = DIoU(predicted box, box) + appearance_weight * (cosine(track embedding, box embedding) - 0.5)
          a pair is allowed only when DIoU >= min_match (near enough) and, with both embeddings, cosine >= min_cosine
-         (not plainly someone else); Hungarian assignment on the similarity
-    2. weaker boxes x the live tracks still unmatched: DIoU alone (a weak box's embedding is often an occlusion's)
+         (not plainly someone else). Sure boxes (score >= high_score) and weaker ones compete together: ByteTrack
+         matches the sure boxes first, and a sure box then takes the track whose own weaker box lies right under it
+         (two people crossing: the one behind scores low), leaving that box nobody
+    2. a matched box that a second track could as well be (that track unmatched, seen within AMBIGUOUS_SEEN_S, its
+         similarity to the box within AMBIGUOUS_MARGIN of the winner's, the two tracks' predicted boxes overlapping
+         by AMBIGUOUS_OVERLAP) is given to neither and starts nothing: when one box is left of a crossing pair, the
+         visible one is as likely to be either, and a guessed identity is an ID switch
     3. sure boxes still unmatched x lost tracks (confirmed, unseen for more than lost_after_s but at most
          reid_window_s): cosine alone >= reid_cosine and >= the baseline + 0.1, Hungarian; a match revives the
          track with its old id. The baseline is the mean cosine between the different sure boxes of a frame, a
@@ -36,6 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from vlora_va.analytics.box_kalman import BoxKalman
+
 # A track embedding's moving average keeps EMA of the old one per EMA_STEP_S of media time since its last update, so
 # it forgets at the same speed per second at 2 fps as at 10 (0.9 per update at 2 fps, 0.979 at 10)
 EMA, EMA_STEP_S = 0.9, 0.5
@@ -46,6 +54,11 @@ NEUTRAL_COSINE = 0.5  # cosines above it add to a pair's similarity, below it su
 # threshold there revives the wrong people
 REID_ABOVE_BASELINE = 0.1
 BASELINE_KEEP = 0.95  # the baseline's moving average: this much of the old one per frame that measures it
+# Step 2, an ambiguous box. Chosen on the identity ground truth and its three views (bench/tracking.py): from margin
+# 0.4 to 0.6, overlap 0 to 0.3 and 0.5 to 1 s, ID switches at 10 fps stay 1 to 5 on each (7 to 10 without the step)
+AMBIGUOUS_MARGIN = 0.5  # the runner-up's similarity at most this far below the winner's
+AMBIGUOUS_OVERLAP = 0.2  # IoU of the two tracks' predicted boxes: they are where one box can hold both
+AMBIGUOUS_SEEN_S = 1.0  # the runner-up was seen this recently: a track long unseen is not competing for the box
 
 
 @dataclass
@@ -53,7 +66,7 @@ class AppearanceSettings:
     fps: float  # the tracked frames' nominal rate (the Kalman filter's step unit)
     lost_after_s: float = 2.0
     min_hits: int = 2
-    high_score: float = 0.5  # boxes at least this sure take part in stage 1 and may start tracks
+    high_score: float = 0.5  # boxes at least this sure update embeddings, revive and may start tracks
     activation_score: float = 0.5
     match: str = "diou"  # the box similarity: iou | giou | diou (`trackers`' own)
     min_match: float = -0.3  # the similarity a match needs (tracking.MIN_MATCH)
@@ -64,9 +77,8 @@ class AppearanceSettings:
     gallery_max: int = 256  # lost tracks kept per stream at most
 
 
-@dataclass
+@dataclass(eq=False)  # a track is itself: two tracks with equal fields are still two (lost.remove)
 class _Track:
-    tracklet: object  # trackers' ByteTrackTracklet: the Kalman state
     last_ts: float
     embedding: np.ndarray | None
     id: int = -1  # -1: tentative
@@ -83,12 +95,13 @@ class Matches:
 
 class AppearanceTracker:
     def __init__(self, settings: AppearanceSettings):
-        import trackers  # the motion model and box similarities come from it
+        import trackers  # the box similarities come from it
 
         self.s = settings
         self._motion = {"iou": trackers.IoU, "giou": trackers.GIoU, "diou": trackers.DIoU}[settings.match]()
         self._iou = trackers.IoU()
         self.live: list[_Track] = []
+        self.kalman = BoxKalman(settings.fps)  # row i is live[i]'s motion
         self.lost: list[_Track] = []  # confirmed tracks unseen for more than lost_after_s, oldest first
         self._ids = itertools.count(1)
         self._last_ts: float | None = None
@@ -103,6 +116,7 @@ class AppearanceTracker:
         """boxes [N, 4] xyxy, scores [N], embeddings [N, E] unit rows (None: none for this frame) at media time ts
         (increasing; the caller resets the tracker when it goes back)."""
         self._predict(ts)
+        boxes = np.asarray(boxes, dtype=np.float64)
         n = len(boxes)
         emb = None if embeddings is None else np.asarray(embeddings, dtype=np.float32)
         ids = [-1] * n
@@ -111,76 +125,96 @@ class AppearanceTracker:
         clean = self._clean(boxes)
         if emb is not None:
             self._measure_baseline(emb[high])
-        # 1. sure boxes x live tracks, motion and appearance
-        pairs, free_tracks, free_high = self._assign(self.live, high, boxes, emb, appearance=True)
-        for t, i in pairs:
-            self._matched(t, boxes[i], ts, emb[i] if emb is not None and clean[i] else None)
-            ids[i] = t.id
-        # 2. weaker boxes x the tracks left, motion only
-        pairs, _, _ = self._assign(free_tracks, low, boxes, emb, appearance=False)
-        for t, i in pairs:
-            self._matched(t, boxes[i], ts, None)
-            ids[i] = t.id
-        matched = {id(t) for t in self.live if t.last_ts == ts}
-        # 3. sure boxes left x lost tracks, appearance only: re-entry
+        # 1. every box x live tracks, motion and appearance; 2. a box either of two tracks could be goes to neither
+        pairs, withheld = self._associate(high + low, boxes, emb, ts)
+        used = withheld | {i for _, i in pairs}
+        free_high = [i for i in high if i not in used]
+        self.kalman.update(np.array([r for r, _ in pairs], dtype=np.int64), boxes[[i for _, i in pairs]])
+        self._matched([self.live[r] for r, _ in pairs], ts)
+        # a weak box's embedding is often an occlusion's: only sure boxes move a track's embedding
+        self._absorb([(self.live[r], i) for r, i in pairs if scores[i] >= self.s.high_score], emb, clean, ts)
+        for r, i in pairs:
+            ids[i] = self.live[r].id
+        matched = {r for r, _ in pairs}
+        # 3. sure boxes left x lost tracks, appearance only: re-entry; the revived track's motion starts afresh
         if emb is not None and self.lost and free_high:
             for t, i in self._revive(free_high, emb):
-                t.tracklet = self._tracklet(boxes[i])
-                self._matched(t, boxes[i], ts, emb[i] if clean[i] else None)
                 self.lost.remove(t)
-                self.live.append(t)
-                matched.add(id(t))
+                matched.add(len(self.live))
+                self._add(t, boxes[i])
+                self.kalman.update(np.array([len(self.live) - 1]), boxes[[i]])
+                self._matched([t], ts)
+                self._absorb([(t, i)], emb, clean, ts)
                 ids[i] = t.id
                 free_high.remove(i)
         # tentative tracks that missed this frame die; confirmed ones wait lost_after_s
-        self.live = [t for t in self.live if id(t) in matched or t.id >= 0]
+        self._keep(np.array([r in matched or t.id >= 0 for r, t in enumerate(self.live)], dtype=bool))
         # 4. new tentative tracks
         for i in free_high:
             if scores[i] >= self.s.activation_score:
-                self.live.append(_Track(self._tracklet(boxes[i]), ts, emb[i].copy() if emb is not None else None,
-                                        id=self._confirm_id() if self.s.min_hits <= 1 else -1, embedding_ts=ts))
+                self._add(_Track(ts, emb[i].copy() if emb is not None else None,
+                                 id=self._confirm_id() if self.s.min_hits <= 1 else -1, embedding_ts=ts), boxes[i])
                 ids[i] = self.live[-1].id
         return Matches(ids)
 
     def reset(self) -> None:
         """Forget every track and embedding (time went backwards, the stream restarted)."""
         self.live, self.lost, self._last_ts = [], [], None
+        self.kalman = BoxKalman(self.s.fps)
 
     # ------------------------------------------------------------------ steps
     def _predict(self, ts: float) -> None:
         """Every live track predicted to ts; tracks unseen too long move to the gallery, which forgets the old."""
-        from trackers.utils.predict_timing import PredictTiming
-
         dt = 0.0 if self._last_ts is None else ts - self._last_ts
         self._last_ts = ts
         if dt > 0:
-            timing = PredictTiming(frame_step=dt * self.s.fps, elapsed_seconds=dt, frame_rate=self.s.fps)
-            for t in self.live:
-                t.tracklet.predict(timing)
-        gone = [t for t in self.live if ts - t.last_ts > self.s.lost_after_s]
-        if gone:
-            self.live = [t for t in self.live if ts - t.last_ts <= self.s.lost_after_s]
+            self.kalman.predict(dt)
+        stay = np.array([ts - t.last_ts <= self.s.lost_after_s for t in self.live], dtype=bool)
+        if not stay.all():
+            gone = [t for t, s in zip(self.live, stay) if not s]
+            self._keep(stay)
             self.lost += [t for t in gone if t.id >= 0 and t.embedding is not None and self.s.reid_window_s > 0]
         self.lost = [t for t in self.lost if ts - t.last_ts <= self.s.reid_window_s][-self.s.gallery_max:]
 
-    def _assign(self, tracks: list[_Track], dets: list[int], boxes: np.ndarray, emb: np.ndarray | None,
-                appearance: bool) -> tuple[list[tuple[_Track, int]], list[_Track], list[int]]:
-        """Hungarian assignment of dets to tracks: (pairs, tracks left, dets left)."""
-        if not tracks or not dets:
-            return [], list(tracks), list(dets)
-        sim = self._similarity(tracks, dets, boxes, emb, appearance)
-        rows, cols = linear_sum_assignment(np.where(np.isfinite(sim), sim, -1e6), maximize=True)
-        pairs = [(tracks[r], dets[c]) for r, c in zip(rows, cols) if np.isfinite(sim[r, c])]
-        used_t, used_d = {id(t) for t, _ in pairs}, {i for _, i in pairs}
-        return pairs, [t for t in tracks if id(t) not in used_t], [i for i in dets if i not in used_d]
+    def _add(self, track: _Track, box: np.ndarray) -> None:
+        self.live.append(track)
+        self.kalman.add(box)
 
-    def _similarity(self, tracks: list[_Track], dets: list[int], boxes: np.ndarray, emb: np.ndarray | None,
-                    appearance: bool) -> np.ndarray:
-        """[tracks, dets]: DIoU (+ the appearance term), -inf where a pair is not allowed."""
-        predicted = np.array([t.tracklet.get_state_bbox() for t in tracks], dtype=np.float64)
-        sim = self._motion.compute(predicted, boxes[dets].astype(np.float64))
+    def _keep(self, mask: np.ndarray) -> None:
+        """Only the live tracks where mask is true, with their motion rows."""
+        self.live = [t for t, k in zip(self.live, mask) if k]
+        self.kalman.keep(mask)
+
+    def _associate(self, dets: list[int], boxes: np.ndarray, emb: np.ndarray | None,
+                   ts: float) -> tuple[list[tuple[int, int]], set[int]]:
+        """Steps 1 and 2: (pairs (live row, det), the dets withheld as ambiguous)."""
+        rows = list(range(len(self.live)))
+        if not rows or not dets:
+            return [], set()
+        sim = self._similarity(rows, dets, boxes, emb)
+        picked, cols = linear_sum_assignment(np.where(np.isfinite(sim), sim, -1e6), maximize=True)
+        won = [(r, c) for r, c in zip(picked, cols) if np.isfinite(sim[r, c])]
+        # runners-up: confirmed, unmatched now, seen within AMBIGUOUS_SEEN_S
+        taken = {r for r, _ in won}
+        rivals = np.array([r for r in rows if r not in taken and self.live[r].id >= 0
+                           and ts - self.live[r].last_ts <= AMBIGUOUS_SEEN_S], dtype=np.int64)
+        ambiguous = set()
+        if len(rivals) and won:
+            winners = np.array([r for r, _ in won])
+            pred = self.kalman.boxes()
+            near = self._iou.compute(pred[winners], pred[rivals]) >= AMBIGUOUS_OVERLAP  # [won, rivals]
+            for k, (r, c) in enumerate(won):
+                close = sim[rivals, c] >= sim[r, c] - AMBIGUOUS_MARGIN  # -inf (not allowed) is never close
+                if (close & near[k]).any():
+                    ambiguous.add(c)
+        return [(rows[r], dets[c]) for r, c in won if c not in ambiguous], {dets[c] for c in ambiguous}
+
+    def _similarity(self, rows: list[int], dets: list[int], boxes: np.ndarray, emb: np.ndarray | None) -> np.ndarray:
+        """[rows, dets]: DIoU + the appearance term, -inf where a pair is not allowed."""
+        sim = self._motion.compute(self.kalman.boxes()[rows], boxes[dets])
         sim[sim < self.s.min_match] = -np.inf
-        if appearance and emb is not None and self.s.appearance_weight > 0:
+        if emb is not None and self.s.appearance_weight > 0:
+            tracks = [self.live[r] for r in rows]
             have = np.array([t.embedding is not None and t.embedding.shape[0] == emb.shape[1] for t in tracks])
             if have.any():
                 te = np.stack([t.embedding if h else np.zeros(emb.shape[1], np.float32) for t, h in zip(tracks, have)])
@@ -208,29 +242,38 @@ class AppearanceTracker:
         mean = float((sim.sum() - np.trace(sim)) / (len(emb) * (len(emb) - 1)))
         self.baseline = mean if self.baseline is None else BASELINE_KEEP * self.baseline + (1 - BASELINE_KEEP) * mean
 
-    def _matched(self, t: _Track, box: np.ndarray, ts: float, embedding: np.ndarray | None) -> None:
-        if t.last_ts != ts:
-            t.tracklet.update(np.asarray(box, dtype=np.float64))
-        t.hits += 1
-        t.last_ts = ts
-        if t.id < 0 and t.hits >= self.s.min_hits:
-            t.id = self._confirm_id()
-        if embedding is not None:
-            if t.embedding is None or t.embedding.shape != embedding.shape:
-                e = embedding.astype(np.float32)
+    def _matched(self, tracks: list[_Track], ts: float) -> None:
+        """Tracks seen at ts (their motion rows already updated): a tentative one gets its id after min_hits."""
+        for t in tracks:
+            t.hits += 1
+            t.last_ts = ts
+            if t.id < 0 and t.hits >= self.s.min_hits:
+                t.id = self._confirm_id()
+
+    @staticmethod
+    def _absorb(pairs: list[tuple[_Track, int]], emb: np.ndarray | None, clean: np.ndarray, ts: float) -> None:
+        """Each track's embedding moved towards its box's, all at once: the moving average, renormalised. Only boxes
+        no other box overlaps (clean) count; a track without an embedding (or one of another width) takes the box's."""
+        if emb is None:
+            return
+        blend = []
+        for t, i in pairs:
+            if not clean[i]:
+                continue
+            if t.embedding is None or t.embedding.shape[0] != emb.shape[1]:
+                t.embedding, t.embedding_ts = emb[i].copy(), ts
             else:
-                keep = EMA ** ((ts - t.embedding_ts) / EMA_STEP_S)
-                e = keep * t.embedding + (1 - keep) * embedding
-            t.embedding, t.embedding_ts = e / max(float(np.linalg.norm(e)), 1e-6), ts
+                blend.append((t, i))
+        if not blend:
+            return
+        keep = (EMA ** ((ts - np.array([t.embedding_ts for t, _ in blend])) / EMA_STEP_S)).astype(np.float32)[:, None]
+        e = keep * np.stack([t.embedding for t, _ in blend]) + (1 - keep) * emb[[i for _, i in blend]]
+        e /= np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-6)
+        for (t, _), row in zip(blend, e):
+            t.embedding, t.embedding_ts = row, ts
 
     def _confirm_id(self) -> int:
         return next(self._ids)
-
-    @staticmethod
-    def _tracklet(box: np.ndarray):
-        from trackers.core.bytetrack.tracklet import ByteTrackTracklet
-
-        return ByteTrackTracklet(np.asarray(box, dtype=np.float64))
 
     def _clean(self, boxes: np.ndarray) -> np.ndarray:
         """Per box: no other box overlaps it by more than CLEAN_IOU (its tokens are its own object's)."""
