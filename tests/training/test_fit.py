@@ -128,3 +128,25 @@ def test_every_spec_training_split_keeps_away_from_human_frames():
     assert [f.t for f in kept if f.video == "bikes"] == [9.5, 9.5]
     where = [next(i for i, g in enumerate(frames) if g is f) for f in kept]
     assert where == sorted(where)  # the order is the run's identity: kept
+
+
+def test_an_action_specs_training_clips_keep_their_whole_second_away_from_human_frames(tmp_path):
+    """The action trainer's guard (pipeline.action_clipset(train=True)): a clip's label comes from its whole 1-s
+    window, so a clip is kept only if every moment of [start, start + 1) is more than 1 s from each human-checked
+    frame of bikes.mp4 (1, 5, 6, 7, 8 s). Of clips starting every 0.5 s over 0-10 s that leaves 2.5 and 3.0 s (2.0's
+    and 9.0's first frames are exactly 1 s after a human-checked one); the test and val splits keep them all."""
+    from vlora_va.training.pipeline import action_clipset
+    from vlora_va.training.spec import load_spec
+
+    manifest = tmp_path / "clips.jsonl"
+    starts = [t / 2 for t in range(19)]  # 0.0 ... 9.0 s
+    manifest.write_text("".join(json.dumps({"video": "bikes", "start": t, "end": t + 1.0, "label": "no_person"}) + "\n"
+                                for t in starts))
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(f"name: x\noutput: out\ntask: action\nclip_len: 2\n"
+                         f"train: [{{video: {ROOT / 'sample_videos' / 'bikes.mp4'}, start: 0, end: 10}}]\n"
+                         f"sources: [{{name: m, kind: manifest, path: {manifest}}}]\n")
+    spec = load_spec(spec_file)
+    trained = action_clipset(spec, spec.train, progress=False, train=True)
+    assert [t for _, t in trained.starts] == [2.5, 3.0]
+    assert [t for _, t in action_clipset(spec, spec.train, progress=False).starts] == starts

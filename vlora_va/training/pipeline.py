@@ -93,6 +93,20 @@ def away_from_human(frames: list[TrainingFrame]) -> list[TrainingFrame]:
     return [f for f in frames if away_from([f], times[f.video])]  # the frames' order is the run's identity
 
 
+def clips_away_from_human(clips: list) -> list:
+    """The clips whose whole window lies more than 1 s from every human-checked frame of their video. The window is
+    [start, start + 1 s) (every frame of it made the label, not only the frames the model sees), or up to the clip's
+    last frame if that is later (a manifest clip)."""
+    from vlora_va.training.frame_picking import LEAK_MARGIN_S, shipped_human_times
+
+    def away(c) -> bool:
+        end = max(c.start + 1.0, c.frames[-1].t if c.frames else c.start)
+        return all(c.start - h > LEAK_MARGIN_S + 1e-6 or h - end >= LEAK_MARGIN_S - 1e-6
+                   for h in shipped_human_times(c.video))
+
+    return [c for c in clips if away(c)]
+
+
 def cache_features(spec: Spec, split: Split, layer: int, flip: bool, progress: bool = True) -> None:
     model = T.build_model(spec.backbone, LoraSpec(layers=[]))
     cache = FeatureCache(cache_root(spec), resolve(spec.backbone), spec.image_size, layer)
@@ -251,10 +265,12 @@ class ClipSet:
         return sorted(set(self.labels) | {p["label"] for ps in self.persons for p in ps})
 
 
-def action_clipset(spec: Spec, ranges, progress: bool = True) -> ClipSet:
+def action_clipset(spec: Spec, ranges, progress: bool = True, train: bool = False) -> ClipSet:
     clips = []
     for s in spec.sources:
         clips += activity_clips(s, ranges, spec, progress) if s.kind == "activity" else manifest_clips(s, ranges, spec)
+    if train:  # never train within 1 s of a human-checked frame, as detection_split
+        clips = clips_away_from_human(clips)
     frames, idx = frame_lookup(clips)
     return ClipSet(frames, idx, [c.label for c in clips], [(c.video, c.start) for c in clips],
                    [c.persons for c in clips], [c.seen for c in clips], [c.frame_boxes for c in clips],

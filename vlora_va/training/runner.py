@@ -383,7 +383,7 @@ def _scores(test: dict[str, dict]) -> dict:
 def train_action_spec(spec: Spec) -> dict:
     deadline = P.deadline_after(spec.budget_minutes)
     t0 = time.monotonic()
-    train = P.action_clipset(spec, spec.train)
+    train = P.action_clipset(spec, spec.train, train=True)
     val = P.action_clipset(spec, spec.val) if spec.val else None
     tests = {_range_name(r): P.action_clipset(spec, [r]) for r in spec.test}
     labels = _action_labels(train, bool(spec.head.get("persons")), spec.opts.reverse)
