@@ -114,7 +114,8 @@ def test_two_people_who_leave_together_come_back_with_their_own_ids(looks):
     tracker = StreamTracker(TrackingConfig(), FPS, TrackIds("t"))
     first = None
     for i in range(4):  # both walk right, then both leave in the same frame
-        first = ids(tracker.track(frame(i * 0.5, (100 + 20 * i, looks["red"][i]), (400 + 20 * i, looks["black"][i])))[0])
+        people = (100 + 20 * i, looks["red"][i]), (400 + 20 * i, looks["black"][i])
+        first = ids(tracker.track(frame(i * 0.5, *people))[0])
     back = []
     for i in range(3):  # after 10 s the black one comes back first, then both are seen
         people = [(600 - 20 * i, looks["black"][4])] + ([(50 + 20 * i, looks["red"][4])] if i else [])
@@ -128,11 +129,13 @@ def crossing(tracker: StreamTracker, looks) -> list[list]:
     first)."""
     out = []
     for i in range(3):
-        out.append(ids(tracker.track(frame(i * 0.5, (140 + 20 * i, looks["red"][i]), (260 - 20 * i, looks["black"][i])))[0]))
+        people = (140 + 20 * i, looks["red"][i]), (260 - 20 * i, looks["black"][i])
+        out.append(ids(tracker.track(frame(i * 0.5, *people))[0]))
     mixed = looks["red"][3].astype(np.float32) + looks["black"][3].astype(np.float32)
     out.append(ids(tracker.track(frame(1.5, (200, mixed / np.linalg.norm(mixed))))[0]))
     for i in (4, 5):
-        out.append(ids(tracker.track(frame(i * 0.5, (260 - 20 * i, looks["black"][i % 5]), (140 + 20 * i, looks["red"][i % 5])))[0]))
+        people = (260 - 20 * i, looks["black"][i % 5]), (140 + 20 * i, looks["red"][i % 5])
+        out.append(ids(tracker.track(frame(i * 0.5, *people))[0]))
     return out
 
 

@@ -1,4 +1,4 @@
-"""The `appearance` tracker: ByteTrack's association with each box's appearance added, and re-entry by appearance.
+"""The `appearance` tracker: boxes matched to tracks on motion and each box's appearance, and re-entry by appearance.
 
 Why our own association step: Roboflow `trackers` (2.6) matches on box geometry only; none of its trackers takes
 an appearance input, and its BoT-SORT is the IoU part of BoT-SORT. Its motion model is kept: ByteTrack's Kalman
@@ -141,7 +141,7 @@ class AppearanceTracker:
             for t, i in self._revive(free_high, emb):
                 self.lost.remove(t)
                 matched.add(len(self.live))
-                self._add(t, boxes[i])
+                self._add(t, boxes[i])  # a fresh filter at the box, then updated by it (as a new `trackers` tracklet)
                 self.kalman.update(np.array([len(self.live) - 1]), boxes[[i]])
                 self._matched([t], ts)
                 self._absorb([(t, i)], emb, clean, ts)

@@ -1,8 +1,9 @@
 """Tracks across chunks: one multi-object tracker per stream and tracked task.
 
     a tracked task's rows, in chunk order ─► per frame (media time): one box per object (cross-class NMS)
-    ─► the tracker fed the frame's timestamp: `appearance` by default (appearance_tracker.py: ByteTrack's association
-       plus each box's embedding, and re-entry), or Roboflow `trackers` on geometry alone (ByteTrack, SORT, OC-SORT)
+    ─► the tracker fed the frame's timestamp: `appearance` by default (appearance_tracker.py: motion plus each box's
+       embedding, no id for a box either of two tracks could be, and re-entry), or Roboflow `trackers` on geometry
+       alone (ByteTrack, SORT, OC-SORT)
     ─► confirmed tracks get a `track_id` "<run id>-<n>", and one class (the score-weighted vote over the track's
        boxes); the boxes leave without their embeddings (unless `embeddings_in_rows`)
 
