@@ -22,6 +22,7 @@ from vlora_va.training import train as T
 from vlora_va.training.actions import MIRRORED, REVERSED
 from vlora_va.training.augment import camera_views, zoom_views
 from vlora_va.training.data import (
+    LabelledClip,
     activity_clips,
     detection_labels,
     frame_lookup,
@@ -93,13 +94,13 @@ def away_from_human(frames: list[TrainingFrame]) -> list[TrainingFrame]:
     return [f for f in frames if away_from([f], times[f.video])]  # the frames' order is the run's identity
 
 
-def clips_away_from_human(clips: list) -> list:
+def clips_away_from_human(clips: list[LabelledClip]) -> list[LabelledClip]:
     """The clips whose whole window lies more than 1 s from every human-checked frame of their video. The window is
     [start, start + 1 s) (every frame of it made the label, not only the frames the model sees), or up to the clip's
     last frame if that is later (a manifest clip)."""
     from vlora_va.training.frame_picking import LEAK_MARGIN_S, shipped_human_times
 
-    def away(c) -> bool:
+    def away(c: LabelledClip) -> bool:
         end = max(c.start + 1.0, c.frames[-1].t if c.frames else c.start)
         return all(c.start - h > LEAK_MARGIN_S + 1e-6 or h - end >= LEAK_MARGIN_S - 1e-6
                    for h in shipped_human_times(c.video))
