@@ -120,8 +120,8 @@ class AppearanceTracker:
         n = len(boxes)
         emb = None if embeddings is None else np.asarray(embeddings, dtype=np.float32)
         ids = [-1] * n
-        high = [i for i in range(n) if scores[i] >= self.s.high_score]
-        low = [i for i in range(n) if scores[i] < self.s.high_score]
+        sure = np.asarray(scores) >= self.s.high_score
+        high, low = np.flatnonzero(sure).tolist(), np.flatnonzero(~sure).tolist()
         clean = self._clean(boxes)
         if emb is not None:
             self._measure_baseline(emb[high])
@@ -129,24 +129,18 @@ class AppearanceTracker:
         pairs, withheld = self._associate(high + low, boxes, emb, ts)
         used = withheld | {i for _, i in pairs}
         free_high = [i for i in high if i not in used]
-        self.kalman.update(np.array([r for r, _ in pairs], dtype=np.int64), boxes[[i for _, i in pairs]])
-        self._matched([self.live[r] for r, _ in pairs], ts)
-        # a weak box's embedding is often an occlusion's: only sure boxes move a track's embedding
-        self._absorb([(self.live[r], i) for r, i in pairs if scores[i] >= self.s.high_score], emb, clean, ts)
-        for r, i in pairs:
-            ids[i] = self.live[r].id
+        self._take(pairs, boxes, emb, sure, clean, ts, ids)
         matched = {r for r, _ in pairs}
         # 3. sure boxes left x lost tracks, appearance only: re-entry; the revived track's motion starts afresh
         if emb is not None and self.lost and free_high:
+            revived = []
             for t, i in self._revive(free_high, emb):
                 self.lost.remove(t)
-                matched.add(len(self.live))
+                revived.append((len(self.live), i))
                 self._add(t, boxes[i])  # a fresh filter at the box, then updated by it (as a new `trackers` tracklet)
-                self.kalman.update(np.array([len(self.live) - 1]), boxes[[i]])
-                self._matched([t], ts)
-                self._absorb([(t, i)], emb, clean, ts)
-                ids[i] = t.id
-                free_high.remove(i)
+            self._take(revived, boxes, emb, sure, clean, ts, ids)
+            matched |= {r for r, _ in revived}
+            free_high = [i for i in free_high if i not in {j for _, j in revived}]
         # tentative tracks that missed this frame die; confirmed ones wait lost_after_s
         self._keep(np.array([r in matched or t.id >= 0 for r, t in enumerate(self.live)], dtype=bool))
         # 4. new tentative tracks
@@ -184,6 +178,17 @@ class AppearanceTracker:
         """Only the live tracks where mask is true, with their motion rows."""
         self.live = [t for t, k in zip(self.live, mask) if k]
         self.kalman.keep(mask)
+
+    def _take(self, pairs: list[tuple[int, int]], boxes: np.ndarray, emb: np.ndarray | None, sure: np.ndarray,
+              clean: np.ndarray, ts: float, ids: list[int]) -> None:
+        """Live rows matched to boxes at ts: their filters corrected, their hits counted (a tentative one may get its
+        id), their embeddings moved by sure boxes only (a weak box's embedding is often an occlusion's), and each box
+        given its track's id."""
+        self.kalman.update(np.array([r for r, _ in pairs], dtype=np.int64), boxes[[i for _, i in pairs]])
+        self._matched([self.live[r] for r, _ in pairs], ts)
+        self._absorb([(self.live[r], i) for r, i in pairs if sure[i]], emb, clean, ts)
+        for r, i in pairs:
+            ids[i] = self.live[r].id
 
     def _associate(self, dets: list[int], boxes: np.ndarray, emb: np.ndarray | None,
                    ts: float) -> tuple[list[tuple[int, int]], set[int]]:

@@ -78,11 +78,11 @@ class IngestActors:
         """One actor for these streams on a node of `group` ("" anywhere), asked for (not waited for)."""
         import ray
 
+        from vlora_va.ingest.stream_position import StreamPosition
+
         options = {"num_cpus": 0, "max_restarts": 0}
         if group:
             options["label_selector"] = {NODE_LABEL_KEY: group}
-        from vlora_va.ingest.stream_position import StreamPosition
-
         actor = ray.remote(IngestHost).options(**options).remote(self.config, routes, self.log_level, resume)
         now = time.time()
         for sid in routes:
