@@ -205,6 +205,7 @@ def views_accuracy(adapter_dir: Path, kinds: list[str]) -> list[dict]:
     """The appearance setups (and ByteTrack) on the held-out views of the same range, at 10 and 2 fps."""
     from vlora_va.engine.adapters import load_adapter_dir
     from vlora_va.engine.backbones import load_backbone
+    from vlora_va.ingest.exposure import VERSION as EXPOSURE_VERSION
     from vlora_va.training.evaluate import detection_predictions, merged_backbone
     from vlora_va.training.frames import TrainingFrame
     from vlora_va.training.views import EVAL_VIEWS
@@ -215,7 +216,8 @@ def views_accuracy(adapter_dir: Path, kinds: list[str]) -> list[dict]:
     out = []
     model = None
     for vname, view in EVAL_VIEWS.items():
-        cache = VIEWS_CACHE / f"{vname}-{adapter.sha256[:12]}.json"
+        # the exposure rule decides the dark view's pixels (ingest/exposure.py): detections from another rule are stale
+        cache = VIEWS_CACHE / f"{vname}-{adapter.sha256[:12]}-e{EXPOSURE_VERSION}.json"
         frames = [TrainingFrame(f.video, f.t, view.apply(f.rgb, seed=i)[0], vname) for i, f in enumerate(source)]
         described = json.loads(json.dumps(view.describe()))  # as the cache holds it (tuples become lists)
         if cache.exists() and json.loads(cache.read_text()).get("view") == described:

@@ -23,6 +23,7 @@ from vlora_va.contracts.geometry import Letterbox, letterbox_geometry
 from vlora_va.contracts.plugins import SOURCES
 from vlora_va.contracts.scene import SnapshotConfig, scene_outside_frame
 from vlora_va.contracts.wire import ChunkHeader, TaskRequest
+from vlora_va.ingest.exposure import correct_exposure
 from vlora_va.ingest.filtering import FrameFilter
 from vlora_va.ingest.source import Frame
 
@@ -76,14 +77,15 @@ def plan_chunk(n: int, tasks: tuple[TaskConfig, ...]) -> tuple[tuple[int, ...], 
 
 
 def letterbox(image: np.ndarray, size: int, pad_value: int = PAD_VALUE) -> tuple[np.ndarray, Letterbox]:
-    """Aspect-preserving resize of an H x W x 3 uint8 image into a new C-contiguous size x size square."""
+    """Aspect-preserving resize of an H x W x 3 uint8 image into a new C-contiguous size x size square, with an
+    underexposed picture brightened (exposure.py: measured on the resized picture, the padding left out)."""
     h, w = image.shape[:2]
     new_w, new_h, lb = letterbox_geometry(w, h, size)
     out = np.full((size, size, 3), pad_value, dtype=np.uint8)
     x, y = int(lb.pad_x), int(lb.pad_y)
     shrink = new_w <= w  # area averaging to shrink (no aliasing), bilinear to enlarge
-    out[y:y + new_h, x:x + new_w] = cv2.resize(image, (new_w, new_h),
-                                               interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    picture = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    out[y:y + new_h, x:x + new_w] = correct_exposure(picture)
     return out, lb
 
 

@@ -66,6 +66,19 @@ def test_feature_cache_is_reused(tiny_backbone, tmp_path):
     assert torch.equal(a, b) and a.dtype == torch.float16 and a.shape[:2] == (3, 1 + (SIDE // 14) ** 2)
 
 
+def test_feature_cache_is_not_reused_under_another_exposure_rule(tiny_backbone, tmp_path, monkeypatch):
+    """Features hold the pixels ingest made (ingest/exposure.py): after the rule changes they must be computed again."""
+    from vlora_va.training import features
+
+    model = T.build_model(tiny_backbone, LoraSpec(layers=[]))
+    before = FeatureCache(tmp_path, tiny_backbone, SIDE, 1)
+    before.get(model, frames(3), progress=False)
+    assert before._file(frames(3), False).exists()
+    monkeypatch.setattr(features, "EXPOSURE_VERSION", features.EXPOSURE_VERSION + 1)
+    after = FeatureCache(tmp_path, tiny_backbone, SIDE, 1)
+    assert not after._file(frames(3), False).exists()  # a miss: computed afresh, not read from the old rule's file
+
+
 def _cache_side_by_side(root, backbone, barrier, errors):
     """One of two training processes computing the same features: both save before either moves its file."""
     real_save = torch.save

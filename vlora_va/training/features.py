@@ -17,6 +17,7 @@ from torch import nn
 from tqdm import tqdm
 
 from vlora_va.engine.backends.torch_eager import lower, middle, upper
+from vlora_va.ingest.exposure import VERSION as EXPOSURE_VERSION
 from vlora_va.training.frames import TrainingFrame, letterboxed_batch
 
 
@@ -48,7 +49,8 @@ class FeatureCache:
 
     def __init__(self, root: Path, backbone_name: str, image_size: int, split: int):
         self.root = Path(root) / "features"
-        self.tag = f"{Path(backbone_name).name}-s{image_size}-l{split}"
+        # the exposure rule is part of what the pixels are (ingest/exposure.py); features from before it are not reused
+        self.tag = f"{Path(backbone_name).name}-s{image_size}-l{split}-e{EXPOSURE_VERSION}"
         self.image_size, self.split = image_size, split
 
     def _file(self, frames: list[TrainingFrame], flip: bool) -> Path:
