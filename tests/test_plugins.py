@@ -46,8 +46,9 @@ WAIT_S = 120.0
 
 
 def colour(i: int) -> tuple[int, int, int]:
-    """Pattern frame i is all this grey (a different brightness for each of the FRAMES frames)."""
-    return (8 * i,) * 3
+    """Pattern frame i is all this grey (a different brightness for each of the FRAMES frames). None is darker than
+    64 of 255: a darker picture is brightened by ingest's exposure correction (ingest/exposure.py) before any model."""
+    return (64 + 6 * i,) * 3
 
 
 def brightness(rgb: tuple[int, int, int]) -> float:
