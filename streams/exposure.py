@@ -55,9 +55,11 @@ def exposure_gamma(image: np.ndarray) -> float:
     return min(1.0, max(MIN_GAMMA, math.log(TARGET) / math.log(m)))
 
 
-def tone_table(gamma: float) -> np.ndarray:
-    """The 256-entry lookup table of the curve out = round(255 * (v / 255) ** gamma)."""
-    return np.clip(np.round(255.0 * (np.arange(256) / 255.0) ** gamma), 0, 255).astype(np.uint8)
+def tone_table(gamma: float, gain: float = 1.0) -> np.ndarray:
+    """The 256-entry lookup table of the curve out = round(255 * gain * (v / 255) ** gamma), clipped to 8 bits as a
+    sensor's output would be (training/views.py darkens and brightens its camera views with it too)."""
+    levels = np.arange(256) / 255.0
+    return np.clip(np.round(255 * gain * levels ** gamma), 0, 255).astype(np.uint8)
 
 
 def correct_exposure(image: np.ndarray) -> np.ndarray:

@@ -28,6 +28,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from vlora_va.ingest.exposure import tone_table
+
 MIN_VISIBLE = 0.3  # a mapped box keeps a label only if at least this share of its area stays inside the new frame
 MIN_SIDE = 1.0  # px: a clipped box thinner than this is degenerate (nothing of the object is left to see)
 VIDEO_CRF = 20  # H.264 quality of write_view_video: the view's photometry is the degradation, not the container
@@ -155,7 +157,7 @@ class View:
         if small != (w, h):
             img = cv2.resize(img, small, interpolation=cv2.INTER_AREA)
         if self.gain != 1 or self.gamma != 1:
-            img = cv2.LUT(img, _tone_lut(self.gain, self.gamma))
+            img = cv2.LUT(img, tone_table(self.gamma, self.gain))  # gamma on the level, then the gain
         if self.noise_sigma > 0:
             # At the sensor's resolution: a small sensor's noise is coarse once scaled up, as on a real one.
             noise = np.random.default_rng(seed).standard_normal(img.shape, dtype=np.float32) * self.noise_sigma
@@ -221,12 +223,6 @@ def _pixel_centres(m: np.ndarray) -> np.ndarray:
     """A continuous-coordinate homography in cv2's convention, where pixel i's centre is at i (not i + 0.5)."""
     shift = np.array([[1, 0, 0.5], [0, 1, 0.5], [0, 0, 1]])
     return np.linalg.inv(shift) @ m @ shift
-
-
-def _tone_lut(gain: float, gamma: float) -> np.ndarray:
-    # Gamma on the normalised level, then the gain (exposure), then clipping as an 8-bit sensor output would.
-    levels = np.arange(256) / 255.0
-    return np.clip(np.round(255 * gain * levels ** gamma), 0, 255).astype(np.uint8)
 
 
 def _jpeg(rgb: np.ndarray, quality: int) -> np.ndarray:
