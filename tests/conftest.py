@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import select
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -91,15 +93,38 @@ class RtspServer:
             self._stderr.close()
 
 
+def unavailable(message: str) -> NoReturn:
+    """Something a test needs is missing: a skip that says what, except under CI (env CI set), where it is a
+    failure. CI sets up as the README says, and that set-up provides everything the tests use: a skip there would
+    let a run pass without testing what the README promises."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message, allow_module_level=True)
+
+
+def import_or_unavailable(module: str, why: str):
+    """The module, imported; where it cannot be, `unavailable` with the reason (also at a test module's top)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        unavailable(f"{module} is not installed ({why}): {e}")
+
+
+def require_default_backbone() -> None:
+    """The default backbone in the model cache (`vlora-va models fetch`, which the set-up runs)."""
+    from vlora_va.engine.backbones import ModelError, resolve
+
+    try:
+        resolve("dinov2-small")
+    except ModelError as e:
+        unavailable(f"the default backbone is not fetched (`vlora-va models fetch`): {e}")
+
+
 def require_gstreamer() -> None:
-    """Skips where GStreamer is missing, except under CI (env CI set), where that is a failure: CI installs
-    the packages."""
+    """GStreamer's RTSP server (CI installs the packages: scripts/setup-test-system.sh)."""
     problem = _gstreamer_problem()
     if problem:
-        message = f"RTSP test server unavailable ({problem}); install: apt-get install -y {GST_APT_PACKAGES}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"RTSP test server unavailable ({problem}); install: apt-get install -y {GST_APT_PACKAGES}")
 
 
 @pytest.fixture

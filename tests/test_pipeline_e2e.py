@@ -20,6 +20,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import unavailable
 from tests.pipeline_helpers import Run
 from vlora_va.analytics.tracking import one_box_per_object
 from vlora_va.contracts.boxes import pair_iou
@@ -413,7 +414,7 @@ def test_below_half_its_capacity_every_row_is_served_on_time(tmp_path):
             cfg = trial
             break
     else:
-        pytest.skip(f"even {name} needs {estimate:.2f} s/s here: no detection load of the default pipeline is below "
+        unavailable(f"even {name} needs {estimate:.2f} s/s here: no detection load of the default pipeline is below "
                     "half this machine's capacity")
     live = follow(path)
     need = re.search(r"capacity: \d+ stream\(s\), \d+ images/s: needs (\d+\.\d+) s of compute per second here",

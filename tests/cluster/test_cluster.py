@@ -16,7 +16,9 @@ import urllib.request
 
 import pytest
 
-ray = pytest.importorskip("ray")
+from tests.conftest import import_or_unavailable
+
+ray = import_or_unavailable("ray", "the cluster extra: pip install -e '.[cluster]'")
 
 from tests.outputs.test_mqtt_sink import Broker, _require_mosquitto  # noqa: E402
 from tests.pipeline_helpers import tiny_pipeline, write  # noqa: E402

@@ -21,12 +21,14 @@ import time
 
 import pytest
 
-ray = pytest.importorskip("ray")
+from tests.conftest import import_or_unavailable, require_gstreamer, unavailable
 
-from tests.conftest import require_gstreamer  # noqa: E402
+ray = import_or_unavailable("ray", "the cluster extra: pip install -e '.[cluster]'")
+
 from vlora_va.testing.harness import row_books  # noqa: E402
 from vlora_va.testing.hosts_topology import (N_HOSTS, PEDESTRIANS, Camera, CoTenant, HostsRun,  # noqa: E402
-                                             cut_host, hosts, ingest_sent, lose_host, overload_pipeline, pipeline)
+                                             camera_load_on, cut_host, hosts, ingest_sent, lose_host,
+                                             overload_pipeline, pipeline)
 from vlora_va.testing.tiny import make_adapter  # noqa: E402
 
 SUBNET = ipaddress.ip_network("10.213.0.0/24")  # scripts/hosts.sh's default HOSTS_SUBNET
@@ -38,9 +40,7 @@ def require_namespaces() -> None:
                else "iproute2 (ip) is missing: apt-get install -y iproute2" if shutil.which("ip") is None else None)
     if problem:
         message = f"the multi-host cluster tests cannot make hosts here: {problem}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(message)
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ def test_a_lost_ingest_host_ends_its_files_and_restarts_its_cameras_elsewhere(to
 def test_a_run_from_another_machine_through_the_ray_client(topology, tmp_path, tiny_backbone_dir, two_adapters):
     """`vlora-va run --cluster ray://HEAD:10001` from h1, a machine that is not the head (ray[client], the cluster
     extra): Ray's client runs the controller on the head; every chunk ingest sent gets one row."""
-    pytest.importorskip("grpc", reason="ray[client] (the cluster extra) is not installed")
+    import_or_unavailable("grpc", "ray[client], the cluster extra")
     address = f"ray://{hosts('address', '0').strip()}:10001"
     run = HostsRun(pipeline(tmp_path, tiny_backbone_dir, two_adapters, chunks=20), host=1, address=address)
     try:
@@ -220,14 +220,20 @@ def test_a_run_from_another_machine_through_the_ray_client(topology, tmp_path, t
     assert all(r["status"] == "ok" for r in run.rows)
 
 
-OVERLOADED = 1.2  # daemon a's offered load with the other tenant on its core, in seconds per second
+OVERLOADED = 1.4  # daemon a's offered load with the other tenant on its core, in seconds per second
+# What one camera may cost on a daemon's core for b to take a's third camera and stay under rebalance_low (0.75 of
+# its 0.95 s/s): 3 x 0.2 = 0.6 < 0.71. One frame every second cost 0.35 s/s on a 2-core EPYC's core (2026-12-08), so
+# b had no room and relief rightly moved nothing (it said so); the cameras now send a chunk every k seconds instead.
+RELIEF_CAMERA_MAX = 0.2
+# of each camera's video: relief came 12-57 s after the slow-down (2026-12-08), then 5 rows of s1 from b
+RELIEF_SECONDS = 120
 
 
 def test_an_overloaded_daemon_host_hands_its_lowest_priority_stream_to_a_host_with_room(topology, tmp_path):
     """Item 4, docs/cluster.md#when-streams-move: overload relief end to end. h2 and h3 get one core each (so the
     two daemons share none); four live cameras on the real backbone, one of each priority per daemon. Once both
     serve, another tenant takes h2's core (busy loops there, as many as it takes for daemon a's measured load to
-    reach about 1.2 s/s, at the daemon's niceness, as another Ray job's worker would be): a's machine is now several times slower than the cost model says. a's admission control
+    reach about 1.4 s/s, at the daemon's niceness, as another Ray job's worker would be): a's machine is now several times slower than the cost model says. a's admission control
     degrades its lowest priority, the controller sees a stay above rebalance_high and moves that stream (s1) to b,
     which has room; nothing else moves. Every row of the other streams is ok and in deadline throughout, s1's rows
     from b are too, and every chunk ingest sent has exactly one row."""
@@ -237,7 +243,12 @@ def test_an_overloaded_daemon_host_hands_its_lowest_priority_stream_to_a_host_wi
     everything = f"{cpus[0]}-{cpus[-1]}"
     hosts("cpus", "2", str(cpus[0]))
     hosts("cpus", "3", str(cpus[1]))
-    run = HostsRun(overload_pipeline(tmp_path, frames_per_chunk=RELIEF_FRAMES, chunks=RELIEF_CHUNKS))
+    probe = overload_pipeline(tmp_path, frames_per_chunk=RELIEF_FRAMES, chunks=RELIEF_CHUNKS)
+    per_camera = camera_load_on(2, str(cpus[0]), probe, cameras=4)
+    every = max(1, math.ceil(per_camera / RELIEF_CAMERA_MAX))  # seconds between a camera's chunks
+    # the deadline grows with the interval: slowed by the other tenant, a serves one image in about `every` seconds
+    run = HostsRun(overload_pipeline(tmp_path, frames_per_chunk=RELIEF_FRAMES, chunks=math.ceil(RELIEF_SECONDS / every),
+                                     deadline_ms=5000 * every, chunk_seconds=every))
     tenant = None
     try:
         run.wait(lambda: {r.get("daemon") for r in run.rows if r["status"] == "ok"} >= {"a", "b"},
@@ -249,10 +260,10 @@ def test_an_overloaded_daemon_host_hands_its_lowest_priority_stream_to_a_host_wi
         pid = int(re.search(r"daemon a ready at \S+ \(pid (\d+)", run.log()).group(1))
         tenant = CoTenant(2, str(cpus[0]), n, niceness=os.getpriority(os.PRIO_PROCESS, pid))
         slowed_at = time.time()
-        run.wait(lambda: "daemon a stayed overloaded" in run.log(), "overload relief on daemon a")
+        run.wait(lambda: "daemon a stayed overloaded: moving" in run.log(), "overload relief on daemon a")
         relieved_after = time.time() - slowed_at
-        run.wait(lambda: sum(r["stream"] == "s1" and r.get("daemon") == "b" for r in run.rows) >= 10,
-                 "10 rows of s1 from daemon b")
+        run.wait(lambda: sum(r["stream"] == "s1" and r.get("daemon") == "b" for r in run.rows) >= 5,
+                 "5 rows of s1 from daemon b")
         assert run.finish() == 0, run.log()[-4000:]
     finally:
         if tenant is not None:
@@ -260,8 +271,9 @@ def test_an_overloaded_daemon_host_hands_its_lowest_priority_stream_to_a_host_wi
         run.kill()
         hosts("cpus", "2", everything)
         hosts("cpus", "3", everything)
-    print(f"\noverload relief: daemon a's load modelled {load_a:.2f} s/s, {n} busy loop(s) beside it; streams "
-          f"moved {relieved_after:.1f} s after it slowed")
+    print(f"\noverload relief: a camera costs {per_camera:.2f} s/s on one core here, so one chunk every {every} s; "
+          f"daemon a's load modelled {load_a:.2f} s/s, {n} busy loop(s) beside it; streams moved "
+          f"{relieved_after:.1f} s after it slowed")
     events = [row for line in run.sink.read_text().splitlines() if (row := json.loads(line)).get("type") == "event"]
     moves = [(e["stream"], e["from"], e["to"]) for e in events if e["event"] == "stream_moved"]
     assert moves == [("s1", "a", "b")], moves  # the lowest priority, to the daemon with room; nothing else

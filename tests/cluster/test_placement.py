@@ -191,6 +191,18 @@ def test_relieve_uses_the_measured_load_of_a_target():
     assert watch.relieve(assignment, streams, daemons, "d0", now=0.0) == []
 
 
+def test_relieve_answers_the_sustained_overload_not_a_burst_at_the_last_reading():
+    """d0 stays above high at 0.96 for 10 s, then reads 1.6 at the last ping: what it sustained needs one stream
+    moved ("low", to d1: 0.96 - 0.15 x 0.96 / 0.70 = 0.75 <= low), the burst would need more. Without the floor it
+    moves "mid" and "high" too (to d3, which has room)."""
+    streams, assignment, daemons = overloaded_cluster()
+    daemons.append(DaemonLoad("d3", capacity=1.0))
+    watch = OverloadWatch(high=0.95, low=0.8, after_s=10.0, cooldown_s=60.0)
+    for t in range(11):
+        watch.update(float(t), {"d0": 1.6 if t == 10 else 0.96, "d1": 0.55, "d2": 0.62, "d3": 0.0})
+    assert watch.relieve(assignment, streams, daemons, "d0", now=10.0) == [Move("low", "d0", "d1", "overload")]
+
+
 def test_relieve_never_moves_a_stream_back_within_the_cooldown():
     streams, assignment, daemons = overloaded_cluster()
     watch = OverloadWatch(high=0.95, low=0.75, after_s=10.0, cooldown_s=60.0)

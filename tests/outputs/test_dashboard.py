@@ -28,6 +28,7 @@ import pytest
 import yaml
 import zmq
 
+from tests.conftest import unavailable
 from tests.serving.test_daemon import chunk_parts, config
 from vlora_va.contracts.config import ConfigError, parse_config
 from vlora_va.contracts.events import EventRecord
@@ -277,9 +278,7 @@ def _browser_or_skip():
     if problem is None and not os.access(CHROMIUM, os.X_OK):
         problem = f"{CHROMIUM} not found (bash scripts/setup-test-system.sh installs Debian's chromium)"
     if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)
-        pytest.skip(problem)
+        unavailable(problem)
     return sync_playwright
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, unavailable
 from vlora_va.contracts.config import ConfigError, SinkConfig, parse_config
 from vlora_va.contracts.events import EventRecord
 from vlora_va.contracts.results import Latency, ResultRecord
@@ -104,9 +104,7 @@ def _require_mosquitto() -> None:
     (scripts/setup-test-system.sh)."""
     if not os.access(MOSQUITTO, os.X_OK):
         message = f"MQTT test broker unavailable ({MOSQUITTO} not found); install: apt-get install -y mosquitto"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(message)
 
 
 @pytest.fixture
@@ -421,9 +419,7 @@ def make_ca(d: Path, name: str) -> tuple[Path, Path]:
 def openssl(*args) -> None:
     if not os.access(OPENSSL, os.X_OK):
         message = f"{OPENSSL} not found; install: apt-get install -y openssl"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(message)
     subprocess.run([OPENSSL, *map(str, args)], check=True, capture_output=True)
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_default_backbone
+
 ROOT = Path(__file__).resolve().parents[2]
 MIN_PERSON_F1 = 0.8  # well under the shipped detector's 0.94 on these frames, well above a broken model's
 
@@ -25,12 +27,7 @@ def readme_eval_command() -> list[str]:
 
 @pytest.mark.slow
 def test_the_readme_eval_without_teacher_files_scores_the_human_set_and_says_what_it_skipped(tmp_path):
-    from vlora_va.engine.backbones import ModelError, resolve
-
-    try:
-        resolve("dinov2-small")
-    except ModelError:
-        pytest.skip("default backbone not fetched (`vlora-va models fetch`)")
+    require_default_backbone()
     teachers = tmp_path / "teachers"  # where a fresh clone has no teacher files
     teachers.mkdir()
     out = tmp_path / "report.json"

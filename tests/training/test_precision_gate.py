@@ -9,6 +9,7 @@ import logging
 
 import pytest
 
+from tests.conftest import unavailable
 from vlora_va.engine import precision_choice as A
 from vlora_va.engine.adapters import load_adapter_dir
 from vlora_va.engine.backbones import load_backbone
@@ -110,7 +111,7 @@ def test_an_openvino_variant_without_calibrated_models_is_not_gated(tiny_backbon
     from vlora_va.engine.backends.openvino import openvino_problem
 
     if openvino_problem():
-        pytest.skip(openvino_problem())
+        unavailable(f"OpenVINO cannot run here: {openvino_problem()}")
     monkeypatch.setenv("VLORA_VA_OPENVINO_CACHE", str(tmp_path / "ov"))
     adapters = loaded(gated_adapters)
     records = G.measure_missing(load_backbone(str(tiny_backbone_dir)), adapters, TINY_IMAGE, ["openvino-int8-f32"])

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from vlora_va.engine.adapters import load_adapter_dir
+from tests.conftest import require_default_backbone
 from tests.training.conftest import require_teachers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,12 +32,7 @@ def test_shipped_adapter_loads_and_is_trained(name, task):
 
 def eval_cli():
     """`vlora-va eval`'s entry point, or a skip where its inputs are missing (a clean clone lacks the teacher)."""
-    from vlora_va.engine.backbones import ModelError, resolve
-
-    try:
-        resolve("dinov2-small")
-    except ModelError:
-        pytest.skip("default backbone not fetched")
+    require_default_backbone()
     require_teachers()
     from vlora_va.training.cli import main_eval
 

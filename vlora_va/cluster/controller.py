@@ -268,6 +268,10 @@ class Controller:
             if moves:
                 log.warning("daemon %s stayed overloaded: moving %d stream(s)", name, len(moves))
                 self._apply(moves, old_alive=True, t0=now)
+            else:  # said once per overload (the watch reports a daemon again only after it fell below low)
+                log.warning("daemon %s stayed overloaded, but no other daemon has room for any of its streams below "
+                            "rebalance_low (%.2f): none moves, and its admission control sheds its lowest priorities",
+                            name, self.watch.low)
 
     # ------------------------------------------------------------------ moves
     def _apply(self, moves: list, old_alive: bool, t0: float) -> None:

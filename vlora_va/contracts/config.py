@@ -109,7 +109,7 @@ class IngestConfig:
     close_grace_s: float = 10.0
     # Do not decode frames nothing refers to when a stream's tasks use at most half of each chunk's frames.
     skip_frames: bool = True
-    hw_decode: str = "auto"  # hardware decoding: auto (software; see streams/source.py hw_device), off, or a type
+    hw_decode: str = "auto"  # hardware decoding: auto (software; see ingest/source.py hw_device), off, or a type
 
 
 @dataclass(frozen=True)

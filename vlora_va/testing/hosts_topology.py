@@ -73,10 +73,10 @@ def pipeline(tmp_path: Path, backbone: Path, adapters: dict, chunks: int, curve:
 
 
 def live_camera(sid: str, video: Path, fps: float, frames_per_chunk: int, chunks: int, deadline_ms: int,
-                priority: int = 0) -> dict:
-    """A stream that acts as a live camera (the file paced in real time, looped; 1-s chunks), ingested on h1,
-    through the shipped detect adapter."""
-    return {"id": sid, "source": str(video), "fps": fps, "chunk_seconds": 1.0, "loop": True, "realtime": True,
+                priority: int = 0, chunk_seconds: float = 1.0) -> dict:
+    """A stream that acts as a live camera (the file paced in real time, looped; 1-s chunks by default), ingested
+    on h1, through the shipped detect adapter."""
+    return {"id": sid, "source": str(video), "fps": fps, "chunk_seconds": chunk_seconds, "loop": True, "realtime": True,
             "max_chunks": chunks, "group": "h1",
             "tasks": [{"name": "detect", "adapter": "detect", "frames_per_chunk": frames_per_chunk,
                        "deadline_ms": deadline_ms, "priority": priority}]}
@@ -97,14 +97,30 @@ def camera_pipeline(tmp_path: Path, cameras: list[dict], daemons: int, ingest: d
     return path
 
 
-def overload_pipeline(tmp_path: Path, frames_per_chunk: int, chunks: int, deadline_ms: int = 5000) -> Path:
+def overload_pipeline(tmp_path: Path, frames_per_chunk: int, chunks: int, deadline_ms: int = 5000,
+                      chunk_seconds: float = 1.0) -> Path:
     """Four live cameras (pedestrians s0, s1; bikes s2, s3) on daemons a and b; s0 and s2 priority 2, s1 and s3
     priority 0. Placement gives each daemon two streams of equal cost, one of each priority (a: s0, s1). Overload
-    relief moves a daemon's streams after 5 s over `rebalance_high` (10 s by default)."""
+    relief moves a daemon's streams after 5 s over `rebalance_high` (10 s by default). A camera sends one chunk
+    every `chunk_seconds`: what sizes its load to the machine (camera_load_on)."""
     cameras = [live_camera(f"s{i}", PEDESTRIANS if i < 2 else BIKES, 2 * frames_per_chunk, frames_per_chunk, chunks,
-                           deadline_ms, priority=2 if i % 2 == 0 else 0) for i in range(4)]
+                           deadline_ms, priority=2 if i % 2 == 0 else 0, chunk_seconds=chunk_seconds)
+               for i in range(4)]
     return camera_pipeline(tmp_path, cameras, 2, {"streams_per_worker": 1, "drop_policy": "block",
                                                   "close_grace_s": 2}, rebalance_after_s=5.0)
+
+
+def camera_load_on(host: int, cpus: str, path: Path, cameras: int) -> float:
+    """Seconds of compute per second one of the pipeline's `cameras` (all alike) needs on `host` pinned to `cpus`,
+    as `vlora-va validate --profile` measures it there: the daemon's own estimate, from the cost profile it caches
+    where the run's daemon on that host reads it."""
+    cli = ROOT / ".venv" / "bin" / "vlora-va"
+    out = subprocess.run([str(HOSTS), "exec", str(host), "taskset", "-c", cpus, str(cli), "validate", "--profile",
+                          str(path)], capture_output=True, text=True, timeout=600)
+    found = re.search(r"needs (\d+\.\d+) s of compute per second", out.stdout + out.stderr)
+    if not found:
+        raise RuntimeError(f"vlora-va validate --profile on h{host} said no load:\n{(out.stdout + out.stderr)[-3000:]}")
+    return float(found.group(1)) / cameras
 
 
 class Camera:

@@ -1,4 +1,4 @@
-"""Ingest (installed as vlora_va.ingest): decode sources, cut 1-second chunks, send them to the daemon over ZeroMQ.
+"""Ingest: decode sources, cut 1-second chunks, send them to the daemon over ZeroMQ.
 
     source.py        the Source interface (a plug-in per URI scheme) and FrameSource: loops, reconnects, monotone
                      timestamps, fps resampling, pacing
