@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "views")
     ap.add_argument("--views", default=",".join(EVAL_VIEWS), help=f"comma-separated, of {', '.join(EVAL_VIEWS)}")
     ap.add_argument("--fit", action="store_true", help=f"also the fit views: {', '.join(fit_views())}")
+    ap.add_argument("--five-minutes", action="store_true",
+                    help="also OUT/five-minutes.mp4: the fit-corner view four times over (the fit timing's footage)")
     ap.add_argument("--human", type=Path, default=HUMAN_SET, help="the human-checked set to carry")
     ap.add_argument("--seed", type=int, default=0, help="noise seed (frame i uses seed + i)")
     ap.add_argument("--sheet-t", type=float, default=60.0, help="media time of the contact sheet's frames")
@@ -128,6 +130,30 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {shown(sheet)}: the source and {len(views)} view(s) at {args.sheet_t:g} s with the human-checked boxes")
     (out / "views.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {shown(out / 'views.json')}")
+    if args.five_minutes:
+        corner = out / f"{stem}-fit-corner.mp4"
+        print(f"wrote {shown(repeated(corner, out / 'five-minutes.mp4', 4))}: {shown(corner)} four times over")
+
+
+def repeated(src: Path, dst: Path, times: int) -> Path:
+    """`src` played `times` times over, one H.264 file (frame after frame, timestamps continued)."""
+    with av.open(str(dst), "w") as out:
+        stream, n = None, 0
+        for _ in range(times):
+            with av.open(str(src)) as c:
+                vs = c.streams.video[0]
+                if stream is None:
+                    stream = out.add_stream("libx264", rate=vs.average_rate)
+                    stream.width, stream.height = vs.codec_context.width, vs.codec_context.height
+                    stream.pix_fmt = "yuv420p"
+                    stream.options = {"crf": "23", "preset": "veryfast"}
+                for f in c.decode(vs):
+                    frame = av.VideoFrame.from_ndarray(f.to_ndarray(format="rgb24"), format="rgb24")
+                    frame = frame.reformat(format="yuv420p")
+                    frame.pts, n = n, n + 1
+                    out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    return dst
 
 
 if __name__ == "__main__":

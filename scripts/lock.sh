@@ -33,6 +33,8 @@ compile() {  # OUTPUT_NAME, then uv pip compile's inputs and options
   local name=$1; shift
   echo "lock: $OUT/$name"
   "$UV" pip compile "${COMMON[@]}" "$@" -o "$OUT/$name"
+  # the pins file is a temporary one: its name in the "via" notes would change the file on every run
+  sed -i '/^ *#   -c .*-pins\.txt$/d; /^ *# via -c .*-pins\.txt$/d' "$OUT/$name"
 }
 
 # 1. Everything `make test` installs (the daemon, ingest, train, bench, cluster and the test tools), CPU x86_64; torch
@@ -40,7 +42,7 @@ compile() {  # OUTPUT_NAME, then uv pip compile's inputs and options
 compile test.txt pyproject.toml "$IN/setup.in" "$IN/build.in" --extra all --extra test --extra bench --extra train --extra cluster \
   -c "$IN/torch.in" --no-emit-package torch "${TORCH_CPU[@]}" "${X86[@]}"
 # The others take test.txt's versions (one set of versions across the lock): its pins, without hashes, as constraints.
-PINS=$(mktemp)
+PINS=$(mktemp --suffix=-pins.txt)
 trap 'rm -f "$PINS"' EXIT
 grep -E '^[A-Za-z0-9._-]+==' "$OUT/test.txt" | sed 's/ .*//' > "$PINS"
 # 2. What `make run` installs: the daemon with its dashboard and calibration, ingest, the backbone builder.

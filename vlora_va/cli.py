@@ -213,7 +213,7 @@ def cmd_adapters_fit(args) -> int:
 
     from vlora_va.engine.adapters import AdapterError
     from vlora_va.engine.backbones import ModelError
-    from vlora_va.training.fit import GENERAL_ADAPTER, FitOptions, fit
+    from vlora_va.training.fit import FIT_REFUSED, GENERAL_ADAPTER, FitOptions, FitRefused, fit
     from vlora_va.training.frame_picking import is_live
     from vlora_va.training.teacher_models import TeacherMissing
 
@@ -223,8 +223,11 @@ def cmd_adapters_fit(args) -> int:
     if not is_live(args.source) and not Path(args.source).is_file():
         log.error("%s: no such video file", args.source)
         return 2
-    if args.frames < 1 or args.epochs < 1 or args.tiles < 1 or args.threads < 1:
-        log.error("--frames, --epochs, --tiles and --threads must be at least 1")
+    if args.frames < 1 or args.epochs < 1 or args.threads < 1:
+        log.error("--frames, --epochs and --threads must be at least 1")
+        return 2
+    if args.tiles not in ("auto", "1", "2"):
+        log.error("--tiles: expected auto, 1 or 2, got %r", args.tiles)
         return 2
     start_from = Path(args.start_from) if args.start_from else GENERAL_ADAPTER
     if not (start_from / "adapter_config.json").is_file():
@@ -234,15 +237,23 @@ def cmd_adapters_fit(args) -> int:
         log.error("--human %s: no such file", args.human)
         return 2
     opts = FitOptions(args.source, Path(args.out), args.start, args.end, args.minutes, start_from, args.backbone,
-                      args.frames, epochs=args.epochs, camera_views=args.camera_views, tiles=args.tiles,
-                      threads=args.threads, human=Path(args.human) if args.human else None)
+                      args.frames, epochs=args.epochs, camera_views=args.camera_views,
+                      tiles=args.tiles if args.tiles == "auto" else int(args.tiles), threads=args.threads,
+                      human=Path(args.human) if args.human else None, keep_anyway=args.keep_anyway)
     try:
-        fit(opts)
+        report = fit(opts)
+    except FitRefused as e:
+        log.error("adapters fit refused: %s", e)
+        return FIT_REFUSED
     except (TeacherMissing, AdapterError, ModelError, ValueError, OSError) as e:
         log.error("adapters fit: %s", e)
         return 1
     if not args.serve:
         return 0
+    if not report["guard"]["kept"]:
+        log.error("--serve %s: not loaded: the guard refused this adapter (%s); it was written only because of "
+                  "--keep-anyway", args.serve, report["guard"]["reason"])
+        return FIT_REFUSED
     load = argparse.Namespace(what="load", name=args.serve, dir=args.out, pin=False, config=args.config,
                               control=args.control)
     return cmd_adapters_control(load)
@@ -400,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=cmd_adapters_control)
 
     p = adapters.add_parser("fit", help="a camera's own detection adapter: pick diverse frames, label them with the "
-                                        "fused teachers, train from the general adapter, score it on the last 20%%")
+                                        "refined teachers, train from the general adapter, keep it only where it "
+                                        "beats that on the last 20%% (exit 3: refused)")
     p.add_argument("source", help="a video file, or a live stream URL (rtsp://...; give --minutes)")
     p.add_argument("--task", choices=["detect"], default="detect", help="what to fit (detection)")
     p.add_argument("--out", required=True, help="the adapter directory to write")
@@ -413,9 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frames", type=int, default=120, help="training frames to pick (default 120)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--camera-views", type=int, default=0, help="random other-camera views per training frame")
-    p.add_argument("--tiles", type=int, default=2, help="teachers also run on N x N tiles (default 2; 1: faster)")
+    p.add_argument("--tiles", default="auto", help="the teachers also look at 2 x 2 tiles: auto (where objects are "
+                                                   "small, measured first; default), 1 (never) or 2 (always)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--backbone", default="dinov2-small")
+    p.add_argument("--keep-anyway", action="store_true",
+                   help="write the adapter even where the guard finds it no better than the one it started from "
+                        "(marked so in its card and FIT.json; --serve still refuses it)")
     p.add_argument("--serve", metavar="NAME", help="then load it under NAME into the running daemon")
     p.add_argument("--config", default="pipelines.yaml", help="the pipeline the daemon runs (for --serve)")
     p.add_argument("--control", help="the daemon's control endpoint (for --serve; default from --config)")

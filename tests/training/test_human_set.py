@@ -91,3 +91,20 @@ def test_clip_frames_are_the_ones_the_set_was_labelled_on():
     clips, frames = human_clip_frames(hs, Range(video, 55, 56), clip_len=4)
     assert [c["start"] for c in clips] == [55.0]
     assert [f.t for f in frames[0]] == [55.0, 55.3, 55.6, 55.9]
+
+
+def test_the_traffic_set_is_frozen_and_names_only_vehicles_inside_its_frames():
+    """The second camera's set (adapters/eval/human-traffic-a.json): 12 frames of traffic-a's last 3 s, every 0.25 s,
+    57 vehicles and 13 don't-care regions (cars mostly outside the frame), every box inside its 640 x 360 frame."""
+    from vlora_va.training.evaluate import TRAFFIC_SET, TRAFFIC_SET_SHA256
+
+    assert hashlib.sha256(TRAFFIC_SET.read_bytes()).hexdigest() == TRAFFIC_SET_SHA256
+    assert TRAFFIC_SET_SHA256 in (ROOT / "adapters" / "eval" / "README.md").read_text()
+    hs = load_human_set(TRAFFIC_SET)
+    times = sorted(t for _, t in hs.times.values())
+    assert len(times) == 12 and times[0] > 8.5 - 0.05 and times[-1] < 11.47
+    assert all(0.24 < b - a < 0.26 for a, b in zip(times, times[1:]))
+    boxes = [b for v in hs.boxes.values() for b in v]
+    assert sum(not b["ignore"] for b in boxes) == 57 and sum(b["ignore"] for b in boxes) == 13
+    assert {b["class"] for b in boxes} == {"car"}
+    assert all(0 <= b["box"][0] < b["box"][2] <= 640 and 0 <= b["box"][1] < b["box"][3] <= 360 for b in boxes)

@@ -54,6 +54,10 @@ from vlora_va.training.teachers import frame_key
 
 HUMAN_SET = Path(__file__).resolve().parents[2] / "adapters" / "eval" / "human-v1.json"
 HUMAN_SET_SHA256 = "c929600b84f2835f28d328e0b97aed801e17a64577118976cc9d72759cc215e5"  # frozen 2026-11-23
+# The second camera's human-checked vehicles (../shared/footage/traffic-a.mp4, 8.5-11.3 s): labels only, the footage
+# is never shipped (adapters/eval/README.md)
+TRAFFIC_SET = HUMAN_SET.with_name("human-traffic-a.json")
+TRAFFIC_SET_SHA256 = "91ea9a398f00ec64a601b052abc13a6464e47a543c2b7bbb984b06a043d86061"  # frozen 2026-12-08
 HUMAN_CLASSES = ["person", "car", "truck"]
 TEACHER_LABEL_THRESHOLD = 0.4  # CenterNet boxes scoring at least this are labels in every shipped spec
 
