@@ -134,3 +134,12 @@ def test_the_lock_holds_transformers_with_hugging_faces_kernels():
     major, minor = map(int, pins["transformers"].split(".")[:2])
     assert (major, minor) >= (5, 25) and "kernels" in pins, json.dumps({k: pins.get(k)
                                                                           for k in ("transformers", "kernels")})
+
+
+def test_moves_names_what_a_new_lock_changes_and_says_nothing_when_nothing_moved(tmp_path, capsys):
+    """scripts/upgrade.sh reads an empty output as "nothing moved" (and then runs no suite)."""
+    old, new = tmp_path / "old.txt", tmp_path / "new.txt"
+    old.write_text("numpy==2.4.5 \\\n    --hash=sha256:00\nav==18.1.1\n")
+    new.write_text("numpy==2.4.6 \\\n    --hash=sha256:11\nkernels==0.19.1\n")
+    assert L.moves(old, new) == ["numpy 2.4.5 -> 2.4.6", "+ kernels 0.19.1", "- av 18.1.1"]
+    assert L.main(["moves", str(old), str(old)]) == 0 and capsys.readouterr().out == ""

@@ -158,7 +158,8 @@ def moves(old: Path, new: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "moves":
-        print("\n".join(moves(Path(args[1]), Path(args[2]))))
+        for line in moves(Path(args[1]), Path(args[2])):  # nothing at all when nothing moved (scripts/upgrade.sh)
+            print(line)
         return 0
     if len(args) != 2 or args[0] not in ("check", "sync"):
         print(__doc__)
