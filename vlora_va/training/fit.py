@@ -211,6 +211,7 @@ def fit(opts: FitOptions) -> dict:
     from vlora_va.engine.adapters import load_adapter_dir
     from vlora_va.engine.backbones import load_backbone
     from vlora_va.training import pipeline as P
+    from vlora_va.training import train as T
     from vlora_va.training.augment import camera_views
     from vlora_va.training.fit_guard import judge
     from vlora_va.training.refined_labels import RefinedLabeller, RefineOptions
@@ -256,12 +257,12 @@ def fit(opts: FitOptions) -> dict:
     objects, held_refs = _count(labels, parts.train + parts.clicks), _count(labels, held_frames)
     stage("refined labels", t)
     if objects < MIN_OBJECTS:
-        raise _refuse(opts, f"the training frames hold {objects} labelled objects; a fit needs at least "
-                                   f"{MIN_OBJECTS} (measured on a traffic camera by bench/fit_minimums.py: 14 cars made "
-                                   f"an adapter of F1 0.48 where 36 made 0.73 and 90 made 0.85)")
+        raise _refuse(opts, f"the training frames hold {objects} labelled objects; a fit needs at least {MIN_OBJECTS} "
+                            f"(measured on a traffic camera by bench/fit_minimums.py: 14 cars made an adapter of F1 "
+                            f"0.48 where 36 made 0.73 and 90 made 0.85)")
     if held_refs < MIN_HELD_OUT_OBJECTS:
         raise _refuse(opts, f"the held-out part holds {held_refs} objects to judge the fit on; the guard needs at "
-                                   f"least {MIN_HELD_OUT_OBJECTS} (a longer or busier recording)")
+                            f"least {MIN_HELD_OUT_OBJECTS} (a longer or busier recording)")
 
     splits = {}
     for name, frames in (("train", train_frames), ("val", parts.val), ("held_out", held_frames)):
@@ -282,8 +283,6 @@ def fit(opts: FitOptions) -> dict:
     stage("backbone features", t)
 
     t = time.monotonic()
-    import vlora_va.training.train as T
-
     start_model = T.build_model(backbone, lora, opts.seed)  # the general adapter's LoRA
     general_head = general.head
     result = P.train_detection(spec, splits["train"], [source], lora, deadline=float("inf"),
